@@ -1,0 +1,44 @@
+# Two commands: `make demo` (set up + main job) and `make test` (set up + whole suite).
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+TORCH_PIN := torch==2.13.0
+
+.PHONY: demo test lint bench setup clean
+
+$(VENV)/.installed: pyproject.toml
+	@# Reuse a system torch (NVIDIA's wheel on Jetson) via system site-packages; never reinstall it.
+	@if $(PYTHON) -c "import torch" >/dev/null 2>&1; then \
+		echo "torch found on the system: reusing it"; \
+		$(PYTHON) -m venv --system-site-packages $(VENV); \
+	else \
+		$(PYTHON) -m venv $(VENV); \
+	fi
+	$(PIP) install --quiet --upgrade pip
+	@if ! $(PY) -c "import torch" >/dev/null 2>&1; then \
+		echo "installing $(TORCH_PIN) (CPU)"; \
+		$(PIP) install --quiet $(TORCH_PIN); \
+	fi
+	$(PIP) install --quiet -e ".[dev]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+demo: setup
+	$(VENV)/bin/jetsplit export plan --model resnet18 --profile profiles/jetson-nano-4gb.toml
+	$(VENV)/bin/jetsplit export plan --model alexnet --input-shape 1,28,28 \
+		--profile profiles/jetson-nano-4gb.toml --profile profiles/orin-nx-16gb.toml --algorithm scala
+
+test: setup
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -q
+
+bench: setup
+	$(PY) benchmarks/bench_runtime.py
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) build *.egg-info

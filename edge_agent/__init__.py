@@ -1,0 +1,1 @@
+"""Edge agent: the device side (MQTT session, block runtimes, profiler, local data)."""

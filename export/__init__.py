@@ -1,0 +1,1 @@
+"""Export tool: cost model, split planner, bundles and ONNX / TensorRT exporters."""

@@ -1,0 +1,108 @@
+"""Splitting a zoo model into client and server blocks, and Ampere's auxiliary head."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+from jetsplit.errors import ModelError
+from jetsplit.models.layers import ZooLayer
+from jetsplit.models.zoo import LayeredModel, ModelSpec, build_model
+
+DEFAULT_AUX_RATIO = 0.5
+
+
+def check_split(model: LayeredModel, k: int) -> None:
+    """Reject a split index outside 1..n-1 with one line naming the valid range."""
+    candidates = model.split_candidates()
+    if not isinstance(k, int) or k not in candidates:
+        raise ModelError(
+            f"split {k} is out of range for {model.spec.name}: choose 1..{candidates[-1]} "
+            f"(the client runs the first k of {len(model)} layers)"
+        )
+
+
+def split(model: LayeredModel, k: int) -> tuple[nn.Sequential, nn.Sequential]:
+    """Client block = layers[:k], server block = layers[k:]; they share the model's modules,
+    so server(client(x)) is exactly model(x)."""
+    check_split(model, k)
+    children = list(model.named_children())
+    client = nn.Sequential(OrderedDict(children[:k])).train(model.training)
+    server = nn.Sequential(OrderedDict(children[k:])).train(model.training)
+    return client, server
+
+
+@contextmanager
+def eval_mode(module: nn.Module) -> Iterator[nn.Module]:
+    """Run a probe in eval mode (no batch-norm statistics updated), then restore every
+    submodule's own mode."""
+    modes = [(m, m.training) for m in module.modules()]
+    module.eval()
+    try:
+        yield module
+    finally:
+        for m, mode in modes:
+            m.training = mode
+
+
+def activation_shape(model: LayeredModel, k: int) -> tuple[int, ...]:
+    """Per-sample shape of the activation crossing split k (what travels over the wire)."""
+    check_split(model, k)
+    client, _ = split(model, k)
+    with eval_mode(client), torch.no_grad():
+        out = client(torch.zeros(1, *model.spec.input_shape))
+    return tuple(out.shape[1:])
+
+
+class AuxiliaryHead(nn.Module):
+    """Ampere's auxiliary network (ampere.txt §3.2.2): the first server layer replicated at a
+    fraction of its width, global pooling, and a linear classifier, so the client block can
+    train on a local loss without server gradients."""
+
+    def __init__(self, first_server_layer: ZooLayer, activation: torch.Tensor,
+                 num_classes: int, ratio: float) -> None:
+        super().__init__()
+        self.ratio = ratio
+        self.replica = first_server_layer.narrow(ratio)
+        with eval_mode(self.replica), torch.no_grad():
+            features = self.pool(self.replica(activation)).shape[1]
+        self.classifier = nn.Linear(features, num_classes)
+
+    @staticmethod
+    def pool(x: torch.Tensor) -> torch.Tensor:
+        """Feature maps → channel means; token sequences → token means; vectors unchanged."""
+        if x.dim() == 4:
+            return x.mean(dim=(2, 3))
+        if x.dim() == 3:
+            return x.mean(dim=1)
+        return x.flatten(1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.pool(self.replica(x)))
+
+
+def build_aux_head(model: LayeredModel, k: int, ratio: float = DEFAULT_AUX_RATIO,
+                   *, seed: int | None = None) -> AuxiliaryHead:
+    """Auxiliary head for split k at width `ratio` of the first server layer."""
+    if not 0.0 < ratio <= 1.0:
+        raise ModelError(f"aux ratio must be in (0, 1], got {ratio}")
+    check_split(model, k)
+    first = model[k]
+    probe = torch.zeros(1, *activation_shape(model, k))
+    if seed is None:
+        return AuxiliaryHead(first, probe, model.spec.num_classes, ratio)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return AuxiliaryHead(first, probe, model.spec.num_classes, ratio)
+
+
+def build_blocks(spec: ModelSpec, k: int, *, seed: int | None = None
+                 ) -> tuple[LayeredModel, nn.Sequential, nn.Sequential]:
+    """Convenience: the model and its two blocks, for code that only has a spec and a split."""
+    model = build_model(spec, seed=seed)
+    client, server = split(model, k)
+    return model, client, server

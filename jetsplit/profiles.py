@@ -1,0 +1,401 @@
+"""Device capability profiles: the numbers the split planner trusts, validated on load.
+
+A profile is one TOML file per module and power mode (see ``profiles/README.md``). Datasheet
+profiles carry peak numbers and an efficiency estimate; ``jetsplit profile`` adds a
+``[measured]`` section with per-layer timings taken on the device itself.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from jetsplit.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - JetPack 6 ships Python 3.10
+    import tomli as tomllib
+
+__all__ = [
+    "ComputeSection",
+    "DeviceProfile",
+    "DeviceSection",
+    "MeasuredLayer",
+    "MeasuredSection",
+    "MemorySection",
+    "NetworkSection",
+    "SoftwareSection",
+    "bundled_profiles_dir",
+    "dump_profile",
+    "find_profile",
+    "list_profiles",
+    "profile_from_dict",
+    "profile_to_toml",
+    "load_profile",
+    "profile_search_dirs",
+    "resolve_profile",
+]
+
+Precision = Literal["fp32", "fp16"]
+PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNegFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Fraction = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
+PositiveInt = Annotated[int, Field(gt=0)]
+NonEmptyStr = Annotated[str, Field(min_length=1)]
+
+# Strict: a TOML string where a number belongs is a mistake, not something to coerce.
+_STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
+_PEAK_TOLERANCE = 0.02  # peak_fp32 may differ this much from cores*2*clock (rounding)
+
+
+class _Section(BaseModel):
+    model_config = _STRICT
+
+
+class DeviceSection(_Section):
+    """Identity of the module and where its numbers come from."""
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+    module: NonEmptyStr
+    kind: Literal["jetson", "cpu", "gpu"]
+    source: NonEmptyStr
+    cpu: NonEmptyStr | None = None
+    gpu: NonEmptyStr | None = None
+
+
+class MemorySection(_Section):
+    """RAM the device has and the share training may use (Jetson memory is unified)."""
+
+    total_mb: PositiveFloat
+    usable_fraction: Fraction
+    bandwidth_gbps: PositiveFloat
+
+
+class ComputeSection(_Section):
+    """Peak throughput and the fraction of it conv-net training sustains."""
+
+    peak_fp32_gflops: PositiveFloat
+    peak_fp16_gflops: PositiveFloat | None = None
+    efficiency: Fraction
+    cuda_cores: PositiveInt | None = None
+    gpu_clock_mhz: PositiveFloat | None = None
+    cpu_cores: PositiveInt | None = None
+
+    @model_validator(mode="after")
+    def _peak_matches_clock(self) -> ComputeSection:
+        """Catch a power-mode edit that changed the clock but not the peak."""
+        if self.cuda_cores is not None and self.gpu_clock_mhz is not None:
+            expected = self.cuda_cores * 2 * self.gpu_clock_mhz / 1000
+            if abs(self.peak_fp32_gflops - expected) > _PEAK_TOLERANCE * expected:
+                raise ValueError(
+                    f"peak_fp32_gflops {self.peak_fp32_gflops:g} disagrees with "
+                    f"cuda_cores*2*gpu_clock_mhz = {expected:.1f}"
+                )
+        return self
+
+
+class NetworkSection(_Section):
+    """Link to the coordinator, in megabits per second."""
+
+    uplink_mbps: PositiveFloat
+    downlink_mbps: PositiveFloat
+    rtt_ms: NonNegFloat = 0.0
+
+
+class SoftwareSection(_Section):
+    """The software stack and power mode the numbers are valid for."""
+
+    power_mode: NonEmptyStr | None = None
+    jetpack: NonEmptyStr | None = None
+    tensorrt: NonEmptyStr | None = None
+    python: NonEmptyStr | None = None
+    jetson_clocks: bool | None = None
+
+
+class MeasuredLayer(_Section):
+    """One layer's cost measured on the device: times are per batch of ``measured.batch``."""
+
+    name: NonEmptyStr
+    fwd_ms: NonNegFloat
+    bwd_ms: NonNegFloat
+    peak_mem_mb: NonNegFloat
+    ort_fwd_ms: NonNegFloat | None = None
+    trt_fwd_ms: NonNegFloat | None = None
+
+
+class MeasuredSection(_Section):
+    """Written by ``jetsplit profile``: what was run, at which batch, and what it cost."""
+
+    model: NonEmptyStr
+    input_shape: Annotated[list[PositiveInt], Field(min_length=3, max_length=3)]
+    batch: PositiveInt
+    achieved_gflops: PositiveFloat
+    measured_at: NonEmptyStr | None = None
+    layers: list[MeasuredLayer] = Field(default_factory=list)
+
+    def per_sample_ms(self, layer: MeasuredLayer) -> tuple[float, float]:
+        """(forward, backward) milliseconds per sample, from the per-batch timings."""
+        return layer.fwd_ms / self.batch, layer.bwd_ms / self.batch
+
+
+class DeviceProfile(_Section):
+    """A validated capability profile; the planner reads the properties, not raw fields."""
+
+    device: DeviceSection
+    memory: MemorySection
+    compute: ComputeSection
+    network: NetworkSection
+    software: SoftwareSection = Field(default_factory=SoftwareSection)
+    measured: MeasuredSection | None = None
+
+    @property
+    def name(self) -> str:
+        return self.device.name
+
+    @property
+    def total_memory_bytes(self) -> int:
+        return int(self.memory.total_mb * 2**20)
+
+    @property
+    def usable_memory_bytes(self) -> int:
+        """Bytes training may claim: the rest belongs to the OS, CUDA context and cache."""
+        return int(self.memory.total_mb * 2**20 * self.memory.usable_fraction)
+
+    @property
+    def uplink_bytes_per_s(self) -> float:
+        return self.network.uplink_mbps * 1e6 / 8
+
+    @property
+    def downlink_bytes_per_s(self) -> float:
+        return self.network.downlink_mbps * 1e6 / 8
+
+    def peak_gflops(self, precision: Precision = "fp32") -> float:
+        """Vendor peak; fp16 falls back to fp32 where the device has no faster fp16 path."""
+        if precision == "fp16" and self.compute.peak_fp16_gflops is not None:
+            return self.compute.peak_fp16_gflops
+        if precision not in ("fp32", "fp16"):
+            raise ValueError(f"precision must be 'fp32' or 'fp16', not {precision!r}")
+        return self.compute.peak_fp32_gflops
+
+    def sustained_gflops(self, precision: Precision = "fp32") -> float:
+        """Datasheet estimate of training throughput: peak × efficiency."""
+        return self.peak_gflops(precision) * self.compute.efficiency
+
+    def effective_gflops(self, precision: Precision = "fp32") -> float:
+        """Measured throughput when the device was profiled, else the datasheet estimate."""
+        if self.measured is not None and precision == "fp32":
+            return self.measured.achieved_gflops
+        return self.sustained_gflops(precision)
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _dotted(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "(top level)"
+
+
+def _one_line(text: str, limit: int = 160) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _describe(err: Mapping[str, Any]) -> str:
+    kind = err.get("type", "")
+    if kind == "missing":
+        return "missing required field"
+    if kind == "extra_forbidden":
+        return "unknown field"
+    msg = str(err.get("msg", "invalid value"))
+    msg = msg.removeprefix("Value error, ")
+    msg = msg[:1].lower() + msg[1:]
+    value = err.get("input")
+    if isinstance(value, (dict, list)) or kind.startswith("model_"):
+        return msg
+    return f"{msg} (got {value!r})"
+
+
+def _validation_message(source: str, exc: ValidationError) -> str:
+    errors = exc.errors(include_url=False)
+    first = errors[0]
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return _one_line(f"profile {source}: {_dotted(tuple(first['loc']))}: {_describe(first)}{more}",
+                     limit=300)
+
+
+def profile_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> DeviceProfile:
+    """Validate an already-parsed profile; errors name ``source`` and the dotted field."""
+    try:
+        return DeviceProfile.model_validate(dict(data))
+    except ValidationError as exc:
+        raise ConfigError(_validation_message(source, exc)) from None
+
+
+def load_profile(path: str | Path) -> DeviceProfile:
+    """Read and validate one profile TOML; every failure is a one-line ConfigError."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"profile {path}: file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"profile {path}: is a directory, not a TOML file") from None
+    except OSError as exc:
+        raise ConfigError(f"profile {path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"profile {path}: toml: file is not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(_one_line(f"profile {path}: toml: syntax error: {exc}", 300)) from None
+    return profile_from_dict(data, str(path))
+
+
+# --------------------------------------------------------------------------- dumping
+
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f",
+            "\r": "\\r"}
+
+
+def _toml_key(key: str) -> str:
+    return key if _BARE_KEY.match(key) else _toml_string(key)
+
+
+def _toml_string(text: str) -> str:
+    out = []
+    for ch in text:
+        if ch in _ESCAPES:
+            out.append(_ESCAPES[ch])
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)
+    if isinstance(value, str):
+        return _toml_string(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {type(value).__name__} to TOML")
+
+
+def _is_table_array(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(v, dict) for v in value)
+
+
+def _emit_table(lines: list[str], prefix: str, table: Mapping[str, Any]) -> None:
+    """Scalars first, then sub-tables, then arrays of tables: the order TOML requires."""
+    for key, value in table.items():
+        if value is None or isinstance(value, dict) or _is_table_array(value):
+            continue
+        lines.append(f"{_toml_key(key)} = {_toml_value(value)}")
+    for key, value in table.items():
+        name = f"{prefix}.{_toml_key(key)}" if prefix else _toml_key(key)
+        if isinstance(value, dict):
+            lines.extend(["", f"[{name}]"])
+            _emit_table(lines, name, value)
+        elif _is_table_array(value):
+            for item in value:
+                lines.extend(["", f"[[{name}]]"])
+                _emit_table(lines, name, item)
+
+
+def profile_to_toml(profile: DeviceProfile) -> str:
+    """Render a profile as TOML that ``load_profile`` reads back to an equal profile."""
+    lines = ["# jetsplit device capability profile (see profiles/README.md for units)"]
+    _emit_table(lines, "", profile.model_dump(mode="python", exclude_none=True))
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def dump_profile(profile: DeviceProfile, path: str | Path) -> Path:
+    """Write a profile atomically (temp file + rename) so a crash never leaves half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(profile_to_toml(profile), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+# --------------------------------------------------------------------------- finding
+
+
+def bundled_profiles_dir() -> Path:
+    """The repository's ``profiles/`` directory (may be absent in a wheel install)."""
+    return Path(__file__).resolve().parents[1] / "profiles"
+
+
+def profile_search_dirs() -> list[Path]:
+    """Where bare profile names are looked up: $JETSPLIT_PROFILES_DIR, repo, ./profiles."""
+    dirs: list[Path] = []
+    env = os.environ.get("JETSPLIT_PROFILES_DIR")
+    if env:
+        dirs.append(Path(env))
+    dirs += [bundled_profiles_dir(), Path.cwd() / "profiles"]
+    unique: list[Path] = []
+    for d in dirs:
+        if d.is_dir() and d.resolve() not in {u.resolve() for u in unique}:
+            unique.append(d)
+    return unique
+
+
+def list_profiles(directory: str | Path | None = None) -> list[Path]:
+    """Profile files in ``directory`` (default: every search dir), sorted; [] if none."""
+    dirs = [Path(directory)] if directory is not None else profile_search_dirs()
+    found: dict[str, Path] = {}
+    for d in dirs:
+        if d.is_dir():
+            for p in sorted(d.glob("*.toml")):
+                found.setdefault(p.stem, p)
+    return sorted(found.values(), key=lambda p: p.stem)
+
+
+def find_profile(name_or_path: str | Path) -> Path:
+    """Path of a profile given as a file path or a bare name such as ``jetson-nano-4gb``."""
+    candidate = Path(name_or_path)
+    if candidate.is_file():
+        return candidate
+    text = str(name_or_path)
+    is_bare = os.sep not in text and "/" not in text
+    if is_bare:
+        stem = text.removesuffix(".toml")
+        for d in profile_search_dirs():
+            p = d / f"{stem}.toml"
+            if p.is_file():
+                return p
+    known = ", ".join(p.stem for p in list_profiles()) or "none found"
+    if is_bare and candidate.suffix != ".toml":
+        raise ConfigError(f"profile {text}: no such file or bundled profile (known: {known})")
+    raise ConfigError(f"profile {text}: file not found")
+
+
+def resolve_profile(name_or_path: str | Path) -> DeviceProfile:
+    """Load a profile from a path or a bare bundled name."""
+    return load_profile(find_profile(name_or_path))

@@ -1,0 +1,1 @@
+"""Server coordinator: fleet registry, rounds, algorithms, aggregation, metrics."""
