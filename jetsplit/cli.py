@@ -41,9 +41,11 @@ def _mount() -> None:
     from export.cli import app as export_app
 
     app.add_typer(export_app, name="export", help="Cost model, split planner, bundles, engines.")
-    from edge_agent.cli import register as register_agent
+    from export.profile_cli import profile
 
-    register_agent(app)
+    app.command("profile", help="Measure this machine: per-layer latency, memory, GFLOPS.")(
+        profile
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
