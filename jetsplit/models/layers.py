@@ -176,7 +176,7 @@ class InvertedResidual(ZooLayer):
 
 
 class PoolHead(ZooLayer):
-    """Classifier head: global pooling (average over space, or the class token) → [hidden] → logits."""
+    """Classifier head: global pooling (spatial mean or class token) → [hidden] → logits."""
 
     def __init__(
         self,

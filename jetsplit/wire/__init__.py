@@ -1,0 +1,33 @@
+"""Wire protocol: binary envelopes, tensor codecs, chunking, integrity and replay protection."""
+
+from jetsplit.wire.chunking import DEFAULT_CHUNK_BYTES, Reassembler, chunk_message
+from jetsplit.wire.codecs import CODECS, COMPRESSIONS
+from jetsplit.wire.envelope import (
+    WIRE_VERSION,
+    Limits,
+    Message,
+    MessageType,
+    decode_message,
+    encode_message,
+    peek_type,
+)
+from jetsplit.wire.errors import WireError
+from jetsplit.wire.replay import ReplayGuard, SequenceCounter
+
+__all__ = [
+    "CODECS",
+    "COMPRESSIONS",
+    "DEFAULT_CHUNK_BYTES",
+    "WIRE_VERSION",
+    "Limits",
+    "Message",
+    "MessageType",
+    "Reassembler",
+    "ReplayGuard",
+    "SequenceCounter",
+    "WireError",
+    "chunk_message",
+    "decode_message",
+    "encode_message",
+    "peek_type",
+]

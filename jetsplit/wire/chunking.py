@@ -1,0 +1,128 @@
+"""Splitting encoded messages into broker-sized chunks and reassembling them, bounded.
+
+A chunk is itself an envelope of type CHUNK (so it is checksummed and, with a fleet key,
+signed) whose body is one slice of the full message. The reassembler bounds what a peer can
+make it hold: bytes per message, messages in flight, total buffered bytes, and age.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from jetsplit.wire.envelope import Limits, Message, MessageType, encode_message
+from jetsplit.wire.errors import OversizedMessage, ReassemblyError
+
+DEFAULT_CHUNK_BYTES = 1024 * 1024
+CHUNK_OVERHEAD = 1024  # prefix + JSON header + trailer of a CHUNK envelope, generously
+
+
+def chunk_message(
+    encoded: bytes,
+    *,
+    run: str,
+    sender: str,
+    seq_start: int,
+    msg_id: str,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    fleet_key: bytes | None = None,
+) -> list[bytes]:
+    """The message itself if it fits in one chunk, else CHUNK envelopes carrying its slices."""
+    if chunk_bytes < 4 * CHUNK_OVERHEAD:
+        raise ValueError(f"chunk size must be at least {4 * CHUNK_OVERHEAD} bytes")
+    if len(encoded) <= chunk_bytes:
+        return [encoded]
+    size = chunk_bytes - CHUNK_OVERHEAD  # each chunk's whole envelope stays within chunk_bytes
+    count = -(-len(encoded) // size)
+    chunks = []
+    for index in range(count):
+        piece = np.frombuffer(encoded, dtype=np.uint8,
+                              count=min(size, len(encoded) - index * size), offset=index * size)
+        msg = Message(MessageType.CHUNK, run=run, sender=sender, seq=seq_start + index,
+                      kind="chunk", meta={"id": msg_id, "index": index, "count": count,
+                                          "total": len(encoded), "size": size},
+                      tensors={"data": piece})
+        chunks.append(encode_message(msg, codec="fp32", fleet_key=fleet_key))
+    return chunks
+
+
+@dataclass
+class _Partial:
+    total: int
+    count: int
+    buffer: bytearray
+    received: set[int] = field(default_factory=set)
+    started: float = field(default_factory=time.monotonic)
+
+
+class Reassembler:
+    """Collects CHUNK messages per (sender, id) into whole encoded messages."""
+
+    def __init__(
+        self,
+        limits: Limits = Limits(),
+        *,
+        max_in_flight: int = 64,
+        max_buffered_bytes: int = 512 * 1024 * 1024,
+        timeout_s: float = 60.0,
+    ) -> None:
+        self.limits = limits
+        self.max_in_flight = max_in_flight
+        self.max_buffered_bytes = max_buffered_bytes
+        self.timeout_s = timeout_s
+        self._partials: dict[tuple[str, str], _Partial] = {}
+        self.expired = 0
+
+    @property
+    def buffered_bytes(self) -> int:
+        return sum(p.total for p in self._partials.values())
+
+    def expire(self, now: float | None = None) -> int:
+        """Drop messages whose chunks stopped arriving; returns how many were dropped."""
+        now = time.monotonic() if now is None else now
+        stale = [k for k, p in self._partials.items() if now - p.started > self.timeout_s]
+        for key in stale:
+            del self._partials[key]
+        self.expired += len(stale)
+        return len(stale)
+
+    def feed(self, chunk: Message) -> bytes | None:
+        """Add one decoded CHUNK; returns the full encoded message once all chunks arrived."""
+        self.expire()
+        meta = chunk.meta
+        try:
+            msg_id, index = str(meta["id"]), int(meta["index"])
+            count, total, size = int(meta["count"]), int(meta["total"]), int(meta["size"])
+            data = chunk.tensors["data"]
+        except (KeyError, TypeError, ValueError):
+            raise ReassemblyError("chunk header lacks id/index/count/total or data") from None
+        if data.dtype != np.uint8 or data.ndim != 1:
+            raise ReassemblyError("chunk data must be a 1-D byte tensor")
+        if total > self.limits.max_message_bytes or total <= 0:
+            raise OversizedMessage(f"chunked message of {total} bytes exceeds the limit")
+        if size <= 0 or count != -(-total // size) or not 0 <= index < count:
+            raise ReassemblyError(f"chunk {index} of {count} (size {size}) is out of range")
+        key = (chunk.sender, msg_id)
+        partial = self._partials.get(key)
+        if partial is None:
+            if len(self._partials) >= self.max_in_flight:
+                raise OversizedMessage(f"more than {self.max_in_flight} chunked messages in flight")
+            if self.buffered_bytes + total > self.max_buffered_bytes:
+                raise OversizedMessage("reassembly buffer is full")
+            partial = _Partial(total, count, bytearray(total))
+            self._partials[key] = partial
+        if (partial.total, partial.count) != (total, count):
+            raise ReassemblyError(f"chunk {index} disagrees with its message's size")
+        expected_len = size if index < count - 1 else total - size * (count - 1)
+        if len(data) != expected_len or expected_len <= 0:
+            raise ReassemblyError(f"chunk {index} has {len(data)} bytes, expected {expected_len}")
+        if index in partial.received:
+            return None  # QoS 1 redelivery: idempotent
+        partial.buffer[index * size:index * size + len(data)] = data.tobytes()
+        partial.received.add(index)
+        if len(partial.received) < count:
+            return None
+        del self._partials[key]
+        return bytes(partial.buffer)

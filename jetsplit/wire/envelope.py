@@ -1,0 +1,303 @@
+"""The binary envelope every jetsplit message travels in.
+
+Layout (network byte order)::
+
+    prefix  20 B   "JSPL" | version u8 | type u8 | flags u8 | 0 u8 | header_len u32 | body_len u64
+    header         UTF-8 JSON: run, round, step, seq, sender, ts, kind, tensor descriptors, meta
+    body           tensor payloads back to back, in descriptor order
+    trailer  4 B   CRC32 of prefix+header+body        (always)
+            32 B   HMAC-SHA256 of the same bytes      (flag SIGNED, with a fleet key)
+
+Decoding trusts nothing: lengths are checked against hard limits before anything is
+allocated, the header is parsed against a strict schema, tensors are decoded without
+copies where the codec allows (fp32 and raw views into the message), and every failure is
+a typed `WireError`. There is no pickle anywhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import re
+import struct
+import time
+import zlib
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Annotated, Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from jetsplit.wire import codecs
+from jetsplit.wire.errors import (
+    BadMagic,
+    BadSignature,
+    ChecksumMismatch,
+    MalformedHeader,
+    OversizedMessage,
+    TruncatedMessage,
+    UnknownType,
+    UnsupportedVersion,
+)
+
+MAGIC = b"JSPL"
+WIRE_VERSION = 1
+PREFIX = struct.Struct("!4sBBBBIQ")
+CRC = struct.Struct("!I")
+HMAC_BYTES = 32
+FLAG_SIGNED = 0x01
+_NAME = re.compile(r"^[A-Za-z0-9._:/-]{1,128}$")
+
+
+class MessageType(IntEnum):
+    """What a message is for; the header's `kind` says which payload (for byte counters)."""
+
+    PRESENCE = 1
+    REGISTER = 2
+    COMMAND = 3
+    REPLY = 4
+    CHUNK = 5
+    ACK = 6
+    ERROR = 7
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Hard limits applied before allocation; the defaults suit Jetson-class peers."""
+
+    max_message_bytes: int = 256 * 1024 * 1024  # MQTT's own cap is 268,435,455
+    max_header_bytes: int = 64 * 1024
+    max_tensors: int = 256
+    max_tensor_elements: int = 1 << 28
+    max_ndim: int = 8
+
+
+Scalar = str | int | float | bool | None
+_Text = Annotated[str, Field(max_length=4096)]
+
+
+class TensorDescriptor(BaseModel):
+    """Where one tensor sits in the body and how to decode it."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: str
+    dtype: str
+    shape: list[Annotated[int, Field(ge=0, le=1 << 31)]]
+    codec: str
+    compression: str = "none"
+    length: Annotated[int, Field(ge=0)]
+    params: list[float] = Field(default_factory=list, max_length=2 * 65536)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError("tensor name must be 1-128 of [A-Za-z0-9._:/-]")
+        return value
+
+    @field_validator("codec")
+    @classmethod
+    def _codec(cls, value: str) -> str:
+        if value not in (*codecs.CODECS, "raw"):
+            raise ValueError(f"unknown codec {value!r}")
+        return value
+
+    @field_validator("compression")
+    @classmethod
+    def _compression(cls, value: str) -> str:
+        if value not in codecs.COMPRESSIONS:
+            raise ValueError(f"unknown compression {value!r}")
+        return value
+
+
+class Header(BaseModel):
+    """The envelope header; `meta` carries small command arguments and results."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    run: str
+    round: Annotated[int, Field(ge=0)] = 0
+    step: Annotated[int, Field(ge=0)] = 0
+    seq: Annotated[int, Field(ge=0)]
+    sender: str
+    ts: float
+    kind: str = ""
+    tensors: list[TensorDescriptor] = Field(default_factory=list)
+    meta: dict[_Text, Any] = Field(default_factory=dict)
+
+    @field_validator("run", "sender")
+    @classmethod
+    def _ids(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError("must be 1-128 of [A-Za-z0-9._:/-]")
+        return value
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, value: str) -> str:
+        if value and not _NAME.match(value):
+            raise ValueError("must be 0-128 of [A-Za-z0-9._:/-]")
+        return value
+
+
+@dataclass
+class Message:
+    """A decoded (or to-be-encoded) message. Tensors decode as NumPy arrays."""
+
+    type: MessageType
+    run: str
+    sender: str
+    seq: int
+    round: int = 0
+    step: int = 0
+    kind: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+    tensors: dict[str, np.ndarray] = field(default_factory=dict)
+    ts: float = 0.0
+    signed: bool = False
+
+    @property
+    def key(self) -> tuple[str, int, int, int, str]:
+        """Identity for idempotent handling of QoS 1 redeliveries."""
+        return (self.run, self.round, self.step, self.seq, self.sender)
+
+
+def encode_message(
+    msg: Message,
+    *,
+    codec: str = "fp32",
+    compression: str = "none",
+    fleet_key: bytes | None = None,
+    codec_overrides: dict[str, str] | None = None,
+) -> bytes:
+    """Serialise a message; `codec_overrides` picks a codec per tensor name (labels stay raw)."""
+    descriptors: list[dict[str, Any]] = []
+    payloads: list[bytes | memoryview] = []
+    for name, array in msg.tensors.items():
+        chosen = (codec_overrides or {}).get(name, codec)
+        enc = codecs.encode(np.asarray(array), chosen, compression)
+        descriptors.append({
+            "name": name, "dtype": enc.dtype, "shape": list(enc.shape), "codec": enc.codec,
+            "compression": enc.compression, "length": len(enc.payload),
+            "params": list(enc.params),
+        })
+        payloads.append(enc.payload)
+    header = {
+        "run": msg.run, "round": msg.round, "step": msg.step, "seq": msg.seq,
+        "sender": msg.sender, "ts": float(msg.ts or time.time()), "kind": msg.kind,
+        "tensors": descriptors, "meta": msg.meta,
+    }
+    try:
+        header_bytes = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
+    except (TypeError, ValueError) as exc:
+        raise MalformedHeader(f"header is not JSON-serialisable: {exc}") from None
+    body_len = sum(len(p) for p in payloads)
+    flags = FLAG_SIGNED if fleet_key else 0
+    prefix = PREFIX.pack(MAGIC, WIRE_VERSION, int(msg.type), flags, 0, len(header_bytes),
+                         body_len)
+    parts: list[bytes | memoryview] = [prefix, header_bytes, *payloads]
+    crc = 0
+    for part in parts:
+        crc = zlib.crc32(part, crc)
+    parts.append(CRC.pack(crc))
+    if fleet_key:
+        mac = hmac.new(fleet_key, digestmod=hashlib.sha256)
+        for part in parts[:-1]:
+            mac.update(part)
+        parts.append(mac.digest())
+    return b"".join(parts)
+
+
+def peek_type(data: bytes | memoryview) -> MessageType:
+    """The message type from the prefix alone (to route chunks before full decoding)."""
+    if len(data) < PREFIX.size:
+        raise TruncatedMessage(f"message of {len(data)} bytes is shorter than its prefix")
+    magic, version, mtype, *_ = PREFIX.unpack_from(data)
+    if magic != MAGIC:
+        raise BadMagic("not a jetsplit message (bad magic)")
+    if version != WIRE_VERSION:
+        raise UnsupportedVersion(f"wire version {version}; this build speaks {WIRE_VERSION}")
+    try:
+        return MessageType(mtype)
+    except ValueError:
+        raise UnknownType(f"unknown message type {mtype}") from None
+
+
+def decode_message(
+    data: bytes | memoryview,
+    *,
+    fleet_key: bytes | None = None,
+    limits: Limits = Limits(),
+) -> Message:
+    """Parse and verify one message from untrusted bytes (raises a typed WireError)."""
+    view = memoryview(data).cast("B") if not isinstance(data, memoryview) else data.cast("B")
+    if len(view) > limits.max_message_bytes:
+        raise OversizedMessage(f"message of {len(view)} bytes exceeds {limits.max_message_bytes}")
+    mtype = peek_type(view)
+    _, _, _, flags, reserved, header_len, body_len = PREFIX.unpack_from(view)
+    if reserved != 0 or flags & ~FLAG_SIGNED:
+        raise MalformedHeader(f"unknown flags {flags:#x}/{reserved:#x}")
+    if header_len > limits.max_header_bytes:
+        raise OversizedMessage(f"header of {header_len} bytes exceeds {limits.max_header_bytes}")
+    signed = bool(flags & FLAG_SIGNED)
+    trailer = CRC.size + (HMAC_BYTES if signed else 0)
+    expected = PREFIX.size + header_len + body_len + trailer
+    if len(view) != expected:
+        cls = TruncatedMessage if len(view) < expected else MalformedHeader
+        raise cls(f"message has {len(view)} bytes, its prefix declares {expected}")
+    covered = PREFIX.size + header_len + body_len
+    (crc,) = CRC.unpack_from(view, covered)
+    if zlib.crc32(view[:covered]) != crc:
+        raise ChecksumMismatch("CRC32 mismatch: message corrupted in transit")
+    if fleet_key is not None:
+        if not signed:
+            raise BadSignature("unsigned message rejected: this fleet requires a key")
+        digest = hmac.new(fleet_key, view[:covered], hashlib.sha256).digest()
+        if not hmac.compare_digest(digest, bytes(view[covered + CRC.size:])):
+            raise BadSignature("HMAC mismatch: wrong fleet key or tampered message")
+    header = _parse_header(view[PREFIX.size:PREFIX.size + header_len], limits)
+    body = view[PREFIX.size + header_len:covered]
+    tensors = _decode_tensors(header.tensors, body, limits)
+    return Message(type=mtype, run=header.run, sender=header.sender, seq=header.seq,
+                   round=header.round, step=header.step, kind=header.kind, meta=header.meta,
+                   tensors=tensors, ts=header.ts, signed=signed and fleet_key is not None)
+
+
+def _parse_header(raw: memoryview, limits: Limits) -> Header:
+    try:
+        obj = json.loads(bytes(raw).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise MalformedHeader(f"header is not UTF-8 JSON: {type(exc).__name__}") from None
+    try:
+        header = Header.model_validate(obj)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "header"
+        raise MalformedHeader(f"header field {where}: {first['msg']}") from None
+    if len(header.tensors) > limits.max_tensors:
+        raise OversizedMessage(f"{len(header.tensors)} tensors exceed {limits.max_tensors}")
+    return header
+
+
+def _decode_tensors(descriptors: list[TensorDescriptor], body: memoryview, limits: Limits
+                    ) -> dict[str, np.ndarray]:
+    if sum(d.length for d in descriptors) != len(body):
+        raise MalformedHeader("tensor lengths do not add up to the body length")
+    tensors: dict[str, np.ndarray] = {}
+    offset = 0
+    for d in descriptors:
+        if len(d.shape) > limits.max_ndim:
+            raise OversizedMessage(f"tensor {d.name} has {len(d.shape)} dims > {limits.max_ndim}")
+        elements = int(np.prod(d.shape, dtype=np.int64)) if d.shape else 1
+        if elements > limits.max_tensor_elements:
+            raise OversizedMessage(f"tensor {d.name} has {elements} elements")
+        if d.name in tensors:
+            raise MalformedHeader(f"tensor {d.name} appears twice")
+        payload = body[offset:offset + d.length]
+        offset += d.length
+        tensors[d.name] = codecs.decode(payload, d.dtype, tuple(d.shape), d.codec,
+                                        d.compression, tuple(d.params))
+    return tensors

@@ -1,0 +1,51 @@
+"""Sequence numbers and the replay window for signed messages.
+
+A sender starts its sequence at the wall clock in microseconds, so a restarted agent keeps
+counting upwards and its peers' replay windows accept it without coordination.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+
+from jetsplit.wire.errors import ReplayedMessage
+
+
+class SequenceCounter:
+    """Monotonic per-sender sequence numbers that survive a restart."""
+
+    def __init__(self, start: int | None = None) -> None:
+        self._counter = itertools.count(start if start is not None else time.time_ns() // 1000)
+
+    def next(self) -> int:
+        return next(self._counter)
+
+
+class ReplayGuard:
+    """Rejects a signed message whose (sender, seq) was already accepted, whose seq is older
+    than the window, or whose timestamp is further than `max_skew_s` from now."""
+
+    def __init__(self, window: int = 4096, max_skew_s: float = 300.0, max_senders: int = 4096):
+        self.window, self.max_skew_s, self.max_senders = window, max_skew_s, max_senders
+        self._seen: dict[str, tuple[set[int], deque[int]]] = {}
+        self._highest: dict[str, int] = {}
+
+    def check(self, sender: str, seq: int, ts: float, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        if abs(now - ts) > self.max_skew_s:
+            raise ReplayedMessage(f"{sender} seq {seq}: timestamp {now - ts:+.0f}s off now")
+        seen, order = self._seen.get(sender, (set(), deque()))
+        highest = self._highest.get(sender, -1)
+        if seq in seen or seq <= highest - self.window:
+            raise ReplayedMessage(f"{sender} seq {seq}: already seen or older than the window")
+        if sender not in self._seen and len(self._seen) >= self.max_senders:
+            oldest = next(iter(self._seen))
+            del self._seen[oldest], self._highest[oldest]
+        seen.add(seq)
+        order.append(seq)
+        while len(order) > self.window:
+            seen.discard(order.popleft())
+        self._seen[sender] = (seen, order)
+        self._highest[sender] = max(highest, seq)
