@@ -7,6 +7,7 @@ profiles carry peak numbers and an efficiency estimate; ``jetsplit profile`` add
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import re
@@ -15,7 +16,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from jetsplit.errors import ConfigError
 
@@ -82,24 +90,25 @@ class MemorySection(_Section):
 class ComputeSection(_Section):
     """Peak throughput and the fraction of it conv-net training sustains."""
 
-    peak_fp32_gflops: PositiveFloat
-    peak_fp16_gflops: PositiveFloat | None = None
-    efficiency: Fraction
     cuda_cores: PositiveInt | None = None
     gpu_clock_mhz: PositiveFloat | None = None
     cpu_cores: PositiveInt | None = None
+    peak_fp32_gflops: PositiveFloat
+    peak_fp16_gflops: PositiveFloat | None = None
+    efficiency: Fraction
 
-    @model_validator(mode="after")
-    def _peak_matches_clock(self) -> ComputeSection:
+    @field_validator("peak_fp32_gflops")
+    @classmethod
+    def _peak_matches_clock(cls, peak: float, info: ValidationInfo) -> float:
         """Catch a power-mode edit that changed the clock but not the peak."""
-        if self.cuda_cores is not None and self.gpu_clock_mhz is not None:
-            expected = self.cuda_cores * 2 * self.gpu_clock_mhz / 1000
-            if abs(self.peak_fp32_gflops - expected) > _PEAK_TOLERANCE * expected:
+        cores, clock = info.data.get("cuda_cores"), info.data.get("gpu_clock_mhz")
+        if cores is not None and clock is not None:
+            expected = cores * 2 * clock / 1000
+            if abs(peak - expected) > _PEAK_TOLERANCE * expected:
                 raise ValueError(
-                    f"peak_fp32_gflops {self.peak_fp32_gflops:g} disagrees with "
-                    f"cuda_cores*2*gpu_clock_mhz = {expected:.1f}"
+                    f"{peak:g} disagrees with cuda_cores*2*gpu_clock_mhz/1000 = {expected:.1f}"
                 )
-        return self
+        return peak
 
 
 class NetworkSection(_Section):
@@ -214,27 +223,36 @@ def _one_line(text: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _describe(err: Mapping[str, Any]) -> str:
+def _describe(err: Mapping[str, Any], errors: list[Any]) -> str:
     kind = err.get("type", "")
     if kind == "missing":
         return "missing required field"
     if kind == "extra_forbidden":
-        return "unknown field"
+        # A typo shows up as one unknown and one missing key under the same parent.
+        parent = tuple(err["loc"][:-1])
+        missing = [
+            str(e["loc"][-1])
+            for e in errors
+            if e.get("type") == "missing" and tuple(e["loc"][:-1]) == parent
+        ]
+        close = difflib.get_close_matches(str(err["loc"][-1]), missing, n=1)
+        return f"unknown field (did you mean {close[0]!r}?)" if close else "unknown field"
     msg = str(err.get("msg", "invalid value"))
     msg = msg.removeprefix("Value error, ")
     msg = msg[:1].lower() + msg[1:]
     value = err.get("input")
-    if isinstance(value, (dict, list)) or kind.startswith("model_"):
+    if isinstance(value, (dict, list)) or kind.startswith("model_") or kind == "value_error":
         return msg
     return f"{msg} (got {value!r})"
 
 
 def _validation_message(source: str, exc: ValidationError) -> str:
     errors = exc.errors(include_url=False)
-    first = errors[0]
+    # Report a typo'd key before the "missing" it causes: the unknown key is the real mistake.
+    first = min(errors, key=lambda e: e.get("type") != "extra_forbidden")
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return _one_line(f"profile {source}: {_dotted(tuple(first['loc']))}: {_describe(first)}{more}",
-                     limit=300)
+    where = _dotted(tuple(first["loc"]))
+    return _one_line(f"profile {source}: {where}: {_describe(first, errors)}{more}", limit=300)
 
 
 def profile_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> DeviceProfile:
@@ -268,8 +286,15 @@ def load_profile(path: str | Path) -> DeviceProfile:
 # --------------------------------------------------------------------------- dumping
 
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
-_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f",
-            "\r": "\\r"}
+_ESCAPES = {
+    '"': '\\"',
+    "\\": "\\\\",
+    "\b": "\\b",
+    "\t": "\\t",
+    "\n": "\\n",
+    "\f": "\\f",
+    "\r": "\\r",
+}
 
 
 def _toml_key(key: str) -> str:
