@@ -46,6 +46,10 @@ def _mount() -> None:
     app.command("profile", help="Measure this machine: per-layer latency, memory, GFLOPS.")(
         profile
     )
+    # The composition root is the one place allowed to know every role's package.
+    from server.broker_cli import broker
+
+    app.command("broker", help="Run an embedded MQTT broker on loopback (amqtt).")(broker)
 
 
 def main(argv: list[str] | None = None) -> int:
