@@ -1,0 +1,204 @@
+"""Write a bundle for one split: safetensors weights, ONNX blocks and a hashed manifest.
+
+Every ONNX file is checked in ONNX Runtime against PyTorch before the bundle is written, so
+an agent never receives a block that computes something else. Engines are never written
+here: they are tied to the TensorRT version and GPU and are built on the device
+(`jetsplit export engine`). The bundle is assembled in a temporary sibling folder and moved
+into place, so a failed export never leaves half a bundle behind.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import stat
+import tarfile
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from export.onnx_export import compare_onnx, export_onnx
+from jetsplit import __version__
+from jetsplit.bundle import (
+    BUNDLE_FORMAT_VERSION,
+    ENGINE_NAME,
+    MANIFEST_NAME,
+    ONNX_FILES,
+    WEIGHT_FILES,
+    FileEntry,
+    Manifest,
+    SpecEntry,
+    load_bundle,
+    sha256_file,
+)
+from jetsplit.errors import BundleError
+from jetsplit.models import (
+    ZOO_VERSION,
+    ModelSpec,
+    activation_shape,
+    build_aux_head,
+    build_model,
+    check_split,
+    split,
+)
+
+ONNX_ATOL = 1e-4
+CHECK_BATCHES = (1, 32)
+
+
+@dataclass(frozen=True)
+class BundleReport:
+    """What was written and how closely each ONNX block matches PyTorch."""
+
+    path: Path
+    manifest: Manifest
+    max_abs_diff: dict[str, dict[int, float]]  # block -> batch -> max |Δ| (ONNX vs PyTorch)
+    tar_path: Path | None = None
+    files: dict[str, FileEntry] = field(default_factory=dict)
+
+
+def _save_weights(module: nn.Module, path: Path) -> None:
+    """One metadata key only: safetensors orders a header map at random, and a bundle of the
+    same spec and seed should hash the same every time."""
+    tensors = {key: value.detach().contiguous() for key, value in module.state_dict().items()}
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+def _load_trained(model: nn.Module, aux: nn.Module | None, weights: dict[str, torch.Tensor]
+                  ) -> None:
+    """Trained weights: the full model's state dict, plus the aux head's under `aux.`."""
+    aux_part = {k[4:]: v for k, v in weights.items() if k.startswith("aux.")}
+    model_part = {k: v for k, v in weights.items() if not k.startswith("aux.")}
+    targets: list[tuple[str, nn.Module, dict[str, torch.Tensor]]] = [("model", model, model_part)]
+    if aux_part:
+        if aux is None:
+            raise BundleError("weights hold aux.* tensors but the bundle has no aux head")
+        targets.append(("aux head", aux, aux_part))
+    for what, module, part in targets:
+        expected = module.state_dict()
+        missing, extra = sorted(set(expected) - set(part)), sorted(set(part) - set(expected))
+        if missing or extra:
+            kind, key = ("missing", missing[0]) if missing else ("unexpected", extra[0])
+            raise BundleError(f"weights do not fit the {what}: {kind} tensor {key!r}")
+        for key, want in expected.items():
+            if tuple(part[key].shape) != tuple(want.shape):
+                raise BundleError(f"weights do not fit the {what}: {key!r} is "
+                                  f"{list(part[key].shape)}, needs {list(want.shape)}")
+        module.load_state_dict(part, strict=True)
+
+
+def _check_replaceable(out_dir: Path) -> None:
+    """Only an empty folder or an earlier bundle (with its engines) may be replaced."""
+    if out_dir.is_symlink() or (out_dir.exists() and not out_dir.is_dir()):
+        raise BundleError(f"output {out_dir} exists and is not a folder")
+    if not out_dir.exists():
+        return
+    names = set(ONNX_FILES.values()) | set(WEIGHT_FILES.values()) | {MANIFEST_NAME}
+    for entry in os.scandir(out_dir):
+        bundle_like = entry.name in names or ENGINE_NAME.match(entry.name)
+        if not bundle_like or not stat.S_ISREG(entry.stat(follow_symlinks=False).st_mode):
+            raise BundleError(f"output {out_dir} is not empty and not a bundle "
+                              f"(found {entry.name!r}); choose another --out")
+
+
+def _export_checked(module: nn.Module, shape: tuple[int, ...], path: Path, opset: int
+                    ) -> dict[int, float]:
+    export_onnx(module, shape, path, opset=opset)
+    diffs = {b: compare_onnx(module, path, shape, batches=(b,)) for b in CHECK_BATCHES}
+    for batch, diff in diffs.items():
+        if not diff <= ONNX_ATOL:  # also catches NaN
+            raise BundleError(f"{path.name}: ONNX Runtime differs from PyTorch by {diff:.2e} "
+                              f"at batch {batch} (limit {ONNX_ATOL:g})")
+    return diffs
+
+
+def _write_tar(src: Path, archive: Path) -> None:
+    """Reproducible .tar.gz: flat regular files, sorted, no owners, zero mtimes."""
+    tmp = archive.with_name(f".{archive.name}.tmp")
+    with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw,
+                                               mtime=0) as gz, \
+            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path in sorted(src.iterdir()):
+            info = tarfile.TarInfo(path.name)
+            info.size, info.mode, info.mtime = path.stat().st_size, 0o644, 0
+            with open(path, "rb") as fh:
+                tar.addfile(info, fh)
+    os.replace(tmp, archive)
+
+
+def write_bundle(
+    spec: ModelSpec | str,
+    k: int,
+    out_dir: str | Path,
+    *,
+    aux_ratio: float | None = 0.5,
+    opset: int = 17,
+    seed: int = 0,
+    weights: dict[str, torch.Tensor] | None = None,
+    tar: bool = False,
+) -> BundleReport:
+    """Build the (seeded or given) model, split it at `k`, and write a verified bundle to
+    `out_dir` (and `<out_dir>.tar.gz` with `tar`). `aux_ratio=None` ships no aux head;
+    `weights` is a full-model state dict, with the aux head's tensors under `aux.`."""
+    if isinstance(spec, str):
+        spec = ModelSpec(spec)
+    out_dir = Path(out_dir)
+    model = build_model(spec, seed=seed)
+    check_split(model, k)
+    aux = None if aux_ratio is None else build_aux_head(model, k, aux_ratio, seed=seed + 1)
+    if weights is not None:
+        _load_trained(model, aux, weights)
+    client, server = split(model, k)
+    act_shape = activation_shape(model, k)
+    _check_replaceable(out_dir)
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        blocks: dict[str, nn.Module] = {"client": client, "server": server}
+        if aux is not None:
+            blocks["aux"] = aux
+        for block, module in blocks.items():
+            _save_weights(module, staging / WEIGHT_FILES[block])
+        diffs = {"client": _export_checked(client, spec.input_shape,
+                                           staging / ONNX_FILES["client"], opset)}
+        if aux is not None:
+            diffs["aux"] = _export_checked(aux, act_shape, staging / ONNX_FILES["aux"], opset)
+
+        files = {path.name: FileEntry(sha256=sha256_file(path), size=path.stat().st_size)
+                 for path in sorted(staging.iterdir())}
+        manifest = Manifest(
+            format_version=BUNDLE_FORMAT_VERSION, jetsplit_version=__version__,
+            zoo_version=ZOO_VERSION,
+            model=SpecEntry(name=spec.name, input_shape=spec.input_shape,
+                            num_classes=spec.num_classes),
+            split=k, input_shape=spec.input_shape, activation_shape=act_shape,
+            client_layers=tuple(n for n, _ in client.named_children()),
+            server_layers=tuple(n for n, _ in server.named_children()),
+            aux_ratio=aux_ratio, opset=opset, codec="fp32", files=files,
+        )
+        text = json.dumps(manifest.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
+        (staging / MANIFEST_NAME).write_text(text, encoding="utf-8")
+        for path in staging.iterdir():
+            path.chmod(0o644)  # safetensors writes 0600; agents may run as another user
+        load_bundle(staging)  # the reader accepts what the writer wrote
+        staging.chmod(0o755)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+    tar_path = None
+    if tar:
+        tar_path = out_dir.with_name(out_dir.name + ".tar.gz")
+        _write_tar(out_dir, tar_path)
+    return BundleReport(path=out_dir, manifest=manifest, max_abs_diff=diffs, tar_path=tar_path,
+                        files=files)
