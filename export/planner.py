@@ -1,0 +1,355 @@
+"""Split planner: the cost of every split candidate on every device, and the choice.
+
+The planner enumerates every candidate k, costs it, drops those that do not fit in device
+memory and takes the argmin of the objective, ties broken by the smaller k. Nothing is
+pruned or searched cleverly: models have tens of layers, and a plan anyone can check by
+hand beats a fast one. Torch-free: it works on cached ``ModelCosts``.
+
+Cost model per device and split k, for batch B, T iterations per round, R rounds:
+  device compute  client block fwd+bwd (+ aux head for Ampere), at the device's measured
+                  per-layer times or FLOPs / (peak × efficiency)
+  per iteration   SplitFed family: activations up (+ labels) and their gradients down,
+                  B × activation bytes each way at the codec, plus one RTT
+  per round       model exchange (down + up) of what the algorithm aggregates
+  once            Ampere: the whole local dataset's activations + labels (eq. 27)
+  server compute  server block fwd+bwd of the batch on the server profile (SplitFed family)
+Memory always comes from the cost model (measured saved-tensor bytes, see cost_model); a
+measured profile changes times only. Time per iteration amortises per-round and one-shot
+transfers over the T (and R × T) iterations they serve; the ``bytes`` objective is bytes
+per round with one-shot bytes amortised over R rounds (Ampere eq. 27 divided by N = R).
+Ampere's server trains on stored activations off the devices' critical path: no server
+time per iteration. Fleet rule for common splits: see ``requires_common_split``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from export.cost_model import (
+    CODEC_BYTES,
+    OPTIMIZER_STATE,
+    BlockCost,
+    LayerTime,
+    MemoryEstimate,
+    ModelCosts,
+    activation_bytes,
+    aux_block,
+    block_ms,
+    client_block,
+    flops_ms,
+    predict_layer_times,
+    runtime_context_bytes,
+    server_block,
+    training_memory,
+)
+from jetsplit.errors import ConfigError, JetsplitError
+from jetsplit.profiles import DeviceProfile
+
+Objective = Literal["time", "bytes", "device-flops"]
+OBJECTIVES: tuple[str, ...] = ("time", "bytes", "device-flops")
+TIE_REL = 1e-9  # relative difference below which two objective values are a tie
+LABEL_BYTES = 8  # int64 label per sample, sent raw with activations (labels are never coded)
+
+
+class InfeasiblePlan(JetsplitError):
+    """No split candidate fits in the memory of every device that needs it."""
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """What an algorithm moves and trains, as far as cost is concerned."""
+
+    name: str
+    summary: str
+    splits: bool = True  # False: the whole model trains on the device (FedAvg)
+    per_iteration_exchange: bool = True  # activations up, gradients down every iteration
+    aggregates_clients: bool = True  # client blocks FedAvg-ed: model exchange every round
+    shares_server_block: bool = True  # one server block trained on every device's activations
+    aux_head: bool = False  # Ampere: client block trained with a local auxiliary head
+    one_shot_activations: bool = False  # Ampere phase 2: upload every activation once
+
+
+ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
+    Algorithm("splitfed-v1", "per-client server copies; client+server FedAvg each round"),
+    Algorithm("splitfed-v2", "one server block, clients in turn; client FedAvg each round"),
+    Algorithm("psl", "one server block; client blocks never aggregated",
+              aggregates_clients=False),
+    Algorithm("scala", "concatenated activations, logit adjustment; client FedAvg"),
+    Algorithm("gapsl", "PSL with gradient-agreement selection; no client aggregation",
+              aggregates_clients=False),
+    Algorithm("fedavg", "whole model on the device; model exchange only", splits=False,
+              per_iteration_exchange=False, shares_server_block=False),
+    Algorithm("ampere", "client block + aux head trained locally, FedAvg per epoch; "
+              "activations uploaded once", per_iteration_exchange=False, aux_head=True,
+              one_shot_activations=True),
+)}
+NOT_PLANNED = {"sherl-fl": "sherl-fl is not planned yet (its edge tier needs a three-tier "
+                           "cost model; a later issue)"}
+
+
+def requires_common_split(algorithm: Algorithm) -> bool:
+    """THE rule for fleets: every device must cut at the same k when client blocks are
+    FedAvg-ed across devices (they must have the same layers) or when one server block is
+    shared by all devices (it must start at the same layer), and trivially when there is no
+    split (FedAvg). Per-device splits are only meaningful for an algorithm that does
+    neither — none of those implemented; SHeRL-FL's client→edge tier is the candidate."""
+    return algorithm.aggregates_clients or algorithm.shares_server_block or not algorithm.splits
+
+
+def get_algorithm(name: str) -> Algorithm:
+    if name in NOT_PLANNED:
+        raise ConfigError(NOT_PLANNED[name])
+    if name not in ALGORITHMS:
+        raise ConfigError(f"unknown algorithm {name!r}; choose one of {', '.join(ALGORITHMS)}")
+    return ALGORITHMS[name]
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    """Everything a plan depends on besides the model costs and the profiles."""
+
+    algorithm: str = "splitfed-v1"
+    batch: int = 32
+    local_steps: int = 10  # T: iterations per round (Ampere: per epoch, unless dataset_size)
+    dataset_size: int | None = None  # samples per device; Ampere's epoch and one-shot upload
+    rounds: int = 100  # R: rounds one-shot transfers are amortised over
+    bandwidth_mbps: float | None = None  # overrides both directions of every device's link
+    objective: str = "time"
+    optimizer: str = "sgd"
+    codec: str = "fp32"
+    context_mb: float | None = None  # runtime context override (see cost_model)
+
+    def validate(self) -> Algorithm:
+        """Check every field users set; one ConfigError line naming the flag."""
+        for flag, value in (("--batch", self.batch), ("--local-steps", self.local_steps),
+                            ("--rounds", self.rounds)):
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{flag} must be a positive integer, got {value}")
+        if self.dataset_size is not None and self.dataset_size < 1:
+            raise ConfigError(f"--dataset-size must be a positive integer, got "
+                              f"{self.dataset_size}")
+        bw = self.bandwidth_mbps
+        if bw is not None and not (math.isfinite(bw) and bw > 0):
+            raise ConfigError(f"--bandwidth must be a positive number of Mbit/s, got {bw}")
+        if self.context_mb is not None and not (math.isfinite(self.context_mb)
+                                                and self.context_mb >= 0):
+            raise ConfigError(f"--context-mb must be ≥ 0, got {self.context_mb}")
+        for flag, value, allowed in (("--objective", self.objective, OBJECTIVES),
+                                     ("--optimizer", self.optimizer, tuple(OPTIMIZER_STATE)),
+                                     ("--codec", self.codec, tuple(CODEC_BYTES))):
+            if value not in allowed:
+                raise ConfigError(f"{flag} {value!r} is not one of {', '.join(allowed)}")
+        return get_algorithm(self.algorithm)
+
+    def iterations_per_round(self, algorithm: Algorithm) -> int:
+        if algorithm.one_shot_activations and self.dataset_size is not None:
+            return math.ceil(self.dataset_size / self.batch)  # an Ampere round is an epoch
+        return self.local_steps
+
+    def samples(self) -> int:
+        """Samples per device (Ampere's one-shot upload): given, or one round's worth."""
+        return self.dataset_size if self.dataset_size is not None else (
+            self.local_steps * self.batch)
+
+
+@dataclass(frozen=True)
+class SplitRow:
+    """One device, one split k: what it costs."""
+
+    k: int
+    cut: str  # the last layer on the device
+    device_gflops: float  # fwd+bwd per iteration (batch B), aux head included
+    server_gflops: float  # server fwd+bwd per iteration for this device's batch
+    memory: MemoryEstimate
+    budget_bytes: int
+    activation_bytes_per_sample: float  # at the codec; int8 range overhead spread over B
+    bytes_iter: float
+    bytes_round: float
+    bytes_once: float
+    compute_ms: float
+    transfer_ms: float  # amortised per iteration
+    server_ms: float
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.total <= self.budget_bytes
+
+    @property
+    def total_ms(self) -> float:
+        return self.compute_ms + self.transfer_ms + self.server_ms
+
+    def bytes_amortised(self, rounds: int) -> float:
+        """Bytes per round, one-shot bytes spread over ``rounds``."""
+        return self.bytes_round + self.bytes_once / rounds
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    profile: str
+    rows: list[SplitRow]
+    best_k: int | None  # this device's own argmin (what it would pick alone)
+    time_source: str  # "measured" or "peak"
+
+
+@dataclass(frozen=True)
+class FleetPlan:
+    """The plan: per-device rows, and the split(s) chosen."""
+
+    model: str
+    algorithm: str
+    objective: str
+    settings: PlanSettings
+    common: bool
+    devices: list[DevicePlan]
+    fleet_values: dict[int, float] = field(default_factory=dict)  # common split: k → value
+    fleet_fits: dict[int, bool] = field(default_factory=dict)
+    chosen: dict[str, int | None] = field(default_factory=dict)  # profile name → k
+
+    @property
+    def common_k(self) -> int | None:
+        values = set(self.chosen.values())
+        return values.pop() if self.common and len(values) == 1 else None
+
+
+def _link(profile: DeviceProfile, bandwidth_mbps: float | None) -> tuple[float, float]:
+    """(uplink, downlink) bytes per second."""
+    if bandwidth_mbps is not None:
+        rate = bandwidth_mbps * 1e6 / 8
+        return rate, rate
+    return profile.uplink_bytes_per_s, profile.downlink_bytes_per_s
+
+
+def _candidates(costs: ModelCosts, algorithm: Algorithm) -> list[int]:
+    return costs.split_candidates() if algorithm.splits else [costs.num_layers]
+
+
+def device_rows(costs: ModelCosts, profile: DeviceProfile, server: DeviceProfile,
+                settings: PlanSettings) -> tuple[list[SplitRow], str]:
+    """Every candidate's row on one device, and where its times come from."""
+    algorithm = settings.validate()
+    batch, codec = settings.batch, settings.codec
+    times: list[LayerTime] = predict_layer_times(costs, profile, batch)
+    server_times = predict_layer_times(costs, server, batch)
+    up, down = _link(profile, settings.bandwidth_mbps)
+    rtt_ms = profile.network.rtt_ms
+    iters = settings.iterations_per_round(algorithm)
+    context = runtime_context_bytes(profile, settings.context_mb)
+    budget = profile.usable_memory_bytes
+    rows = []
+    for k in _candidates(costs, algorithm):
+        block: BlockCost = client_block(costs, k)
+        compute_ms = block_ms(times, 0, k, input_grad=False)
+        if algorithm.aux_head:
+            aux = aux_block(costs, k)
+            block = block + aux
+            compute_ms += flops_ms(batch * aux.train_flops, profile)
+        memory = training_memory(block, batch, settings.optimizer, context)
+        whole = k == costs.num_layers
+        msg = 0.0 if whole else activation_bytes(costs, k, codec, batch)
+        bytes_iter = bytes_round = bytes_once = 0.0
+        transfer_ms = server_ms = server_gflops = 0.0
+        if algorithm.per_iteration_exchange:
+            act_up, grad_down = msg + batch * LABEL_BYTES, msg
+            bytes_iter = act_up + grad_down
+            transfer_ms += (act_up / up + grad_down / down) * 1e3 + rtt_ms
+            server_ms = block_ms(server_times, k, costs.num_layers, input_grad=True)
+            server_gflops = batch * server_block(costs, k).train_flops / 1e9
+        exchange = 0.0
+        if algorithm.aggregates_clients or not algorithm.splits:
+            exchange = block.state_bytes  # down and up once per round
+            round_ms = (exchange / down + exchange / up) * 1e3 + rtt_ms
+            transfer_ms += round_ms / iters
+        bytes_round = iters * bytes_iter + 2 * exchange
+        if algorithm.one_shot_activations:
+            samples = settings.samples()
+            bytes_once = (activation_bytes(costs, k, codec, samples)
+                          + samples * LABEL_BYTES)
+            transfer_ms += (bytes_once / up * 1e3) / (settings.rounds * iters)
+        rows.append(SplitRow(
+            k=k, cut=costs.layers[k - 1].name, device_gflops=batch * block.train_flops / 1e9,
+            server_gflops=server_gflops, memory=memory, budget_bytes=budget,
+            activation_bytes_per_sample=(msg / batch if not whole else 0.0),
+            bytes_iter=bytes_iter, bytes_round=bytes_round, bytes_once=bytes_once,
+            compute_ms=compute_ms, transfer_ms=transfer_ms, server_ms=server_ms,
+        ))
+    return rows, times[0].source if times else "peak"
+
+
+def row_value(row: SplitRow, objective: str, rounds: int) -> float:
+    """One device's objective value for one split."""
+    if objective == "time":
+        return row.total_ms
+    if objective == "bytes":
+        return row.bytes_amortised(rounds)
+    return row.device_gflops
+
+
+def fleet_value(rows: list[SplitRow], objective: str, rounds: int) -> float:
+    """A common split's objective over the fleet: stragglers set the pace — the slowest
+    device's compute + transfer, plus the server's work for every device's batch (one server
+    machine); bytes add up over devices; device FLOPs are the largest device's."""
+    if objective == "time":
+        return (max(r.compute_ms + r.transfer_ms for r in rows)
+                + sum(r.server_ms for r in rows))
+    if objective == "bytes":
+        return sum(r.bytes_amortised(rounds) for r in rows)
+    return max(r.device_gflops for r in rows)
+
+
+def _argmin(values: dict[int, float], feasible: dict[int, bool]) -> int | None:
+    """Smallest value among feasible k; ties go to the smaller k. Values within TIE_REL of
+    the minimum are ties: summing per-layer times in another order must not flip a choice
+    (a device and server of equal speed make neighbouring splits cost the same)."""
+    best = [(v, k) for k, v in values.items() if feasible[k]]
+    if not best:
+        return None
+    low = min(v for v, _ in best)
+    return min(k for v, k in best if v <= low + abs(low) * TIE_REL)
+
+
+def plan_fleet(costs: ModelCosts, profiles: list[DeviceProfile], server: DeviceProfile,
+               settings: PlanSettings) -> FleetPlan:
+    """Cost every split on every device and choose: one common split (argmin of the fleet
+    value over splits that fit on every device) or, where the algorithm allows, each
+    device's own argmin."""
+    algorithm = settings.validate()
+    if not profiles:
+        raise ConfigError("give at least one --profile")
+    names = [p.name for p in profiles]
+    devices = []
+    for profile in profiles:
+        rows, source = device_rows(costs, profile, server, settings)
+        values = {r.k: row_value(r, settings.objective, settings.rounds) for r in rows}
+        best = _argmin(values, {r.k: r.fits for r in rows})
+        devices.append(DevicePlan(profile.name, rows, best, source))
+    common = requires_common_split(algorithm)
+    plan = FleetPlan(costs.name, algorithm.name, settings.objective, settings, common, devices)
+    if not common:
+        plan.chosen.update({d.profile: d.best_k for d in devices})
+        return plan
+    for i, k in enumerate(r.k for r in devices[0].rows):
+        per_device = [d.rows[i] for d in devices]
+        plan.fleet_values[k] = fleet_value(per_device, settings.objective, settings.rounds)
+        plan.fleet_fits[k] = all(r.fits for r in per_device)
+    k_common = _argmin(plan.fleet_values, plan.fleet_fits)
+    plan.chosen.update(dict.fromkeys(names, k_common))
+    return plan
+
+
+def check_feasible(plan: FleetPlan) -> None:
+    """Raise InfeasiblePlan, naming the tightest device, when no split was chosen."""
+    for device in plan.devices:
+        if plan.chosen.get(device.profile) is not None:
+            continue
+        smallest = min(device.rows, key=lambda r: r.memory.total)
+        if not smallest.fits:
+            raise InfeasiblePlan(
+                f"no split of {plan.model} fits on {device.profile}: the smallest needs "
+                f"{smallest.memory.total / 2**20:.0f} MiB of "
+                f"{smallest.budget_bytes / 2**20:.0f} MiB usable at batch "
+                f"{plan.settings.batch}; try a smaller --batch or --optimizer sgd")
+    if any(k is None for k in plan.chosen.values()):
+        raise InfeasiblePlan(f"no single split of {plan.model} fits on every device of the "
+                             f"fleet; plan the devices in separate fleets")
