@@ -17,11 +17,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
+from export.cost_model import get_costs, predict_layer_times
 from export.onnx_export import export_onnx
+from export.profiler import build_measured_profile, measure_layers
 from jetsplit.models import build_model, split
+from jetsplit.profiles import resolve_profile
 from jetsplit.runtimes.onnx_runtime import CPU_EP, OnnxBlock
 
 # Client blocks to time: SCALA's AlexNet split and comparable early splits elsewhere.
@@ -63,11 +65,46 @@ def compare_runtimes(models: dict[str, int], shape: tuple[int, int, int], repeat
     return rows
 
 
+def cost_model_accuracy(calibrate: str, targets: list[str], shape: tuple[int, int, int],
+                        batch: int, repeats: int) -> tuple[float, list[dict]]:
+    """Per-layer training time (fwd+bwd) predicted two ways against a fresh measurement:
+    `flops` — counted FLOPs at the GFLOPS achieved on another model (what a vendor-peak or
+    other-model profile gives); `profiled` — a measured profile of the same model taken in an
+    earlier, independent run (what `jetsplit profile` gives the planner)."""
+    base = resolve_profile("x86-cpu")
+    cal_layers = measure_layers(build_model(calibrate, shape, 10, seed=0), batch, repeats,
+                                device="cpu")
+    cal_profile = build_measured_profile("bench-host", get_costs(calibrate, shape, 10),
+                                         cal_layers, batch, base)
+    rows = []
+    for name in targets:
+        costs = get_costs(name, shape, 10)
+        model = build_model(name, shape, 10, seed=0)
+        own = build_measured_profile(f"bench-{name}", costs,
+                                     measure_layers(model, batch, repeats, device="cpu"),
+                                     batch, base)
+        by_flops = predict_layer_times(costs, cal_profile, batch)
+        by_profile = predict_layer_times(costs, own, batch)
+        measured = measure_layers(model, batch, repeats, device="cpu")
+        for i, (f, p, m) in enumerate(zip(by_flops, by_profile, measured, strict=True)):
+            actual = max(m.fwd_ms + m.bwd_ms, 1e-9)
+            rows.append({"model": name, "layer": m.name, "measured_ms": actual,
+                         "flops_ms": f.train_ms(input_grad=i > 0),
+                         "profiled_ms": p.train_ms(input_grad=i > 0)})
+    assert cal_profile.measured is not None
+    return cal_profile.measured.achieved_gflops, rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(DEFAULT_BLOCKS))
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--calibrate", default="resnet18",
+                        help="model whose measured GFLOPS calibrates the cost model")
+    parser.add_argument("--cost-models", default="alexnet,vgg11,resnet18,mobilenetv3-small",
+                        help="models whose per-layer times are predicted and measured")
+    parser.add_argument("--batch", type=int, default=32)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     models = {m: DEFAULT_BLOCKS.get(m, 2) for m in args.models.split(",")}
@@ -79,8 +116,26 @@ def main() -> None:
     for r in compare_runtimes(models, shape, args.repeats):
         print(f"{r['model']:<20}{r['split']:>6}{r['batch']:>7}{r['torch_ms']:>11.2f}"
               f"{r['ort_ms']:>10.2f}{r['ratio']:>11.2f}")
-    np.set_printoptions(precision=2)
 
+    targets = [m for m in args.cost_models.split(",") if m]
+    gflops, rows = cost_model_accuracy(args.calibrate, targets, shape, args.batch, args.repeats)
+    print(f"\n# cost model: predicted / measured per-layer training time (fwd+bwd), batch "
+          f"{args.batch}; flops = counted FLOPs at {gflops:.1f} GFLOPS achieved on "
+          f"{args.calibrate}; profiled = measured profile of the same model, earlier run")
+    print(f"{'model':<19}{'layer':<10}{'meas ms':>9}{'flops/meas':>12}{'profiled/meas':>15}")
+    for r in rows:
+        print(f"{r['model']:<19}{r['layer']:<10}{r['measured_ms']:>9.2f}"
+              f"{r['flops_ms'] / r['measured_ms']:>12.2f}"
+              f"{r['profiled_ms'] / r['measured_ms']:>15.2f}")
+    print(f"\n{'model':<19}{'path':<10}{'layers within ±30%':>20}{'median':>8}{'block':>8}")
+    for name in targets:
+        mine = [r for r in rows if r["model"] == name]
+        for path in ("flops", "profiled"):
+            ratios = [r[f"{path}_ms"] / r["measured_ms"] for r in mine]
+            within = sum(0.7 <= q <= 1.3 for q in ratios)
+            block = sum(r[f"{path}_ms"] for r in mine) / sum(r["measured_ms"] for r in mine)
+            print(f"{name:<19}{path:<10}{f'{within}/{len(mine)}':>20}"
+                  f"{statistics.median(ratios):>8.2f}{block:>8.2f}")
 
 if __name__ == "__main__":
     main()

@@ -79,6 +79,8 @@ def engine(
     from jetsplit.errors import BundleError, ModelError
     from jetsplit.runtimes.tensorrt_runtime import build_engine, engine_path_for, validate_engine
 
+    if not bundle_dir.exists():
+        raise BundleError(f"bundle {bundle_dir}: not found")
     if not bundle_dir.is_dir():
         raise BundleError(f"bundle {bundle_dir}: engines are written next to the bundle; pass "
                           "an (extracted) bundle folder")

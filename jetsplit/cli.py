@@ -13,14 +13,6 @@ import typer
 from jetsplit import __version__
 from jetsplit.errors import JetsplitError
 
-app = typer.Typer(
-    name="jetsplit",
-    help="Split federated learning across Jetson fleets.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-)
-
 
 def _version(value: bool) -> None:
     if value:
@@ -28,7 +20,6 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
 def _root(
     version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="Print the version."
@@ -37,42 +28,60 @@ def _root(
     """Split federated learning across Jetson fleets."""
 
 
-def _mount() -> None:
+def build_app() -> typer.Typer:
+    """The root command with every role's sub-commands. This composition root is the one
+    place that knows every package; sub-command modules import heavy dependencies lazily."""
+    app = typer.Typer(
+        name="jetsplit",
+        help="Split federated learning across Jetson fleets.",
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+        add_completion=False,
+    )
+    app.callback()(_root)
     from export.cli import app as export_app
+    from export.profile_cli import profile
+    from server.broker_cli import broker
 
     app.add_typer(export_app, name="export", help="Cost model, split planner, bundles, engines.")
-    from export.profile_cli import profile
-
     app.command("profile", help="Measure this machine: per-layer latency, memory, GFLOPS.")(
         profile
     )
-    # The composition root is the one place allowed to know every role's package.
-    from server.broker_cli import broker
-
     app.command("broker", help="Run an embedded MQTT broker on loopback (amqtt).")(broker)
+    return app
+
+
+def _usage_error_types() -> tuple[type[Exception], ...]:
+    """Usage-error base classes: typer ≥ 0.22 vendors click, older typer uses click itself."""
+    types: list[type[Exception]] = [typer.exceptions.TyperException]
+    try:
+        import click
+
+        types.append(click.ClickException)
+    except ImportError:
+        pass
+    return tuple(types)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; user-caused errors end in one line on stderr and a non-zero exit."""
-    _mount()
     try:
-        app(args=argv, standalone_mode=False)
+        result = build_app()(args=argv, standalone_mode=False)
     except JetsplitError as exc:
         typer.echo(f"error: {exc}", err=True)
         return exc.exit_code
     except typer.Exit as exc:
         return exc.exit_code
-    except typer.Abort:
+    except (typer.Abort, KeyboardInterrupt):
         typer.echo("aborted", err=True)
         return 130
-    except Exception as exc:  # click usage errors arrive here in non-standalone mode
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            return exc.exit_code
-        raise
-    return 0
+    except _usage_error_types() as exc:  # bad option or value
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            return 0 if argv == [] else 2  # help was already printed
+        message = " ".join(exc.format_message().split())  # type: ignore[attr-defined]
+        typer.echo(f"error: {message} (see --help)", err=True)
+        return int(getattr(exc, "exit_code", 2))
+    return result if isinstance(result, int) else 0
 
 
 if __name__ == "__main__":
