@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from jetsplit.errors import JetsplitError, ModelError
+from jetsplit.models.split import eval_mode
 
 MIN_OPSET = 13  # TensorRT 8.2 (JetPack 4) reads ≤ 13; older opsets are not worth supporting
 MAX_OPSET = 20  # TensorRT 10.x reads 17–20
@@ -86,10 +87,8 @@ def export_onnx(
     path.parent.mkdir(parents=True, exist_ok=True)
     # batch 2 as the example: a batch-1 trace can specialise the batch axis away
     example = torch.zeros(2, *shape)
-    modes = [(m, m.training) for m in module.modules()]
-    module.eval()
     try:
-        with _quiet(), torch.no_grad():
+        with eval_mode(module), _quiet(), torch.no_grad():
             if use_dynamo:
                 torch.onnx.export(
                     module, (example,), str(path), input_names=[INPUT_NAME],
@@ -110,9 +109,6 @@ def export_onnx(
         first = " ".join(str(exc).split())[:200]
         raise JetsplitError(f"ONNX export to {path.name} failed (opset {opset}): {first}"
                             ) from None
-    finally:
-        for m, mode in modes:
-            m.training = mode
     return path
 
 
@@ -130,10 +126,8 @@ def compare_onnx(
     block = OnnxBlock(onnx_path, providers=[CPU_EP])
     shape = _check_shape(input_shape)
     generator = torch.Generator().manual_seed(seed)
-    modes = [(m, m.training) for m in module.modules()]
-    module.eval()
     worst = 0.0
-    try:
+    with eval_mode(module):
         for batch in batches:
             x = torch.randn(batch, *shape, generator=generator)
             with torch.no_grad():
@@ -143,7 +137,4 @@ def compare_onnx(
                 raise JetsplitError(f"onnx model {Path(onnx_path).name}: output shape "
                                     f"{list(got.shape)} != PyTorch {list(expected.shape)}")
             worst = max(worst, float(np.max(np.abs(got - expected))))
-    finally:
-        for m, mode in modes:
-            m.training = mode
     return worst
