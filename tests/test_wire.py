@@ -19,6 +19,7 @@ from jetsplit.wire import (
     MessageType,
     Reassembler,
     ReplayGuard,
+    SequenceCounter,
     WireError,
     chunk_message,
     decode_message,
@@ -140,6 +141,20 @@ def test_replay_guard_rejects_repeats_old_and_stale() -> None:
     with pytest.raises(wire_errors.ReplayedMessage):
         guard.check("a", 500, ts=900.0, now=1000.0)
     guard.check("b", 100, ts=1000.0, now=1000.0)  # per sender
+
+
+def test_sequence_numbers_keep_rising_across_a_restart() -> None:
+    first = SequenceCounter()
+    a, b = first.next(), first.next()
+    restarted = SequenceCounter()
+    assert b == a + 1 and restarted.next() > b
+
+
+@pytest.mark.parametrize(("run", "sender"), [("r", "s s"), ("", "s"), ("r", "x" * 129)])
+def test_bad_identifiers_in_headers_are_rejected(run: str, sender: str) -> None:
+    raw = encode_message(Message(MessageType.ACK, run=run, sender=sender, seq=1))
+    with pytest.raises(wire_errors.MalformedHeader, match="run|sender"):
+        decode_message(raw)
 
 
 def test_chunking_reassembles_out_of_order_and_ignores_redelivery() -> None:

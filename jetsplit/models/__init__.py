@@ -5,7 +5,6 @@ from jetsplit.models.split import (
     AuxiliaryHead,
     activation_shape,
     build_aux_head,
-    build_blocks,
     check_split,
     split,
 )
@@ -26,7 +25,6 @@ __all__ = [
     "ModelSpec",
     "activation_shape",
     "build_aux_head",
-    "build_blocks",
     "build_model",
     "check_split",
     "split",

@@ -11,7 +11,7 @@ from torch import nn
 
 from jetsplit.errors import ModelError
 from jetsplit.models.layers import ZooLayer
-from jetsplit.models.zoo import LayeredModel, ModelSpec, build_model
+from jetsplit.models.zoo import LayeredModel
 
 DEFAULT_AUX_RATIO = 0.5
 
@@ -98,11 +98,3 @@ def build_aux_head(model: LayeredModel, k: int, ratio: float = DEFAULT_AUX_RATIO
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return AuxiliaryHead(first, probe, model.spec.num_classes, ratio)
-
-
-def build_blocks(spec: ModelSpec, k: int, *, seed: int | None = None
-                 ) -> tuple[LayeredModel, nn.Sequential, nn.Sequential]:
-    """Convenience: the model and its two blocks, for code that only has a spec and a split."""
-    model = build_model(spec, seed=seed)
-    client, server = split(model, k)
-    return model, client, server

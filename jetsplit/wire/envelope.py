@@ -19,16 +19,15 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import re
 import struct
 import time
 import zlib
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from jetsplit.wire import codecs
 from jetsplit.wire.errors import (
@@ -48,7 +47,8 @@ PREFIX = struct.Struct("!4sBBBBIQ")
 CRC = struct.Struct("!I")
 HMAC_BYTES = 32
 FLAG_SIGNED = 0x01
-_NAME = re.compile(r"^[A-Za-z0-9._:/-]{1,128}$")
+# Identifiers on the wire (run, sender, tensor names): short, and safe in topics and logs.
+WireName = Annotated[str, Field(pattern=r"^[A-Za-z0-9._:/-]{1,128}$")]
 
 
 class MessageType(IntEnum):
@@ -83,34 +83,13 @@ class TensorDescriptor(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    name: str
+    name: WireName
     dtype: str
     shape: list[Annotated[int, Field(ge=0, le=1 << 31)]]
-    codec: str
-    compression: str = "none"
+    codec: Literal["fp32", "fp16", "bf16", "int8", "raw"]
+    compression: Literal["none", "lz4", "zstd"] = "none"
     length: Annotated[int, Field(ge=0)]
     params: list[float] = Field(default_factory=list, max_length=2 * 65536)
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, value: str) -> str:
-        if not _NAME.match(value):
-            raise ValueError("tensor name must be 1-128 of [A-Za-z0-9._:/-]")
-        return value
-
-    @field_validator("codec")
-    @classmethod
-    def _codec(cls, value: str) -> str:
-        if value not in (*codecs.CODECS, "raw"):
-            raise ValueError(f"unknown codec {value!r}")
-        return value
-
-    @field_validator("compression")
-    @classmethod
-    def _compression(cls, value: str) -> str:
-        if value not in codecs.COMPRESSIONS:
-            raise ValueError(f"unknown compression {value!r}")
-        return value
 
 
 class Header(BaseModel):
@@ -118,29 +97,15 @@ class Header(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    run: str
+    run: WireName
     round: Annotated[int, Field(ge=0)] = 0
     step: Annotated[int, Field(ge=0)] = 0
     seq: Annotated[int, Field(ge=0)]
-    sender: str
+    sender: WireName
     ts: float
-    kind: str = ""
+    kind: Annotated[str, Field(pattern=r"^[A-Za-z0-9._:/-]{0,128}$")] = ""
     tensors: list[TensorDescriptor] = Field(default_factory=list)
     meta: dict[_Text, Any] = Field(default_factory=dict)
-
-    @field_validator("run", "sender")
-    @classmethod
-    def _ids(cls, value: str) -> str:
-        if not _NAME.match(value):
-            raise ValueError("must be 1-128 of [A-Za-z0-9._:/-]")
-        return value
-
-    @field_validator("kind")
-    @classmethod
-    def _kind(cls, value: str) -> str:
-        if value and not _NAME.match(value):
-            raise ValueError("must be 0-128 of [A-Za-z0-9._:/-]")
-        return value
 
 
 @dataclass
