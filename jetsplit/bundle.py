@@ -34,6 +34,7 @@ from jetsplit.models import (
     build_model,
     split,
 )
+from jetsplit.models.weights import load_strict
 
 BUNDLE_FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -388,24 +389,8 @@ class Bundle:
         return model, client, server
 
     def _load_into(self, module: nn.Module, block: str) -> nn.Module:
-        name = WEIGHT_FILES[block]
-        tensors = self.load_weights(block)
-        expected = module.state_dict()
-        missing = sorted(set(expected) - set(tensors))
-        extra = sorted(set(tensors) - set(expected))
-        where = f"bundle {self.source}: {name}"
-        if missing:
-            raise BundleError(f"{where}: missing tensor {missing[0]!r} "
-                              f"({len(missing)} missing in all)")
-        if extra:
-            raise BundleError(f"{where}: unexpected tensor {extra[0]!r} ({len(extra)} in all)")
-        for key, want in expected.items():
-            got = tensors[key]
-            if tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype:
-                raise BundleError(f"{where}: tensor {key!r} is {got.dtype} {list(got.shape)}, "
-                                  f"the model needs {want.dtype} {list(want.shape)}")
-        module.load_state_dict(tensors, strict=True)
-        return module
+        where = f"bundle {self.source}: {WEIGHT_FILES[block]}"
+        return load_strict(module, self.load_weights(block), where, BundleError)
 
     def client_module(self) -> nn.Sequential:
         """The trainable client block (layers[:split]) with the bundle's weights."""

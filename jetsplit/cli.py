@@ -39,6 +39,7 @@ def build_app() -> typer.Typer:
         add_completion=False,
     )
     app.callback()(_root)
+    from edge_agent.cli import app as agent_app
     from export.cli import app as export_app
     from export.profile_cli import profile
     from server.broker_cli import broker
@@ -47,6 +48,7 @@ def build_app() -> typer.Typer:
     app.command("profile", help="Measure this machine: per-layer latency, memory, GFLOPS.")(
         profile
     )
+    app.add_typer(agent_app, name="agent", help="The edge agent daemon.")
     app.command("broker", help="Run an embedded MQTT broker on loopback (amqtt).")(broker)
     return app
 

@@ -7,11 +7,9 @@ profiles carry peak numbers and an efficiency estimate; ``jetsplit profile`` add
 
 from __future__ import annotations
 
-import difflib
 import math
 import os
 import re
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -20,17 +18,12 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    ValidationError,
     ValidationInfo,
     field_validator,
 )
 
+from jetsplit.config_io import load_toml_model, model_from_dict
 from jetsplit.errors import ConfigError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - JetPack 6 ships Python 3.10
-    import tomli as tomllib
 
 __all__ = [
     "ComputeSection",
@@ -208,79 +201,14 @@ class DeviceProfile(_Section):
 # --------------------------------------------------------------------------- loading
 
 
-def _dotted(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += f".{part}" if out else str(part)
-    return out or "(top level)"
-
-
-def _one_line(text: str, limit: int = 160) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _describe(err: Mapping[str, Any], errors: list[Any]) -> str:
-    kind = err.get("type", "")
-    if kind == "missing":
-        return "missing required field"
-    if kind == "extra_forbidden":
-        # A typo shows up as one unknown and one missing key under the same parent.
-        parent = tuple(err["loc"][:-1])
-        missing = [
-            str(e["loc"][-1])
-            for e in errors
-            if e.get("type") == "missing" and tuple(e["loc"][:-1]) == parent
-        ]
-        close = difflib.get_close_matches(str(err["loc"][-1]), missing, n=1)
-        return f"unknown field (did you mean {close[0]!r}?)" if close else "unknown field"
-    msg = str(err.get("msg", "invalid value"))
-    msg = msg.removeprefix("Value error, ")
-    msg = msg[:1].lower() + msg[1:]
-    value = err.get("input")
-    if isinstance(value, (dict, list)) or kind.startswith("model_") or kind == "value_error":
-        return msg
-    return f"{msg} (got {value!r})"
-
-
-def _validation_message(source: str, exc: ValidationError) -> str:
-    errors = exc.errors(include_url=False)
-    # Report a typo'd key before the "missing" it causes: the unknown key is the real mistake.
-    first = min(errors, key=lambda e: e.get("type") != "extra_forbidden")
-    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    where = _dotted(tuple(first["loc"]))
-    return _one_line(f"profile {source}: {where}: {_describe(first, errors)}{more}", limit=300)
-
-
 def profile_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> DeviceProfile:
     """Validate an already-parsed profile; errors name ``source`` and the dotted field."""
-    try:
-        return DeviceProfile.model_validate(dict(data))
-    except ValidationError as exc:
-        raise ConfigError(_validation_message(source, exc)) from None
+    return model_from_dict(DeviceProfile, data, "profile", source)
 
 
 def load_profile(path: str | Path) -> DeviceProfile:
     """Read and validate one profile TOML; every failure is a one-line ConfigError."""
-    path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise ConfigError(f"profile {path}: file not found") from None
-    except IsADirectoryError:
-        raise ConfigError(f"profile {path}: is a directory, not a TOML file") from None
-    except OSError as exc:
-        raise ConfigError(f"profile {path}: cannot read: {exc.strerror or exc}") from None
-    try:
-        data = tomllib.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise ConfigError(f"profile {path}: toml: file is not UTF-8 text") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(_one_line(f"profile {path}: toml: syntax error: {exc}", 300)) from None
-    return profile_from_dict(data, str(path))
+    return load_toml_model(DeviceProfile, path, "profile")
 
 
 # --------------------------------------------------------------------------- dumping

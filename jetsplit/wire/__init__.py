@@ -1,6 +1,11 @@
 """Wire protocol: binary envelopes, tensor codecs, chunking, integrity and replay protection."""
 
-from jetsplit.wire.chunking import DEFAULT_CHUNK_BYTES, Reassembler, chunk_message
+from jetsplit.wire.chunking import (
+    DEFAULT_CHUNK_BYTES,
+    Reassembler,
+    chunk_count,
+    chunk_message,
+)
 from jetsplit.wire.codecs import CODECS, COMPRESSIONS
 from jetsplit.wire.envelope import (
     WIRE_VERSION,
@@ -26,6 +31,7 @@ __all__ = [
     "ReplayGuard",
     "SequenceCounter",
     "WireError",
+    "chunk_count",
     "chunk_message",
     "decode_message",
     "encode_message",

@@ -19,6 +19,13 @@ DEFAULT_CHUNK_BYTES = 1024 * 1024
 CHUNK_OVERHEAD = 1024  # prefix + JSON header + trailer of a CHUNK envelope, generously
 
 
+def chunk_count(total_bytes: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> int:
+    """How many envelopes a message of `total_bytes` travels in (1 when it fits)."""
+    if total_bytes <= chunk_bytes:
+        return 1
+    return -(-total_bytes // (chunk_bytes - CHUNK_OVERHEAD))
+
+
 def chunk_message(
     encoded: bytes,
     *,

@@ -22,6 +22,13 @@ class SequenceCounter:
     def next(self) -> int:
         return next(self._counter)
 
+    def reserve(self, count: int) -> int:
+        """The first of `count` consecutive numbers (for the chunks of one message)."""
+        first = next(self._counter)
+        for _ in range(count - 1):
+            next(self._counter)
+        return first
+
 
 class ReplayGuard:
     """Rejects a signed message whose (sender, seq) was already accepted, whose seq is older

@@ -1,0 +1,43 @@
+"""`jetsplit agent run --config agent.toml`: the device daemon (flags override the file)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(no_args_is_help=True, help="The edge agent daemon.")
+
+
+@app.command("run")
+def run(
+    config: Annotated[Path, typer.Option("--config", help="agent.toml to read.")],
+    broker: Annotated[str | None, typer.Option(
+        "--broker", help="mqtt[s]://[user:pass@]host:port (overrides mqtt.broker).")] = None,
+    fleet: Annotated[str | None, typer.Option("--fleet", help="Overrides fleet.")] = None,
+    agent: Annotated[str | None, typer.Option("--agent", help="Overrides agent.")] = None,
+    state_dir: Annotated[str | None, typer.Option("--state-dir", help="Overrides state_dir.")
+                         ] = None,
+) -> None:
+    """Connect to the broker and serve the coordinator's commands until SIGTERM."""
+    from edge_agent.config import load_agent_config
+    from edge_agent.daemon import AgentDaemon
+    from edge_agent.setup import build_worker
+
+    cfg = load_agent_config(config)
+    updates = {k: v for k, v in {"fleet": fleet, "agent": agent, "state_dir": state_dir}.items()
+               if v is not None}
+    mqtt = cfg.mqtt.model_copy(update={"broker": broker}) if broker else cfg.mqtt
+    cfg = cfg.model_copy(update={**updates, "mqtt": mqtt})
+    logging.basicConfig(level=cfg.log_level.upper(),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    address, options = cfg.mqtt.address(), cfg.mqtt.endpoint_options()
+    worker = build_worker(cfg)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    AgentDaemon(worker, address, cfg.fleet, options).run(stop)

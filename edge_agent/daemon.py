@@ -1,0 +1,120 @@
+"""The agent daemon: one MQTT session, one command at a time, forever.
+
+It announces itself (retained presence, last will `offline`), registers, then executes the
+coordinator's commands through `AgentWorker` and answers on `up/<agent>`. A command id seen
+before is answered from the reply cache instead of running twice, so QoS 1 redelivery and
+the coordinator's retransmissions are harmless. Connection loss is paho's to repair (with
+backoff); the session is persistent and the daemon re-announces on every reconnect.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import OrderedDict
+from dataclasses import replace
+
+from edge_agent.worker import AgentWorker, respond
+from jetsplit.broker_url import BrokerAddress
+from jetsplit.protocol import Kind
+from jetsplit.transport import COORDINATOR, Topics
+from jetsplit.transport.mqtt import EndpointOptions, Inbound, MqttEndpoint, presence_payload
+from jetsplit.wire import Message, MessageType
+
+log = logging.getLogger("jetsplit.agent")
+
+REPLY_CACHE_ENTRIES = 32
+REPLY_CACHE_BYTES = 256 * 1024 * 1024
+
+
+class ReplyCache:
+    """Recent replies by (run, command id), bounded by count and tensor bytes."""
+
+    def __init__(self, entries: int = REPLY_CACHE_ENTRIES, max_bytes: int = REPLY_CACHE_BYTES):
+        self.entries, self.max_bytes = entries, max_bytes
+        self._items: OrderedDict[tuple[str, int], tuple[Message, str, str, int]] = OrderedDict()
+
+    def get(self, key: tuple[str, int]) -> tuple[Message, str, str] | None:
+        item = self._items.get(key)
+        return None if item is None else item[:3]
+
+    def put(self, key: tuple[str, int], reply: Message, codec: str, compression: str) -> None:
+        size = sum(t.nbytes for t in reply.tensors.values())
+        self._items[key] = (reply, codec, compression, size)
+        while self._items and (len(self._items) > self.entries
+                               or sum(i[3] for i in self._items.values()) > self.max_bytes):
+            self._items.popitem(last=False)
+
+
+class AgentDaemon:
+    """Runs a worker behind an MQTT session until `stop` is set."""
+
+    def __init__(self, worker: AgentWorker, address: BrokerAddress, fleet: str,
+                 options: EndpointOptions = EndpointOptions()) -> None:
+        self.worker = worker
+        self.agent = worker.agent_id
+        self.topics = Topics(fleet)
+        self.options = options
+        self.cache = ReplyCache()
+        self.ignored = 0
+        self._offline = presence_payload("-", self.agent, "offline", fleet_key=options.fleet_key)
+        self.endpoint = MqttEndpoint(
+            address, f"jetsplit-{fleet}-{self.agent}", options,
+            subscriptions=(self.topics.down(self.agent), self.topics.down_all),
+            will=(self.topics.presence(self.agent), self._offline),
+            on_connect=self._announce, sender=self.agent)
+
+    def _announce(self, count: int) -> None:
+        """On every (re)connect: retained presence `online`, then a fresh registration."""
+        online = presence_payload("-", self.agent, "online", fleet_key=self.options.fleet_key,
+                                  extra={"role": self.worker.role})
+        self.endpoint.publish_raw(self.topics.presence(self.agent), online, retain=True)
+        self._register("-")
+
+    def _register(self, run: str) -> None:
+        msg = Message(MessageType.REGISTER, run=run, sender=self.agent,
+                      seq=self.endpoint.next_seq(), kind=Kind.REGISTER.value,
+                      meta=self.worker.registration())
+        self.endpoint.send(self.topics.up(self.agent), msg)
+
+    def handle(self, inbound: Inbound) -> None:
+        """One message from the coordinator (already verified by the endpoint)."""
+        msg = inbound.message
+        if msg.type != MessageType.COMMAND or msg.sender != COORDINATOR:
+            self.ignored += 1
+            return
+        recipients = msg.meta.get("to")
+        if isinstance(recipients, list) and self.agent not in recipients:
+            return  # a broadcast for others
+        if msg.kind == Kind.DISCOVER.value:
+            self._register(msg.run)
+            return
+        cmd = msg.meta.get("cmd", msg.seq)
+        key = (msg.run, cmd if isinstance(cmd, int) else msg.seq)
+        cached = self.cache.get(key)
+        if cached is None:
+            reply, codec, compression = respond(self.worker, msg, self.endpoint.next_seq())
+            self.cache.put(key, reply, codec, compression)
+        else:
+            log.info("repeated command %s (round %d step %d): re-sending the reply",
+                     msg.kind, msg.round, msg.step)
+            old, codec, compression = cached
+            reply = replace(old, seq=self.endpoint.next_seq())
+        self.endpoint.send(self.topics.up(self.agent), reply, codec=codec,
+                           compression=compression)
+
+    def run(self, stop: threading.Event) -> None:
+        """Serve until `stop` is set; the endpoint retries the broker with backoff."""
+        self.endpoint.start()
+        log.info("agent %s serving fleet %s via %s", self.agent, self.topics.fleet,
+                 self.endpoint.address.url())
+        try:
+            while not stop.is_set():
+                try:
+                    inbound = self.endpoint.inbox.get(timeout=0.5)
+                except queue.Empty:
+                    continue
+                self.handle(inbound)
+        finally:
+            self.endpoint.close(final=(self.topics.presence(self.agent), self._offline))

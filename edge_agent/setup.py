@@ -1,0 +1,48 @@
+"""Turning an agent.toml into a ready worker: data shard, profile, device, threads."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from edge_agent.config import AgentConfig
+from edge_agent.worker import AgentWorker
+from jetsplit.data import ArrayDataset, load_dataset_split, partition
+from jetsplit.errors import ConfigError
+from jetsplit.profiles import resolve_profile
+
+
+def local_dataset(config: AgentConfig) -> ArrayDataset:
+    """This agent's shard of the training split (the test split stays on the coordinator)."""
+    data = config.data
+    if data.index >= data.clients:
+        raise ConfigError(f"agent config: data.index {data.index} must be < data.clients "
+                          f"{data.clients}")
+    train, _ = load_dataset_split(data.dataset, data.test_fraction, data.seed)
+    if data.clients == 1:
+        return train
+    shards = partition(train.y, data.clients, data.partition, data.seed, train.num_classes)
+    return train.subset(shards[data.index])
+
+
+def pick_device(choice: str) -> str:
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("agent config: device = \"cuda\" but torch sees no CUDA device")
+    if choice == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return choice
+
+
+def build_worker(config: AgentConfig) -> AgentWorker:
+    logging.getLogger("jetsplit").setLevel(config.log_level.upper())
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    profile = None
+    if config.profile:
+        profile = resolve_profile(config.profile).model_dump(mode="json")
+    state = config.state_path()
+    state.mkdir(parents=True, exist_ok=True)
+    return AgentWorker(config.agent, local_dataset(config), role=config.role,
+                       seed=config.seed, state_dir=state, device=pick_device(config.device),
+                       profile=profile)

@@ -1,0 +1,365 @@
+"""The agent's command executor: everything a device does, with no transport in sight.
+
+The MQTT daemon and the in-process engine both hand it commands and send back what it
+returns, which is what makes the two engines give bit-identical models. Training runs in
+PyTorch; forward-only work (activation generation) runs the exported block in ONNX Runtime
+(TensorRT execution provider where present).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import tempfile
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from jetsplit import __version__
+from jetsplit.bundle import Bundle, load_bundle
+from jetsplit.data import ArrayDataset
+from jetsplit.errors import BundleError, JetsplitError
+from jetsplit.models import ZOO_VERSION
+from jetsplit.models.split import eval_mode
+from jetsplit.models.weights import from_arrays, load_strict, to_arrays
+from jetsplit.protocol import (
+    BackwardArgs,
+    BundleArgs,
+    EvalArgs,
+    ForwardArgs,
+    GenerateArgs,
+    OptimizerArgs,
+    ProtocolError,
+    TrainArgs,
+    WeightsArgs,
+    parse_args,
+)
+from jetsplit.wire import Message, MessageType
+
+log = logging.getLogger("jetsplit.agent")
+
+Tensors = dict[str, np.ndarray]
+MAX_PENDING_FORWARDS = 16  # activations kept for a backward that may never come
+
+
+@dataclass
+class Result:
+    """What a command returns: small values in `meta`, arrays in `tensors`."""
+
+    meta: dict[str, Any] = field(default_factory=dict)
+    tensors: Tensors = field(default_factory=dict)
+    codec: str = "fp32"
+    compression: str = "none"
+
+
+class BatchSampler:
+    """Seeded epoch-wise shuffling: the same seed gives the same batches in any process."""
+
+    def __init__(self, size: int, seed: int) -> None:
+        self.size = size
+        self.generator = torch.Generator().manual_seed(seed)
+        self._order = torch.randperm(size, generator=self.generator).numpy()
+        self._cursor = 0
+
+    def next(self, batch: int) -> np.ndarray:
+        batch = min(batch, self.size)
+        if self._cursor + batch > self.size:
+            self._order = torch.randperm(self.size, generator=self.generator).numpy()
+            self._cursor = 0
+        indices = self._order[self._cursor:self._cursor + batch]
+        self._cursor += batch
+        return np.sort(indices)
+
+
+def _sgd(params: list[nn.Parameter], opt: OptimizerArgs) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=opt.lr, momentum=opt.momentum,
+                           weight_decay=opt.weight_decay)
+
+
+class AgentWorker:
+    """One device's state: local data, the installed bundle, trainable blocks, optimizers."""
+
+    def __init__(
+        self,
+        agent_id: str,
+        data: ArrayDataset,
+        *,
+        role: str = "client",
+        seed: int = 0,
+        state_dir: str | Path | None = None,
+        device: str = "cpu",
+        profile: dict[str, Any] | None = None,
+    ) -> None:
+        if len(data) == 0:
+            raise JetsplitError(f"agent {agent_id}: its dataset is empty")
+        self.agent_id, self.data, self.role, self.seed = agent_id, data, role, seed
+        self.device = torch.device(device)
+        self.profile = profile
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        if state_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix=f"jetsplit-{agent_id}-")
+            state_dir = self._tmp.name
+        self.state_dir = Path(state_dir)
+        self.sampler = BatchSampler(len(data), seed)
+        self.bundle: Bundle | None = None
+        self.bundle_sha: str | None = None
+        self.client: nn.Sequential | None = None
+        self.aux: nn.Module | None = None
+        self.server: nn.Sequential | None = None
+        self.optimizer_args = OptimizerArgs()
+        self._optimizers: dict[str, torch.optim.Optimizer] = {}
+        self._pending: OrderedDict[tuple[int, int], torch.Tensor] = OrderedDict()
+        self._onnx_current = False
+        self._onnx_block: Any = None
+        self.commands_done = 0
+
+    # ------------------------------------------------------------------ identity
+
+    def registration(self) -> dict[str, Any]:
+        """Who this agent is and what it can do (sent on connect and on DISCOVER)."""
+        from edge_agent.backends import detect_backends
+
+        return {
+            "agent": self.agent_id, "role": self.role, "version": __version__,
+            "zoo_version": ZOO_VERSION, "profile": self.profile,
+            "dataset": self.data.summary(), "backends": detect_backends(),
+            "device": str(self.device), "bundle": self.bundle_sha,
+        }
+
+    # ------------------------------------------------------------------ dispatch
+
+    def handle(self, kind: str, round_: int, step: int, meta: dict[str, Any],
+               tensors: Tensors) -> Result:
+        """Execute one command; user-caused problems raise JetsplitError (→ ERROR reply)."""
+        args = parse_args(kind, meta)
+        handler = getattr(self, f"_do_{kind}")
+        result: Result = handler(args, round_, step, tensors)
+        self.commands_done += 1
+        return result
+
+    def _require_bundle(self) -> Bundle:
+        if self.bundle is None or self.client is None:
+            raise ProtocolError(f"agent {self.agent_id}: no bundle installed yet")
+        return self.bundle
+
+    def _optimizer(self, target: str) -> torch.optim.Optimizer:
+        if target not in self._optimizers:
+            assert self.client is not None
+            params = list(self.client.parameters())
+            if target == "aux":
+                if self.aux is None:
+                    raise ProtocolError("this bundle has no auxiliary head")
+                params += list(self.aux.parameters())
+            elif target == "full":
+                assert self.server is not None
+                params += list(self.server.parameters())
+            self._optimizers[target] = _sgd(params, self.optimizer_args)
+        return self._optimizers[target]
+
+    def _batch(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = self.sampler.next(size)
+        x = torch.from_numpy(self.data.x[idx]).to(self.device)
+        y = torch.from_numpy(self.data.y[idx]).to(self.device)
+        return x, y
+
+    def _client_changed(self) -> None:
+        self._onnx_current = False
+        self._onnx_block = None
+
+    # ------------------------------------------------------------------ commands
+
+    def _do_bundle(self, args: BundleArgs, round_: int, step: int, tensors: Tensors) -> Result:
+        raw = tensors.get("bundle")
+        if raw is None or raw.dtype != np.uint8 or raw.ndim != 1:
+            raise ProtocolError("bundle command needs a 1-D uint8 tensor 'bundle'")
+        digest = hashlib.sha256(memoryview(raw)).hexdigest()
+        if digest != args.sha256:
+            raise BundleError(f"bundle transfer corrupted: sha256 {digest[:12]}… "
+                              f"!= announced {args.sha256[:12]}…")
+        root = self.state_dir / "bundles" / digest
+        archive = root.with_suffix(".tar.gz")
+        archive.parent.mkdir(parents=True, exist_ok=True)
+        archive.write_bytes(memoryview(raw))
+        if root.exists():  # an earlier copy of the same bundle: verify it again, fully
+            import shutil
+
+            shutil.rmtree(root)
+        started = time.perf_counter()
+        bundle = load_bundle(archive, extract_to=root)  # hashes, versions, safe paths
+        archive.unlink()
+        self.bundle, self.bundle_sha = bundle, digest
+        self.client = bundle.client_module().to(self.device)
+        self.aux = bundle.aux_module().to(self.device) if bundle.has_aux else None
+        self.server = bundle.server_module().to(self.device)
+        self.optimizer_args = args.optimizer
+        self._optimizers.clear()
+        self._pending.clear()
+        self._onnx_current, self._onnx_block = True, None
+        return Result(meta={"model": bundle.spec.name, "split": bundle.split,
+                            "sha256": digest, "verify_s": round(time.perf_counter() - started, 3)})
+
+    def _do_forward(self, args: ForwardArgs, round_: int, step: int, tensors: Tensors) -> Result:
+        self._require_bundle()
+        assert self.client is not None
+        x, y = self._batch(args.batch)
+        self.client.train()
+        activations = self.client(x)
+        self._pending[(round_, step)] = activations
+        while len(self._pending) > MAX_PENDING_FORWARDS:
+            self._pending.popitem(last=False)
+        return Result(meta={"samples": int(len(y))},
+                      tensors={"activations": activations.detach().cpu().numpy(),
+                               "labels": y.cpu().numpy()},
+                      codec=args.codec, compression=args.compression)
+
+    def _do_backward(self, args: BackwardArgs, round_: int, step: int, tensors: Tensors
+                     ) -> Result:
+        self._require_bundle()
+        key = (round_, step if args.forward_step is None else args.forward_step)
+        activations = self._pending.pop(key, None)
+        if activations is None:
+            raise ProtocolError(f"backward for round {key[0]} step {key[1]}: no such forward")
+        grad = tensors.get("grad")
+        if grad is None or tuple(grad.shape) != tuple(activations.shape):
+            got = None if grad is None else list(grad.shape)
+            raise ProtocolError(f"backward needs 'grad' of shape {list(activations.shape)}, "
+                                f"got {got}")
+        optimizer = self._optimizer("client")
+        optimizer.zero_grad(set_to_none=True)
+        activations.backward(torch.from_numpy(np.array(grad, dtype=np.float32)).to(self.device))
+        optimizer.step()
+        self._client_changed()
+        return Result()
+
+    def _do_train(self, args: TrainArgs, round_: int, step: int, tensors: Tensors) -> Result:
+        self._require_bundle()
+        assert self.client is not None
+        head = self.aux if args.target == "aux" else self.server
+        if head is None:
+            raise ProtocolError("this bundle has no auxiliary head")
+        optimizer = self._optimizer(args.target)
+        if args.lr is not None:
+            for group in optimizer.param_groups:
+                group["lr"] = args.lr
+        self.client.train()
+        head.train()
+        total, seen = 0.0, 0
+        for _ in range(args.steps):
+            x, y = self._batch(args.batch)
+            optimizer.zero_grad(set_to_none=True)
+            loss = nn.functional.cross_entropy(head(self.client(x)), y)
+            loss.backward()
+            optimizer.step()
+            total += float(loss) * len(y)
+            seen += len(y)
+        self._client_changed()
+        return Result(meta={"loss": total / seen, "samples": seen})
+
+    def _do_eval(self, args: EvalArgs, round_: int, step: int, tensors: Tensors) -> Result:
+        self._require_bundle()
+        assert self.client is not None
+        head = self.aux if args.target == "aux" else self.server
+        if head is None:
+            raise ProtocolError("this bundle has no auxiliary head")
+        correct, loss_sum = 0, 0.0
+        with eval_mode(self.client), eval_mode(head), torch.no_grad():
+            for start in range(0, len(self.data), args.batch):
+                x = torch.from_numpy(self.data.x[start:start + args.batch]).to(self.device)
+                y = torch.from_numpy(self.data.y[start:start + args.batch]).to(self.device)
+                logits = head(self.client(x))
+                loss_sum += float(nn.functional.cross_entropy(logits, y, reduction="sum"))
+                correct += int((logits.argmax(1) == y).sum())
+        n = len(self.data)
+        return Result(meta={"correct": correct, "total": n, "accuracy": correct / n,
+                            "loss": loss_sum / n})
+
+    def _blocks(self) -> dict[str, nn.Module | None]:
+        return {"client": self.client, "aux": self.aux, "server": self.server}
+
+    def _do_get_weights(self, args: WeightsArgs, round_: int, step: int, tensors: Tensors
+                        ) -> Result:
+        self._require_bundle()
+        out: Tensors = {}
+        for name in args.blocks:
+            module = self._blocks()[name]
+            if module is None:
+                raise ProtocolError(f"this bundle has no {name} block")
+            out.update(to_arrays(module, name))
+        return Result(meta={"samples": len(self.data)}, tensors=out)
+
+    def _do_set_weights(self, args: Any, round_: int, step: int, tensors: Tensors) -> Result:
+        self._require_bundle()
+        blocks = sorted({name.split("/", 1)[0] for name in tensors})
+        unknown = [b for b in blocks if b not in self._blocks()]
+        if unknown or not blocks:
+            raise ProtocolError(f"set_weights: tensors must be named client/…, aux/… or "
+                                f"server/… (got {unknown[:1] or 'none'})")
+        for name in blocks:
+            module = self._blocks()[name]
+            if module is None:
+                raise ProtocolError(f"this bundle has no {name} block")
+            load_strict(module, {k: v.to(self.device) for k, v in
+                                 from_arrays(tensors, name).items()},
+                        f"set_weights {name}", ProtocolError)
+        if "client" in blocks:
+            self._client_changed()
+        self._pending.clear()
+        return Result(meta={"blocks": blocks})
+
+    def _do_generate(self, args: GenerateArgs, round_: int, step: int, tensors: Tensors
+                     ) -> Result:
+        bundle = self._require_bundle()
+        assert self.client is not None
+        started = time.perf_counter()
+        if self._onnx_current:
+            if self._onnx_block is None:
+                from jetsplit.runtimes.onnx_runtime import OnnxBlock
+
+                self._onnx_block = OnnxBlock(bundle.client_onnx)
+            activations = self._onnx_block.run_batched(self.data.x, args.batch)
+            backend = self._onnx_block.providers[0]
+        elif args.allow_torch:
+            parts = []
+            with eval_mode(self.client), torch.no_grad():
+                for start in range(0, len(self.data), args.batch):
+                    x = torch.from_numpy(self.data.x[start:start + args.batch]).to(self.device)
+                    parts.append(self.client(x).cpu().numpy())
+            activations, backend = np.concatenate(parts), "torch"
+        else:
+            raise ProtocolError("client.onnx no longer matches the trained client block: "
+                                "send a fresh bundle (or allow_torch)")
+        return Result(meta={"backend": backend, "samples": len(self.data),
+                            "seconds": round(time.perf_counter() - started, 4)},
+                      tensors={"activations": np.ascontiguousarray(activations, np.float32),
+                               "labels": self.data.y},
+                      codec=args.codec, compression=args.compression)
+
+    def _do_status(self, args: Any, round_: int, step: int, tensors: Tensors) -> Result:
+        return Result(meta={"bundle": self.bundle_sha, "commands": self.commands_done,
+                            "pending_forwards": len(self._pending)})
+
+
+def respond(worker: AgentWorker, command: Message, seq: int) -> tuple[Message, str, str]:
+    """Run one COMMAND message; returns the REPLY (or ERROR) message and its codec and
+    compression. Both engines call this, so agents behave the same behind either."""
+    re = command.meta.get("cmd", command.seq)  # a retransmitted command keeps its id
+    base = {"run": command.run, "sender": worker.agent_id, "seq": seq, "round": command.round,
+            "step": command.step, "kind": command.kind}
+    try:
+        result = worker.handle(command.kind, command.round, command.step, dict(command.meta),
+                               command.tensors)
+    except Exception as exc:  # noqa: BLE001 - any failure becomes an ERROR reply; we live on
+        text = str(exc) if isinstance(exc, JetsplitError) else f"{type(exc).__name__}: {exc}"
+        text = " ".join(text.split())[:2000]
+        log.warning("command %s (round %d step %d) failed: %s", command.kind, command.round,
+                    command.step, text)
+        return (Message(MessageType.ERROR, meta={"re": re, "error": text}, **base),
+                "fp32", "none")
+    return (Message(MessageType.REPLY, meta={"re": re, **result.meta},
+                    tensors=result.tensors, **base), result.codec, result.compression)

@@ -1,0 +1,47 @@
+"""Offline datasets and client partitioners (IID, quantity / Dirichlet / Ampere label skew)."""
+
+from __future__ import annotations
+
+from jetsplit.data.datasets import (
+    CIFAR10_CLASSES,
+    DATASET_SPECS,
+    MAX_NPZ_BYTES,
+    ArrayDataset,
+    load_cifar10_dir,
+    load_dataset,
+    load_dataset_split,
+    load_digits,
+    load_image_folder,
+    load_mnist,
+    load_npz,
+    train_test_split,
+)
+from jetsplit.data.partition import (
+    AMPERE_EPSILON,
+    PARTITION_SCHEMES,
+    PartitionScheme,
+    label_histogram,
+    parse_scheme,
+    partition,
+)
+
+__all__ = [
+    "AMPERE_EPSILON",
+    "CIFAR10_CLASSES",
+    "DATASET_SPECS",
+    "MAX_NPZ_BYTES",
+    "PARTITION_SCHEMES",
+    "ArrayDataset",
+    "PartitionScheme",
+    "label_histogram",
+    "load_cifar10_dir",
+    "load_dataset",
+    "load_dataset_split",
+    "load_digits",
+    "load_image_folder",
+    "load_mnist",
+    "load_npz",
+    "parse_scheme",
+    "partition",
+    "train_test_split",
+]

@@ -1,0 +1,159 @@
+"""What agents and the coordinator say to each other: command kinds and their argument
+schemas, shared by both sides so neither can drift.
+
+Command arguments travel in the envelope header's ``meta``; they are untrusted on arrival
+and validated against these strict models (bounded numbers, known names only).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from jetsplit.config_io import validation_message
+from jetsplit.errors import JetsplitError
+
+CODEC_NAMES = ("fp32", "fp16", "bf16", "int8")
+CodecName = Literal["fp32", "fp16", "bf16", "int8"]
+CompressionName = Literal["none", "lz4", "zstd"]
+Batch = Annotated[int, Field(ge=1, le=65536)]
+LearningRate = Annotated[float, Field(gt=0, le=10, allow_inf_nan=False)]
+
+
+class Kind(str, Enum):
+    """Message kinds (the header's `kind`); byte counters are kept per kind."""
+
+    DISCOVER = "discover"  # coordinator → all: please (re-)register
+    REGISTER = "register"  # agent → coordinator: who I am, what I have
+    PRESENCE = "presence"  # agent, retained: online / offline (last will)
+    BUNDLE = "bundle"  # install a model bundle (tar bytes, chunked)
+    FORWARD = "forward"  # run the client block on a local batch, return activations
+    BACKWARD = "backward"  # apply the returned gradient to the last forward, step
+    TRAIN = "train"  # local training (client block + aux head, or the full model)
+    EVAL = "eval"  # accuracy of client+aux or the full model on local data
+    GET_WEIGHTS = "get_weights"  # upload block weights
+    SET_WEIGHTS = "set_weights"  # replace block weights
+    GENERATE = "generate"  # forward-only over all local data (ONNX Runtime/TensorRT)
+    STATUS = "status"  # health and counters
+
+
+class ProtocolError(JetsplitError):
+    """A command's arguments fail their schema (sent back as an ERROR reply)."""
+
+
+class _Args(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class OptimizerArgs(_Args):
+    """Plain SGD as the papers use; momentum and weight decay are optional."""
+
+    lr: LearningRate = 0.01
+    momentum: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    weight_decay: Annotated[float, Field(ge=0, le=1)] = 0.0
+
+
+class BundleArgs(_Args):
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    optimizer: OptimizerArgs = OptimizerArgs()
+
+
+class ForwardArgs(_Args):
+    batch: Batch
+    codec: CodecName = "fp32"
+    compression: CompressionName = "none"
+
+
+class BackwardArgs(_Args):
+    forward_step: Annotated[int, Field(ge=0)] | None = None  # default: this message's step
+
+
+class TrainArgs(_Args):
+    target: Literal["aux", "full"] = "aux"
+    steps: Annotated[int, Field(ge=1, le=1_000_000)]
+    batch: Batch
+    lr: LearningRate | None = None
+
+
+class EvalArgs(_Args):
+    target: Literal["aux", "full"] = "aux"
+    batch: Batch = 256
+
+
+class WeightsArgs(_Args):
+    blocks: list[Literal["client", "aux", "server"]] = Field(default_factory=lambda: ["client"],
+                                                             min_length=1, max_length=3)
+
+
+class GenerateArgs(_Args):
+    batch: Batch = 256
+    codec: CodecName = "fp32"
+    compression: CompressionName = "none"
+    allow_torch: bool = False
+
+
+_ARGS: dict[str, type[_Args]] = {
+    Kind.BUNDLE.value: BundleArgs,
+    Kind.FORWARD.value: ForwardArgs,
+    Kind.BACKWARD.value: BackwardArgs,
+    Kind.TRAIN.value: TrainArgs,
+    Kind.EVAL.value: EvalArgs,
+    Kind.GET_WEIGHTS.value: WeightsArgs,
+    Kind.SET_WEIGHTS.value: _Args,
+    Kind.GENERATE.value: GenerateArgs,
+    Kind.STATUS.value: _Args,
+}
+
+COMMAND_KINDS = tuple(_ARGS)
+# Envelope meta keys that route a command rather than parameterise it: `to` lists a
+# broadcast's recipients, `cmd` is the command id kept across retransmissions, `re` the
+# command id a reply answers.
+ROUTING_KEYS = ("to", "cmd", "re")
+
+
+def parse_args(kind: str, meta: dict[str, Any]) -> _Args:
+    """Validate a command's arguments (routing keys excluded); one-line errors."""
+    schema = _ARGS.get(kind)
+    if schema is None:
+        raise ProtocolError(f"unknown command {kind!r}; known: {', '.join(COMMAND_KINDS)}")
+    args = {k: v for k, v in meta.items() if k not in ROUTING_KEYS}
+    try:
+        return schema.model_validate(args)
+    except ValidationError as exc:
+        raise ProtocolError(validation_message("command", kind, exc)) from None
+
+
+class DatasetSummary(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: Annotated[str, Field(max_length=200)]
+    size: Annotated[int, Field(ge=0)]
+    num_classes: Annotated[int, Field(ge=1, le=100_000)]
+    input_shape: list[Annotated[int, Field(ge=1, le=1 << 16)]] = Field(max_length=4)
+    label_histogram: list[Annotated[int, Field(ge=0)]] = Field(max_length=100_000)
+
+
+class Registration(BaseModel):
+    """What an agent announces about itself; validated by the coordinator (untrusted)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    agent: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
+    role: Literal["client", "edge"]
+    version: Annotated[str, Field(max_length=64)]
+    zoo_version: int
+    profile: dict[str, Any] | None = None
+    dataset: DatasetSummary
+    backends: dict[str, Any] = Field(default_factory=dict)
+    device: Annotated[str, Field(max_length=64)] = "cpu"
+    bundle: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
+
+
+def parse_registration(meta: dict[str, Any]) -> Registration:
+    try:
+        return Registration.model_validate(meta)
+    except ValidationError as exc:
+        raise ProtocolError(validation_message("registration", str(meta.get("agent")), exc)
+                            ) from None

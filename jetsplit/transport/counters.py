@@ -1,0 +1,47 @@
+"""Bytes on the wire per agent, per message kind and direction (thread-safe)."""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from typing import Literal
+
+Direction = Literal["up", "down"]
+
+
+class ByteCounters:
+    """`up` is agent→coordinator, `down` coordinator→agent; chunk envelopes included."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._bytes: dict[tuple[str, str, str], int] = defaultdict(int)
+        self._messages: dict[tuple[str, str, str], int] = defaultdict(int)
+
+    def add(self, agent: str, kind: str, direction: Direction, nbytes: int) -> None:
+        with self._lock:
+            self._bytes[(agent, kind, direction)] += nbytes
+            self._messages[(agent, kind, direction)] += 1
+
+    def total(self, direction: Direction | None = None, *, agent: str | None = None,
+              kind: str | None = None) -> int:
+        with self._lock:
+            return sum(n for (a, k, d), n in self._bytes.items()
+                       if (direction is None or d == direction)
+                       and (agent is None or a == agent) and (kind is None or k == kind))
+
+    def snapshot(self) -> dict[str, dict[str, dict[str, int]]]:
+        """``{agent: {"up": {kind: bytes}, "down": {kind: bytes}}}``, JSON-safe and sorted."""
+        with self._lock:
+            items = sorted(self._bytes.items())
+        out: dict[str, dict[str, dict[str, int]]] = {}
+        for (agent, kind, direction), n in items:
+            out.setdefault(agent, {"up": {}, "down": {}})[direction][kind] = n
+        return out
+
+    def by_kind(self) -> dict[str, dict[str, int]]:
+        """``{"up": {kind: bytes}, "down": {kind: bytes}}`` summed over agents."""
+        out: dict[str, dict[str, int]] = {"up": {}, "down": {}}
+        with self._lock:
+            for (_, kind, direction), n in self._bytes.items():
+                out[direction][kind] = out[direction].get(kind, 0) + n
+        return out

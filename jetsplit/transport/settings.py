@@ -1,0 +1,64 @@
+"""The `[mqtt]` section shared by agent.toml and server.toml, turned into endpoint options."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from jetsplit.broker_url import BrokerAddress, parse_broker_url
+from jetsplit.errors import ConfigError
+from jetsplit.transport.mqtt import EndpointOptions, TlsOptions
+from jetsplit.wire import DEFAULT_CHUNK_BYTES
+
+FLEET_KEY_ENV = "JETSPLIT_FLEET_KEY"
+MIN_KEY_BYTES = 16
+
+
+class MqttSection(BaseModel):
+    """Broker address, protocol and security; every key has a CLI override."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    broker: str = "mqtt://127.0.0.1:1883"
+    protocol: Literal["auto", "5", "3.1.1"] = "auto"
+    keepalive_s: Annotated[int, Field(ge=2, le=3600)] = 30
+    chunk_bytes: Annotated[int, Field(ge=16 * 1024, le=256 * 1024 * 1024)] = DEFAULT_CHUNK_BYTES
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_insecure: bool = False
+    fleet_key_file: str | None = None  # else $JETSPLIT_FLEET_KEY; none: CRC only, no HMAC
+
+    def address(self) -> BrokerAddress:
+        return parse_broker_url(self.broker)
+
+    def fleet_key(self) -> bytes | None:
+        """The shared HMAC key from the file or the environment (never from the TOML itself)."""
+        if self.fleet_key_file:
+            path = Path(self.fleet_key_file).expanduser()
+            try:
+                key = path.read_bytes().strip()
+            except OSError as exc:
+                raise ConfigError(f"fleet key {path}: cannot read: {exc.strerror or exc}"
+                                  ) from None
+            source = str(path)
+        elif os.environ.get(FLEET_KEY_ENV):
+            key, source = os.environ[FLEET_KEY_ENV].strip().encode(), f"${FLEET_KEY_ENV}"
+        else:
+            return None
+        if len(key) < MIN_KEY_BYTES:
+            raise ConfigError(f"fleet key {source}: must be at least {MIN_KEY_BYTES} bytes")
+        return key
+
+    def endpoint_options(self) -> EndpointOptions:
+        for name in ("tls_ca", "tls_cert", "tls_key"):
+            value = getattr(self, name)
+            if value and not Path(value).expanduser().is_file():
+                raise ConfigError(f"mqtt.{name}: {value}: file not found")
+        tls = TlsOptions(self.tls_ca, self.tls_cert, self.tls_key, self.tls_insecure)
+        return EndpointOptions(protocol=self.protocol, keepalive_s=self.keepalive_s,
+                               chunk_bytes=self.chunk_bytes, fleet_key=self.fleet_key(),
+                               tls=tls)

@@ -1,0 +1,159 @@
+"""The transport-neutral interface every training method is written against, and the
+in-process engine.
+
+An algorithm sends a `Command` to a set of agents and gets an `Outcome`: the replies, in
+agent-id order (never arrival order, so runs are reproducible), and the agents that missed
+the step with the reason. The MQTT engine (`server.mqtt_engine`) implements the same calls
+over a broker; the in-process engine calls the agents' workers directly, but still passes
+every message through the wire encoder, so codecs and byte counts are the same.
+"""
+
+from __future__ import annotations
+
+import itertools
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from jetsplit.transport import COORDINATOR, ByteCounters
+from jetsplit.wire import Message, MessageType, decode_message, encode_message
+from server.registry import FleetRegistry, MissedStep
+
+Tensors = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class Command:
+    """What to ask of an agent: a kind (see `jetsplit.protocol.Kind`), arguments, arrays."""
+
+    kind: str
+    meta: dict[str, Any] = field(default_factory=dict)
+    tensors: Tensors = field(default_factory=dict)
+    codec: str = "fp32"
+    compression: str = "none"
+
+
+@dataclass
+class Reply:
+    """One agent's answer; `wire_bytes` is what it cost on the wire (all chunks)."""
+
+    agent: str
+    kind: str
+    meta: dict[str, Any]
+    tensors: Tensors
+    wire_bytes: int = 0
+
+
+@dataclass
+class Outcome:
+    """Replies in agent-id order, and who missed the step with the reason."""
+
+    replies: dict[str, Reply]
+    missed: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def agents(self) -> list[str]:
+        return list(self.replies)
+
+    def __getitem__(self, agent: str) -> Reply:
+        return self.replies[agent]
+
+
+class Engine(ABC):
+    """Send commands to agents and collect replies with a deadline."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self.counters = ByteCounters()
+        self.registry = FleetRegistry()
+
+    def online(self) -> list[str]:
+        """Agents available for selection, sorted by id."""
+        return self.registry.online()
+
+    @abstractmethod
+    def send_and_receive(self, commands: Mapping[str, Command], *, round: int = 0,
+                         step: int = 0, deadline_s: float = 60.0) -> Outcome:
+        """Send each agent its command; wait until all replied or the deadline passed."""
+
+    def broadcast(self, command: Command, agents: list[str], *, round: int = 0, step: int = 0,
+                  deadline_s: float = 60.0) -> Outcome:
+        """The same command to many agents (the MQTT engine publishes it only once)."""
+        return self.send_and_receive(dict.fromkeys(agents, command), round=round, step=step,
+                                     deadline_s=deadline_s)
+
+    def close(self) -> None:  # noqa: B027 - engines without resources need nothing here
+        """Release connections and processes."""
+
+    def _finish(self, replies: dict[str, Reply], missed: dict[str, str], kind: str,
+                round: int, step: int) -> Outcome:
+        for agent, reason in sorted(missed.items()):
+            self.registry.record_missed(MissedStep(agent, round, step, kind, reason))
+        return Outcome(dict(sorted(replies.items())), dict(sorted(missed.items())))
+
+
+def command_message(run: str, seq: int, command: Command, *, round: int, step: int,
+                    to: list[str] | None = None) -> Message:
+    """The COMMAND envelope for `command`; `to` names the recipients of a broadcast."""
+    meta = dict(command.meta)
+    if to is not None:
+        meta["to"] = to
+    return Message(MessageType.COMMAND, run=run, sender=COORDINATOR, seq=seq, round=round,
+                   step=step, kind=command.kind, meta=meta, tensors=command.tensors)
+
+
+def reply_from(agent: str, message: Message, wire_bytes: int) -> Reply:
+    return Reply(agent, message.kind, dict(message.meta), message.tensors, wire_bytes)
+
+
+class AgentLike(Protocol):
+    """What the in-process engine needs from an agent (`edge_agent.worker.AgentWorker`)."""
+
+    agent_id: str
+
+    def registration(self) -> dict[str, Any]: ...
+
+
+class InProcessEngine(Engine):
+    """Agents are objects in this process; commands run one agent after another in id order.
+
+    Deterministic and fast: the engine for accuracy experiments with 100+ simulated clients.
+    """
+
+    def __init__(self, workers: Mapping[str, AgentLike], run_id: str = "local") -> None:
+        super().__init__(run_id)
+        from edge_agent.worker import respond  # the same reply path as the MQTT daemon
+
+        self._respond = respond
+        self.workers = dict(sorted(workers.items()))
+        self._seq = itertools.count(1)
+        for agent, worker in self.workers.items():
+            self.registry.register(agent, worker.registration())
+
+    def send_and_receive(self, commands: Mapping[str, Command], *, round: int = 0,
+                         step: int = 0, deadline_s: float = 60.0) -> Outcome:
+        replies: dict[str, Reply] = {}
+        missed: dict[str, str] = {}
+        for agent in sorted(commands):
+            command = commands[agent]
+            worker = self.workers.get(agent)
+            if worker is None or self.registry.state(agent) == "offline":
+                missed[agent] = "offline"
+                continue
+            msg = command_message(self.run_id, next(self._seq), command, round=round, step=step)
+            down = encode_message(msg, codec=command.codec, compression=command.compression)
+            self.counters.add(agent, command.kind, "down", len(down))
+            reply, codec, compression = self._respond(worker, decode_message(down),
+                                                      next(self._seq))
+            up = encode_message(reply, codec=codec, compression=compression)
+            self.counters.add(agent, reply.kind, "up", len(up))
+            decoded = decode_message(up)
+            if decoded.type == MessageType.ERROR:
+                missed[agent] = f"error: {decoded.meta.get('error', '?')}"
+                continue
+            replies[agent] = reply_from(agent, decoded, len(up))
+        return self._finish(replies, missed, next(iter(commands.values())).kind
+                            if commands else "", round, step)

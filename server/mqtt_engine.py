@@ -1,0 +1,259 @@
+"""The engine for real fleets: agents are processes or devices behind an MQTT broker.
+
+Reliability rules, all here:
+
+* a command has an id (`cmd`) that survives retransmission; agents answer a repeated id
+  from their reply cache instead of running it twice (QoS 1 is at-least-once);
+* pending commands are re-sent when the coordinator reconnects, when an agent announces
+  itself again (it reconnected, perhaps to a restarted broker that lost its session), and
+  every `retry_s` of silence;
+* an agent whose presence turns `offline` (its last will) is dropped from the step at once;
+  one that stays silent is dropped at the deadline; both are recorded as missed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from jetsplit.broker_url import BrokerAddress
+from jetsplit.protocol import Kind, ProtocolError, parse_registration
+from jetsplit.transport import COORDINATOR, Topics
+from jetsplit.transport.mqtt import EndpointOptions, Inbound, MqttEndpoint
+from jetsplit.wire import Message, MessageType
+from server.engine import Command, Engine, Outcome, Reply, command_message, reply_from
+
+log = logging.getLogger("jetsplit.coordinator")
+
+
+@dataclass
+class _Pending:
+    agent: str
+    cmd: int
+    message: Message
+    command: Command
+    sent_at: float = field(default_factory=time.monotonic)
+    reply: Message | None = None
+    wire_bytes: int = 0
+
+
+class MqttEngine(Engine):
+    """Coordinator side of the MQTT runtime (one instance per fleet and run)."""
+
+    def __init__(self, address: BrokerAddress, fleet: str, *, run_id: str,
+                 options: EndpointOptions = EndpointOptions(), retry_s: float = 30.0) -> None:
+        super().__init__(run_id)
+        self.topics = Topics(fleet)
+        self.retry_s = retry_s
+        self.endpoint = MqttEndpoint(
+            address, f"jetsplit-{fleet}-{COORDINATOR}", options,
+            subscriptions=(self.topics.presence_any, self.topics.up_any),
+            on_connect=self._on_connect, sender=COORDINATOR)
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._pending: dict[tuple[str, int], _Pending] = {}
+        self._resend: set[str] = set()  # agents whose pending commands must go out again
+        self._resend_all = False
+        self.late_replies = 0
+        self.rejected_agents = 0
+        self._closed = threading.Event()
+        self._pump_thread = threading.Thread(target=self._pump, daemon=True, name="engine-pump")
+
+    def start(self, wait_s: float = 10.0) -> MqttEngine:
+        """Connect (raises a one-line ConfigError if the broker is unreachable)."""
+        self.endpoint.start(wait_s=wait_s)
+        self._pump_thread.start()
+        return self
+
+    def wait_for_agents(self, count: int, timeout_s: float) -> list[str]:
+        return self.registry.wait_for(count, timeout_s)
+
+    def close(self) -> None:
+        self._closed.set()
+        self.endpoint.close()
+        if self._pump_thread.is_alive():
+            self._pump_thread.join(timeout=2)
+
+    # ------------------------------------------------------------------ receiving
+
+    def _on_connect(self, count: int) -> None:
+        discover = Message(MessageType.COMMAND, run=self.run_id, sender=COORDINATOR,
+                           seq=self.endpoint.next_seq(), kind=Kind.DISCOVER.value)
+        self.endpoint.send(self.topics.down_all, discover)
+        if count > 1:
+            with self._cond:
+                self._resend_all = True
+                self._cond.notify_all()
+
+    def _pump(self) -> None:
+        while not self._closed.is_set():
+            try:
+                inbound = self.endpoint.inbox.get(timeout=0.2)
+            except Exception:  # noqa: BLE001 - queue.Empty
+                continue
+            try:
+                self._dispatch(inbound)
+            except Exception:  # noqa: BLE001 - one bad message must not stop the coordinator
+                log.exception("failed to handle a message on %s", inbound.topic)
+
+    def _dispatch(self, inbound: Inbound) -> None:
+        msg = inbound.message
+        agent = self.topics.agent_of(inbound.topic)
+        if agent is None or msg.sender != agent:
+            self.endpoint.rejected["SenderMismatch"] += 1
+            log.warning("dropped %s from %r on %s: sender does not own the topic",
+                        msg.kind, msg.sender, inbound.topic)
+            return
+        self.registry.seen(agent)
+        if msg.type == MessageType.PRESENCE:
+            self._on_presence(agent, str(msg.meta.get("state", "")))
+        elif msg.type == MessageType.REGISTER:
+            self._on_register(agent, msg, inbound.wire_bytes)
+        elif msg.type in (MessageType.REPLY, MessageType.ERROR):
+            self.counters.add(agent, msg.kind, "up", inbound.wire_bytes)
+            self._on_reply(agent, msg, inbound.wire_bytes)
+
+    def _on_presence(self, agent: str, state: str) -> None:
+        if state == "offline":
+            log.info("agent %s is offline", agent)
+            self.registry.set_state(agent, "offline")
+        elif state == "online" and self.registry.state(agent) is not None:
+            self.registry.set_state(agent, "online")
+        with self._cond:
+            if state == "online":
+                self._resend.add(agent)
+            self._cond.notify_all()
+
+    def _on_register(self, agent: str, msg: Message, wire_bytes: int) -> None:
+        try:
+            registration = parse_registration(msg.meta)
+        except ProtocolError as exc:
+            self.rejected_agents += 1
+            log.warning("rejected registration from %s: %s", agent, exc)
+            return
+        if registration.agent != agent:
+            self.rejected_agents += 1
+            log.warning("rejected registration from %s: it names %s", agent, registration.agent)
+            return
+        self.counters.add(agent, Kind.REGISTER.value, "up", wire_bytes)
+        first = self.registry.state(agent) is None
+        self.registry.register(agent, registration.model_dump(mode="json"))
+        if first:
+            log.info("agent %s registered (%s, %d samples)", agent, registration.role,
+                     registration.dataset.size)
+        with self._cond:
+            self._resend.add(agent)
+            self._cond.notify_all()
+
+    def _on_reply(self, agent: str, msg: Message, wire_bytes: int) -> None:
+        cmd = msg.meta.get("re")
+        with self._cond:
+            pending = self._pending.get((agent, cmd)) if isinstance(cmd, int) else None
+            if pending is None or pending.reply is not None:
+                self.late_replies += 1
+                return
+            pending.reply, pending.wire_bytes = msg, wire_bytes
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------------ sending
+
+    def _publish(self, topic: str, message: Message, command: Command,
+                 recipients: list[str]) -> None:
+        nbytes = self.endpoint.send(topic, message, codec=command.codec,
+                                    compression=command.compression)
+        for agent in recipients:  # what each device downloads, broadcast or not
+            self.counters.add(agent, command.kind, "down", nbytes)
+
+    def _retransmit(self, pendings: list[_Pending]) -> None:
+        for p in pendings:
+            resent = Message(MessageType.COMMAND, run=p.message.run, sender=COORDINATOR,
+                             seq=self.endpoint.next_seq(), round=p.message.round,
+                             step=p.message.step, kind=p.message.kind,
+                             meta={**p.message.meta, "to": [p.agent]},
+                             tensors=p.message.tensors)
+            log.info("re-sending %s (round %d step %d) to %s", p.message.kind, resent.round,
+                     resent.step, p.agent)
+            self._publish(self.topics.down(p.agent), resent, p.command, [p.agent])
+            p.sent_at = time.monotonic()
+
+    def send_and_receive(self, commands: Mapping[str, Command], *, round: int = 0,
+                         step: int = 0, deadline_s: float = 60.0) -> Outcome:
+        groups: dict[int, tuple[Command, list[str]]] = {}
+        for agent in sorted(commands):
+            groups.setdefault(id(commands[agent]), (commands[agent], []))[1].append(agent)
+        return self._exchange(list(groups.values()), round, step, deadline_s)
+
+    def broadcast(self, command: Command, agents: list[str], *, round: int = 0, step: int = 0,
+                  deadline_s: float = 60.0) -> Outcome:
+        return self._exchange([(command, sorted(agents))], round, step, deadline_s)
+
+    def _exchange(self, groups: list[tuple[Command, list[str]]], round: int, step: int,
+                  deadline_s: float) -> Outcome:
+        """Send each group's command (once per group when it has several agents) and wait."""
+        missed: dict[str, str] = {}
+        mine: list[_Pending] = []
+        sends: list[tuple[str, Message, Command, list[str]]] = []
+        kind = groups[0][0].kind if groups else ""
+        with self._cond:
+            # Fresh commands go out now; older reconnect signals do not apply to them.
+            self._resend_all = False
+            self._resend.difference_update(a for _, agents in groups for a in agents)
+            for command, agents in groups:
+                live = [a for a in agents if self.registry.state(a) not in (None, "offline")]
+                missed.update({a: "offline" for a in agents if a not in live})
+                if not live:
+                    continue
+                cmd = self.endpoint.next_seq()
+                message = command_message(self.run_id, cmd, command, round=round, step=step,
+                                          to=live)
+                message.meta["cmd"] = cmd
+                for agent in live:
+                    pending = _Pending(agent, cmd, message, command)
+                    self._pending[(agent, cmd)] = pending
+                    mine.append(pending)
+                    self.registry.set_state(agent, "busy")
+                topic = self.topics.down(live[0]) if len(live) == 1 else self.topics.down_all
+                sends.append((topic, message, command, live))
+        for topic, message, command, live in sends:
+            self._publish(topic, message, command, live)
+        replies = self._wait(mine, missed, deadline_s)
+        return self._finish(replies, missed, kind, round, step)
+
+    def _wait(self, mine: list[_Pending], missed: dict[str, str], deadline_s: float
+              ) -> dict[str, Reply]:
+        deadline = time.monotonic() + deadline_s
+        open_ = {p.agent: p for p in mine}
+        replies: dict[str, Reply] = {}
+        while True:
+            with self._cond:
+                for agent, p in list(open_.items()):
+                    if p.reply is not None:
+                        if p.reply.type == MessageType.ERROR:
+                            missed[agent] = f"error: {p.reply.meta.get('error', '?')}"
+                        else:
+                            replies[agent] = reply_from(agent, p.reply, p.wire_bytes)
+                        del open_[agent]
+                    elif self.registry.state(agent) == "offline":
+                        missed[agent] = "offline"
+                        del open_[agent]
+                now = time.monotonic()
+                if not open_ or now >= deadline:
+                    for agent in open_:
+                        missed[agent] = "deadline"
+                    for p in mine:
+                        self._pending.pop((p.agent, p.cmd), None)
+                        if self.registry.state(p.agent) == "busy":
+                            self.registry.set_state(p.agent, "online")
+                    return replies
+                again = [p for p in open_.values()
+                         if self._resend_all or p.agent in self._resend
+                         or now - p.sent_at > self.retry_s]
+                self._resend.difference_update(open_)
+                self._resend_all = False
+                if not again:
+                    self._cond.wait(min(deadline - now, 0.2))
+            if again:
+                self._retransmit(again)
