@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import unquote, urlsplit
 
 from jetsplit.errors import ConfigError
@@ -18,7 +18,7 @@ class BrokerAddress:
     port: int
     tls: bool = False
     username: str | None = None
-    password: str | None = None
+    password: str | None = field(default=None, repr=False)  # never in logs or tracebacks
 
     def url(self) -> str:
         """The address without credentials (safe to log)."""

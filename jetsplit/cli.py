@@ -43,12 +43,14 @@ def build_app() -> typer.Typer:
     from export.cli import app as export_app
     from export.profile_cli import profile
     from server.broker_cli import broker
+    from server.cli import app as server_app
 
     app.add_typer(export_app, name="export", help="Cost model, split planner, bundles, engines.")
     app.command("profile", help="Measure this machine: per-layer latency, memory, GFLOPS.")(
         profile
     )
     app.add_typer(agent_app, name="agent", help="The edge agent daemon.")
+    app.add_typer(server_app, name="server", help="The coordinator.")
     app.command("broker", help="Run an embedded MQTT broker on loopback (amqtt).")(broker)
     return app
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -113,20 +115,68 @@ def mosquitto_binary() -> str | None:
         None)
 
 
+def _last_error_line(stderr: bytes) -> str:
+    """Mosquitto's most telling stderr line (its first "Error..."), timestamp stripped."""
+    lines = [line.split(": ", 1)[-1].strip()
+             for line in stderr.decode(errors="replace").splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("Error")]
+    return (errors or lines[-1:] or [""])[0]
+
+
+# Our own openssl config, so the system's openssl.cnf (OpenSSL 1.1 or 3) cannot interfere.
+# Python's ssl verifies strictly on 3.13+: CA basicConstraints critical, AKI on the leaf.
+_OPENSSL_CONFIG = """\
+[req]
+distinguished_name = dn
+prompt = no
+[dn]
+CN = jetsplit
+[ca_ext]
+basicConstraints = critical, CA:TRUE
+keyUsage = critical, keyCertSign, cRLSign
+subjectKeyIdentifier = hash
+[server_ext]
+basicConstraints = critical, CA:FALSE
+keyUsage = critical, digitalSignature, keyEncipherment
+extendedKeyUsage = serverAuth
+subjectAltName = IP:127.0.0.1, DNS:localhost
+subjectKeyIdentifier = hash
+authorityKeyIdentifier = keyid, issuer
+"""
+
+
 class MosquittoProcess:
     """A private Mosquitto on loopback with its own config; restartable on the same port."""
 
-    def __init__(self, port: int | None = None, *, max_message_bytes: int = 0) -> None:
+    def __init__(
+        self,
+        port: int | None = None,
+        *,
+        max_message_bytes: int = 0,
+        tls: bool = False,
+        users: dict[str, str] | None = None,
+    ) -> None:
+        """`tls=True`: a throwaway CA and a server certificate for 127.0.0.1/localhost are
+        made in the private directory (trust `ca_file`); `users`: logins required (the first
+        one goes into `address`), anonymous clients refused."""
         binary = mosquitto_binary()
         if binary is None:
             raise BackendUnavailable("mosquitto is not installed (apt-get install mosquitto)")
         self.binary, self.port = binary, port or free_port()
+        self.tls, self.users = tls, dict(users or {})
         self._dir = Path(tempfile.mkdtemp(prefix="jetsplit-mosquitto-"))
         self.config = self._dir / "mosquitto.conf"
+        self.ca_file: Path | None = None
+        try:
+            listener = self._secure_options(binary)
+        except BaseException:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            raise
         self.config.write_text(
             f"listener {self.port} {LOOPBACK}\n"
-            "allow_anonymous true\n"
-            "persistence false\n"
+            + listener
+            + ("" if self.users else "allow_anonymous true\n")
+            + "persistence false\n"
             f"message_size_limit {max_message_bytes}\n"
             "max_inflight_messages 0\n"
             "max_queued_messages 100000\n"
@@ -134,9 +184,76 @@ class MosquittoProcess:
         )
         self._process: subprocess.Popen[bytes] | None = None
 
+    def _secure_options(self, binary: str) -> str:
+        """Config lines for TLS and logins (empty for a plain anonymous broker)."""
+        lines = []
+        if self.tls:
+            self.ca_file, cert, key = self._make_certificates()
+            lines += [f"cafile {self.ca_file}", f"certfile {cert}", f"keyfile {key}",
+                      "require_certificate false"]
+        if self.users:
+            lines += ["allow_anonymous false", f"password_file {self._make_password_file(binary)}"]
+        if lines and hasattr(os, "geteuid") and os.geteuid() == 0:
+            # Started as root, Mosquitto 2 drops to user `mosquitto` before it reads the key
+            # and password files, which live in our root-only 0700 directory: stay root.
+            lines.append("user root")
+        return "".join(f"{line}\n" for line in lines)
+
+    def _make_certificates(self) -> tuple[Path, Path, Path]:
+        """A P-256 CA and a server certificate (CN/SAN 127.0.0.1 + localhost), 2 days valid."""
+        openssl = shutil.which("openssl")
+        if openssl is None:
+            raise BackendUnavailable("a TLS test broker needs the openssl command (apt-get "
+                                     "install openssl)")
+        cnf = self._dir / "openssl.cnf"
+        cnf.write_text(_OPENSSL_CONFIG)
+        ca, ca_key = self._dir / "ca.crt", self._dir / "ca.key"
+        csr, cert, key = (self._dir / f"server.{ext}" for ext in ("csr", "crt", "key"))
+        ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+        steps = [
+            ["req", "-x509", "-config", cnf, *ec, "-keyout", ca_key, "-out", ca, "-days", "2",
+             "-subj", f"/CN=jetsplit throwaway CA {secrets.token_hex(4)}",
+             "-extensions", "ca_ext"],
+            ["req", "-new", "-config", cnf, *ec, "-keyout", key, "-out", csr,
+             "-subj", f"/CN={LOOPBACK}"],
+            ["x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-out", cert,
+             "-set_serial", f"0x{secrets.token_hex(8)}", "-days", "2",
+             "-extfile", cnf, "-extensions", "server_ext"],
+        ]
+        for step in steps:
+            done = subprocess.run([openssl, *map(str, step)], capture_output=True, text=True,
+                                  check=False)
+            if done.returncode != 0:
+                detail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+                raise JetsplitError(f"openssl {step[0]} failed: {detail}")
+        for path in (ca_key, key):
+            path.chmod(0o600)
+        return ca, cert, key
+
+    def _make_password_file(self, binary: str) -> Path:
+        tool = shutil.which("mosquitto_passwd") or next(
+            (str(p) for p in (Path(binary).with_name("mosquitto_passwd"),
+                              Path("/usr/bin/mosquitto_passwd")) if p.exists()), None)
+        if tool is None:
+            raise BackendUnavailable("mosquitto_passwd is not installed (apt-get install "
+                                     "mosquitto)")
+        path = self._dir / "passwords"
+        path.touch(mode=0o600)
+        for username, password in self.users.items():
+            done = subprocess.run([tool, "-b", str(path), username, password],
+                                  capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                detail = (done.stdout.strip() or done.stderr.strip() or "no output")
+                raise JetsplitError(f"mosquitto_passwd failed for user {username!r}: "
+                                    f"{detail.splitlines()[-1]}")
+        path.chmod(0o600)
+        return path
+
     @property
     def address(self) -> BrokerAddress:
-        return BrokerAddress(LOOPBACK, self.port)
+        username, password = next(iter(self.users.items()), (None, None))
+        return BrokerAddress(LOOPBACK, self.port, tls=self.tls, username=username,
+                             password=password)
 
     def start(self) -> MosquittoProcess:
         self._process = subprocess.Popen(
@@ -144,8 +261,12 @@ class MosquittoProcess:
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
             wait_for_port(LOOPBACK, self.port)
-        except JetsplitError:
+        except JetsplitError as exc:
+            process = self._process
             self.stop()
+            detail = _last_error_line(process.stderr.read() if process.stderr else b"")
+            if detail:
+                raise JetsplitError(f"{exc}: mosquitto said {detail!r}") from None
             raise
         return self
 

@@ -21,6 +21,7 @@ class AgentRecord:
     stragglers: int = 0
     errors: int = 0
     offline_events: int = 0
+    generation: int = 0  # registrations so far: a rise means the agent (re)connected
 
     def as_dict(self) -> dict[str, Any]:
         return {"agent": self.agent, "state": self.state, "last_seen": self.last_seen,
@@ -60,6 +61,7 @@ class FleetRegistry:
         with self._lock:
             record = self._record(agent)
             record.registration = registration
+            record.generation += 1
             record.state, record.last_seen = "online", time.time()
             self.changed.notify_all()
 
@@ -106,6 +108,11 @@ class FleetRegistry:
     def registration(self, agent: str) -> dict[str, Any]:
         with self._lock:
             return dict(self._agents[agent].registration)
+
+    def generation(self, agent: str) -> int:
+        with self._lock:
+            record = self._agents.get(agent)
+            return 0 if record is None else record.generation
 
     def wait_for(self, count: int, timeout_s: float) -> list[str]:
         """Block until `count` agents are online (or the timeout); returns who is."""

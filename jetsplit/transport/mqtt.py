@@ -220,6 +220,10 @@ class MqttEndpoint:
                     else:
                         client.connect(self.address.host, self.address.port,
                                        keepalive=self.options.keepalive_s)
+                except ssl.SSLCertVerificationError as exc:  # wrong CA or name: retrying won't help
+                    self._fatal = (f"broker {self.address.url()} failed TLS verification: "
+                                   f"{exc.verify_message or exc.reason}")
+                    return
                 except (OSError, ssl.SSLError) as exc:
                     log.info("broker %s not reachable (%s); retrying in %.1fs",
                              self.address.url(), exc, delay)

@@ -1,0 +1,59 @@
+"""server.toml: the fleet to drive, the model and split, and how to train; validated with
+one-line errors naming the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from jetsplit.config_io import load_toml_model
+from jetsplit.transport.settings import MqttSection
+
+_Id = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
+
+
+class ModelSection(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: str = "alexnet"
+    input_shape: list[Annotated[int, Field(ge=1, le=4096)]] = Field(
+        default_factory=lambda: [1, 28, 28], min_length=3, max_length=3)
+    classes: Annotated[int, Field(ge=2, le=100_000)] = 10
+    split: Annotated[int, Field(ge=1)] = 2
+    aux_ratio: Annotated[float, Field(gt=0, le=1)] | None = 0.5
+    bundle: str | None = None  # a bundle .tar.gz to ship instead of exporting one
+
+
+class TrainSection(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    rounds: Annotated[int, Field(ge=1, le=100_000)] = 1
+    steps: Annotated[int, Field(ge=1, le=1_000_000)] = 10
+    batch: Annotated[int, Field(ge=1, le=65536)] = 32  # per agent
+    lr: Annotated[float, Field(gt=0, le=10)] = 0.01
+    fraction: Annotated[float, Field(gt=0, le=1)] = 1.0
+    deadline_s: Annotated[float, Field(gt=0, le=86400)] = 60.0
+    bundle_deadline_s: Annotated[float, Field(gt=0, le=86400)] = 300.0
+    codec: Literal["fp32", "fp16", "bf16", "int8"] = "fp32"
+    compression: Literal["none", "lz4", "zstd"] = "none"
+
+
+class ServerConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    fleet: _Id = "default"
+    run: _Id | None = None  # default: run-<UTC timestamp>
+    out: str = "runs"
+    agents: Annotated[int, Field(ge=1, le=100_000)] = 1  # wait for this many to register
+    wait_s: Annotated[float, Field(gt=0, le=86400)] = 120.0
+    seed: Annotated[int, Field(ge=0)] = 0
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    mqtt: MqttSection = MqttSection()
+    model: ModelSection = ModelSection()
+    train: TrainSection = TrainSection()
+
+
+def load_server_config(path: str | Path) -> ServerConfig:
+    return load_toml_model(ServerConfig, path, "server config")

@@ -1,0 +1,189 @@
+"""The agent worker behind the in-process engine: bundles, split steps, local training,
+weights, activation generation, and every failure turned into a recorded, reasoned miss."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from edge_agent.worker import AgentWorker, BatchSampler
+from export.bundle_writer import write_bundle
+from jetsplit.bundle import load_bundle
+from jetsplit.data import load_dataset_split, partition
+from jetsplit.models import ModelSpec, build_model
+from jetsplit.models.weights import from_arrays
+from jetsplit.protocol import Kind
+from server.config import ServerConfig
+from server.coordinator import BundleShipper
+from server.engine import Command, InProcessEngine
+from server.split_step import split_step
+
+SPEC = ModelSpec("mobilenetv3-small", (1, 8, 8), 10)
+SPLIT = 2
+
+
+@pytest.fixture(scope="module")
+def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    report = write_bundle(SPEC, SPLIT, tmp_path_factory.mktemp("b") / "bundle", seed=3, tar=True)
+    assert report.tar_path is not None
+    return report.tar_path
+
+
+def make_engine(agents: int = 2, seed: int = 0) -> InProcessEngine:
+    train, _ = load_dataset_split("digits", 0.2, 0)
+    shards = partition(train.y, agents, "iid", 0, train.num_classes)
+    workers = {f"a{i}": AgentWorker(f"a{i}", train.subset(s), seed=seed + i)
+               for i, s in enumerate(shards)}
+    return InProcessEngine(workers)
+
+
+def installed(archive: Path, agents: int = 2) -> InProcessEngine:
+    engine = make_engine(agents)
+    ready = BundleShipper(engine, archive, ServerConfig()).ensure(engine.online())
+    assert ready == engine.online()
+    return engine
+
+
+def client_state(engine: InProcessEngine, agent: str) -> dict[str, torch.Tensor]:
+    reply = engine.send_and_receive({agent: Command(Kind.GET_WEIGHTS.value)})[agent]
+    return from_arrays(reply.tensors, "client")
+
+
+def test_one_split_step_equals_one_centralised_sgd_step(archive: Path) -> None:
+    """A single agent, one forward/backward: client and server blocks move exactly as the
+    whole model does under one SGD step on the same batch."""
+    engine = installed(archive, agents=1)
+    bundle = load_bundle(archive)
+    server = bundle.server_module()
+    reference = build_model(SPEC, seed=0)
+    client0 = bundle.client_module()
+    reference.load_state_dict({**client0.state_dict(), **server.state_dict()})
+    lr = ServerConfig().train.lr
+    optimizer = torch.optim.SGD(server.parameters(), lr=lr)
+    report = split_step(engine, server, optimizer, {"a0": 16}, round=0, step=0, deadline_s=10)
+    assert report.agents == ["a0"] and report.samples == 16 and not report.missed
+
+    worker = engine.workers["a0"]
+    idx = BatchSampler(len(worker.data), worker.seed).next(16)
+    x, y = torch.from_numpy(worker.data.x[idx]), torch.from_numpy(worker.data.y[idx])
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=lr)
+    loss = torch.nn.functional.cross_entropy(reference(x), y)
+    loss.backward()
+    ref_opt.step()
+    assert report.loss == pytest.approx(float(loss.detach()), abs=1e-6)
+    expected = reference.state_dict()
+    got = {**client_state(engine, "a0"), **server.state_dict()}
+    assert set(got) == set(expected)
+    worst = max(float((got[k].double() - expected[k].double()).abs().max()) for k in expected)
+    assert worst < 1e-6
+    moved = max(float((client0.state_dict()[k] - got[k]).abs().max())
+                for k in client0.state_dict() if got[k].is_floating_point())
+    assert moved > 1e-4  # the step did change the client block
+
+
+def test_byte_counters_follow_each_kind(archive: Path) -> None:
+    engine = installed(archive)
+    server = load_bundle(archive).server_module()
+    split_step(engine, server, torch.optim.SGD(server.parameters(), lr=0.01),
+               {"a0": 8, "a1": 8}, round=0, step=0, deadline_s=10)
+    snap = engine.counters.snapshot()
+    size = archive.stat().st_size
+    for agent in ("a0", "a1"):
+        assert size < snap[agent]["down"]["bundle"] < size + 4096
+        assert snap[agent]["up"]["forward"] > 8 * 16 * 4 * 4  # 8 samples of 16×4×4 fp32
+        assert snap[agent]["down"]["backward"] > 8 * 16 * 4 * 4
+    assert engine.counters.total("up") == sum(
+        sum(v["up"].values()) for v in snap.values())
+
+
+def test_failures_become_misses_with_reasons(archive: Path) -> None:
+    engine = make_engine()
+    out = engine.send_and_receive({"a0": Command(Kind.FORWARD.value, {"batch": 4})})
+    assert out.replies == {} and "no bundle installed" in out.missed["a0"]
+    out = engine.send_and_receive({"a0": Command("explode")})
+    assert "unknown command 'explode'" in out.missed["a0"]
+    out = engine.send_and_receive({"a1": Command(Kind.FORWARD.value, {"batch": 0})})
+    assert "batch" in out.missed["a1"]
+    out = engine.send_and_receive({"a1": Command(Kind.BUNDLE.value, {"sha256": "0" * 64},
+                                                 {"bundle": np.zeros(10, np.uint8)})})
+    assert "sha256" in out.missed["a1"]
+    assert [m.reason.startswith("error") for m in engine.registry.missed] == [True] * 4
+    engine.registry.set_state("a0", "offline")
+    out = engine.send_and_receive({"a0": Command(Kind.STATUS.value)})
+    assert out.missed == {"a0": "offline"}
+
+
+def test_backward_needs_its_forward_and_the_right_shape(archive: Path) -> None:
+    engine = installed(archive, agents=1)
+    grad = np.zeros((4, 16, 4, 4), np.float32)
+    out = engine.send_and_receive({"a0": Command(Kind.BACKWARD.value, {}, {"grad": grad})},
+                                  step=5)
+    assert "no such forward" in out.missed["a0"]
+    engine.send_and_receive({"a0": Command(Kind.FORWARD.value, {"batch": 4})}, step=6)
+    out = engine.send_and_receive({"a0": Command(Kind.BACKWARD.value, {},
+                                                 {"grad": grad[:, :3]})}, step=6)
+    assert "shape" in out.missed["a0"]
+
+
+def test_weights_round_trip_and_reject_wrong_shapes(archive: Path) -> None:
+    engine = installed(archive)
+    state = engine.send_and_receive({"a0": Command(Kind.GET_WEIGHTS.value)})["a0"].tensors
+    changed = {k: (v + 1 if v.dtype == np.float32 else v) for k, v in state.items()}
+    assert engine.send_and_receive(
+        {"a1": Command(Kind.SET_WEIGHTS.value, {}, changed)}).replies
+    back = client_state(engine, "a1")
+    for key, value in changed.items():
+        assert np.array_equal(back[key.split("/", 1)[1]].numpy(), value)
+    name = next(k for k, v in state.items() if v.ndim == 4)
+    bad = {**state, name: state[name][:1]}
+    out = engine.send_and_receive({"a1": Command(Kind.SET_WEIGHTS.value, {}, bad)})
+    assert "the model needs" in out.missed["a1"]
+    out = engine.send_and_receive({"a1": Command(Kind.SET_WEIGHTS.value, {},
+                                                 {"nope/x": state[name]})})
+    assert "client/" in out.missed["a1"]
+
+
+def test_generation_runs_onnx_and_matches_torch(archive: Path) -> None:
+    engine = installed(archive, agents=1)
+    out = engine.send_and_receive({"a0": Command(Kind.GENERATE.value, {"batch": 64})})
+    reply = out["a0"]
+    assert reply.meta["backend"] == "CPUExecutionProvider"
+    worker = engine.workers["a0"]
+    client = load_bundle(archive).client_module().eval()
+    with torch.no_grad():
+        expected = client(torch.from_numpy(worker.data.x)).numpy()
+    assert reply.tensors["activations"].shape == expected.shape
+    assert float(np.abs(reply.tensors["activations"] - expected).max()) < 1e-4
+    assert np.array_equal(reply.tensors["labels"], worker.data.y)
+    # After training, the exported block is stale: refuse unless torch is allowed.
+    engine.send_and_receive({"a0": Command(Kind.TRAIN.value, {"steps": 1, "batch": 8})})
+    out = engine.send_and_receive({"a0": Command(Kind.GENERATE.value, {})})
+    assert "no longer matches" in out.missed["a0"]
+    out = engine.send_and_receive({"a0": Command(Kind.GENERATE.value, {"allow_torch": True})})
+    assert out["a0"].meta["backend"] == "torch"
+
+
+def test_local_training_with_aux_head_learns(archive: Path) -> None:
+    engine = installed(archive, agents=1)
+    before = engine.send_and_receive({"a0": Command(Kind.EVAL.value)})["a0"].meta
+    for _ in range(4):
+        engine.send_and_receive({"a0": Command(Kind.TRAIN.value,
+                                               {"steps": 40, "batch": 32, "lr": 0.05})})
+    after = engine.send_and_receive({"a0": Command(Kind.EVAL.value)})["a0"].meta
+    assert after["total"] == len(engine.workers["a0"].data)
+    assert after["loss"] < before["loss"] - 0.3
+    assert after["accuracy"] > max(0.3, before["accuracy"])
+
+
+def test_batches_are_reproducible_per_seed() -> None:
+    a, b, c = BatchSampler(50, 1), BatchSampler(50, 1), BatchSampler(50, 2)
+    first = [a.next(16) for _ in range(7)]
+    assert all(np.array_equal(x, y) for x, y in zip(first, [b.next(16) for _ in range(7)],
+                                                      strict=True))
+    assert not all(np.array_equal(x, y) for x, y in zip(first, [c.next(16) for _ in range(7)],
+                                                          strict=True))
+    epoch = np.concatenate(first[:3])
+    assert len(set(epoch.tolist())) == 48  # no repeats inside an epoch
