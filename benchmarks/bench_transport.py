@@ -24,6 +24,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -137,6 +138,44 @@ def _time_handle(worker: Any, sink: list[float]) -> None:
     worker.handle = timed
 
 
+# What-if: TCP_NODELAY on every MQTT socket. paho 2.x leaves Nagle's algorithm on and
+# Mosquitto's `set_tcp_nodelay` defaults to false, so a small QoS 1 publish that follows an
+# unacknowledged one waits for the peer's delayed ACK (~40 ms on Linux): each request/reply
+# exchange stalls about 2 x 40 ms whatever the payload. The patch below is the proposed fix
+# (an `on_socket_open` hook in `MqttEndpoint._make_client`), applied from outside.
+_SHIPPED_MAKE_CLIENT = MqttEndpoint._make_client
+
+
+def _set_nodelay(client: Any, userdata: Any, sock: Any) -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def _make_client_nodelay(self: MqttEndpoint, protocol: str) -> Any:
+    client = _SHIPPED_MAKE_CLIENT(self, protocol)
+    client.on_socket_open = _set_nodelay
+    return client
+
+
+@contextlib.contextmanager
+def tcp_nodelay(enabled: bool) -> Iterator[None]:
+    """Endpoints made in this process inside the block disable Nagle on their sockets."""
+    if not enabled:
+        yield
+        return
+    MqttEndpoint._make_client = _make_client_nodelay  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        MqttEndpoint._make_client = _SHIPPED_MAKE_CLIENT  # type: ignore[method-assign]
+
+
+# `jetsplit agent run` with the patch: the same CLI entry point, run through `python -c`.
+_AGENT_NODELAY = ("import sys; sys.path.insert(0, {here!r}); import bench_transport as b; "
+                  "b.MqttEndpoint._make_client = b._make_client_nodelay; "
+                  "from jetsplit.cli import main; sys.exit(main(sys.argv[1:]))")
+
+
 def write_dataset(path: Path, samples: int) -> None:
     """CIFAR-shaped synthetic images (uint8 N×32×32×3, standardised on load), 10 classes."""
     rng = np.random.default_rng(0)
@@ -168,18 +207,20 @@ def jetsplit_cli() -> str:
 
 
 @contextlib.contextmanager
-def agent_processes(configs: list[AgentConfig], port: int, workdir: Path
+def agent_processes(configs: list[AgentConfig], port: int, workdir: Path, nodelay: bool
                     ) -> Iterator[list[subprocess.Popen[bytes]]]:
     """`jetsplit agent run` per agent; terminated (then killed) on the way out, always."""
     procs: list[subprocess.Popen[bytes]] = []
-    cli = jetsplit_cli()
+    here = str(Path(__file__).resolve().parent)
+    cli = ([sys.executable, "-c", _AGENT_NODELAY.format(here=here)] if nodelay
+           else [jetsplit_cli()])
     try:
         for cfg in configs:
             toml = workdir / f"{cfg.agent}.toml"
             toml.write_text(agent_toml(cfg))
             with (workdir / f"{cfg.agent}.log").open("wb") as log:
                 procs.append(subprocess.Popen(
-                    [cli, "agent", "run", "--config", str(toml),
+                    [*cli, "agent", "run", "--config", str(toml),
                      "--broker", f"mqtt://127.0.0.1:{port}"],
                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
         yield procs
@@ -201,18 +242,24 @@ def _log_tails(workdir: Path) -> str:
                      for p in sorted(workdir.glob("*.log")))
 
 
-def bench_engines(agents: int, steps: int, warmup: int, batch: int, codec: str,
-                  aux_ratio: float | None, workdir: Path) -> dict[str, Any]:
+def prepare_engines(agents: int, batch: int, aux_ratio: float | None, workdir: Path
+                    ) -> tuple[Path, Path, float]:
+    """The synthetic dataset and the bundle archive both engines share."""
     dataset = workdir / "data.npz"
     write_dataset(dataset, max(agents * 4 * batch, 512))
-    configs = [agent_config(i, agents, dataset, workdir / "agent-state") for i in range(agents)]
     t0 = time.perf_counter()
     report = write_bundle(MODEL, SPLIT, workdir / "bundle", aux_ratio=aux_ratio, seed=0,
                           tar=True)
     assert report.tar_path is not None
-    archive = report.tar_path
-    info: dict[str, Any] = {"bundle_mb": archive.stat().st_size / 1e6,
-                            "export_s": time.perf_counter() - t0}
+    return dataset, report.tar_path, time.perf_counter() - t0
+
+
+def bench_engines(agents: int, steps: int, warmup: int, batch: int, codec: str,
+                  dataset: Path, archive: Path, workdir: Path, nodelay: bool) -> dict[str, Any]:
+    """Fresh agents on both sides (same shards, seeds and bundle), then interleaved steps."""
+    workdir = Path(tempfile.mkdtemp(prefix="run-", dir=workdir))
+    configs = [agent_config(i, agents, dataset, workdir / "agent-state") for i in range(agents)]
+    info: dict[str, Any] = {"bundle_mb": archive.stat().st_size / 1e6}
     cfg = ServerConfig()
 
     # In-process: the same configs, other state dirs, torch at 1 thread (build_worker sets it).
@@ -224,7 +271,11 @@ def bench_engines(agents: int, steps: int, warmup: int, batch: int, codec: str,
         workers[c.agent] = w
     local = InProcessEngine(workers, run_id="bench")
 
-    with MosquittoProcess() as broker, agent_processes(configs, broker.port, workdir) as procs:
+    broker = MosquittoProcess()
+    if nodelay:  # Mosquitto >= 2.0
+        broker.config.write_text(broker.config.read_text() + "set_tcp_nodelay true\n")
+    with (broker, tcp_nodelay(nodelay),
+          agent_processes(configs, broker.port, workdir, nodelay) as procs):
         remote = MqttEngine(broker.address, FLEET, run_id="bench").start(wait_s=10)
         try:
             t0 = time.perf_counter()
@@ -367,15 +418,15 @@ def _ms(values: list[float]) -> tuple[float, float]:
 
 
 def print_engines(info: dict[str, Any], agents: int, batch: int, codec: str,
-                  aux_ratio: float | None) -> None:
+                  aux_ratio: float | None, title: str) -> float:
     rows = [r for r in info["rows"] if not r["warmup"]]
-    print(f"\n# 2. split_step per step: MQTT engine (Mosquitto, {agents} `jetsplit agent run` "
-          f"processes, 1 torch thread each) vs in-process engine ({agents} AgentWorkers run "
-          f"one after another); {MODEL.name} split {SPLIT}, aux head "
+    print(f"\n# 2{title}: split_step per step, MQTT engine (Mosquitto, {agents} "
+          f"`jetsplit agent run` processes, 1 torch thread each) vs in-process engine "
+          f"({agents} AgentWorkers run one after another); {MODEL.name} split {SPLIT}, aux head "
           f"{'none' if aux_ratio is None else aux_ratio}, batch {batch} per agent, codec "
           f"{codec}, coordinator torch threads {torch.get_num_threads()}; {len(rows)} timed "
           f"steps after {len(info['rows']) - len(rows)} warm-up, interleaved")
-    print(f"  bundle {info['bundle_mb']:.1f} MB (export {info['export_s']:.1f}s); agents "
+    print(f"  bundle {info['bundle_mb']:.1f} MB; agents "
           f"registered in {info['agents_up_s']:.1f}s; bundle installed over MQTT in "
           f"{info['ship_mqtt_s']:.1f}s, in-process in {info['ship_local_s']:.1f}s")
     part = {}
@@ -422,6 +473,7 @@ def print_engines(info: dict[str, Any], agents: int, batch: int, codec: str,
           f"{agent_med * 1e3:.0f} -> {agent_med * 1e3 / min(cores, agents):.0f} ms) while "
           f"MQTT adds publish/route/deliver, chunk reassembly, envelope decode in paho's "
           f"thread and process scheduling of {agents} + 2 processes on {cores} core(s).")
+    return mean_ratio
 
 
 def main() -> None:
@@ -438,6 +490,9 @@ def main() -> None:
     parser.add_argument("--broker-mb", type=int, default=None, help="MB through each broker")
     parser.add_argument("--message-mb", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=None, help="broker rounds, best taken")
+    parser.add_argument("--nodelay", choices=("off", "on", "both"), default="both",
+                        help="engine runs as shipped (off), with TCP_NODELAY patched in (on), "
+                             "or both one after the other")
     parser.add_argument("--sections", default="codecs,engines,brokers")
     parser.add_argument("--quick", action="store_true", help="small sizes: a ~1 minute smoke run")
     args = parser.parse_args()
@@ -470,14 +525,24 @@ def main() -> None:
         print("note: fp32 decode is a zero-copy view after the CRC32 check, hence its speed.")
 
     if "engines" in sections:
+        variants = {"off": [False], "on": [True], "both": [False, True]}[args.nodelay]
+        titles = {False: "a, as shipped (Nagle on)",
+                  True: "b, what-if: TCP_NODELAY on broker and endpoints (the proposed fix)"}
+        ratios = {}
         workdir = Path(tempfile.mkdtemp(prefix="jetsplit-bench-"))
         try:
-            info = bench_engines(agents, steps, warmup, args.batch, args.codec, args.aux,
-                                 workdir)
+            dataset, archive, export_s = prepare_engines(agents, args.batch, args.aux, workdir)
+            print(f"\n# 2. engines: bundle exported in {export_s:.1f}s")
+            for nodelay in variants:
+                info = bench_engines(agents, steps, warmup, args.batch, args.codec, dataset,
+                                     archive, workdir, nodelay)
+                ratios[nodelay] = print_engines(info, agents, args.batch, args.codec, args.aux,
+                                                titles[nodelay] if len(variants) > 1 else "")
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
-        torch.set_num_threads(1)
-        print_engines(info, agents, args.batch, args.codec, args.aux)
+        if len(ratios) > 1:
+            print(f"\nMQTT / in-process mean step ratio: as shipped {ratios[False]:.3f}, "
+                  f"with TCP_NODELAY {ratios[True]:.3f} (goal <= 1.15)")
 
     if "brokers" in sections:
         res = bench_brokers(broker_mb, args.message_mb, rounds)

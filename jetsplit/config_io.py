@@ -40,7 +40,19 @@ def _dotted(loc: tuple[int | str, ...]) -> str:
     return out or "(top level)"
 
 
-def _describe(err: Mapping[str, Any], errors: list[Any]) -> str:
+def _known_fields(model: type[BaseModel] | None, parent: tuple[Any, ...]) -> list[str]:
+    """Field names of the (sub-)model at `parent`, for "did you mean" hints."""
+    for part in parent:
+        if model is None or not isinstance(part, str) or part not in model.model_fields:
+            return []
+        annotation = model.model_fields[part].annotation
+        model = annotation if isinstance(annotation, type) and issubclass(
+            annotation, BaseModel) else None
+    return list(model.model_fields) if model is not None else []
+
+
+def _describe(err: Mapping[str, Any], errors: list[Any],
+              model: type[BaseModel] | None = None) -> str:
     kind = err.get("type", "")
     if kind == "missing":
         return "missing required field"
@@ -52,7 +64,8 @@ def _describe(err: Mapping[str, Any], errors: list[Any]) -> str:
             for e in errors
             if e.get("type") == "missing" and tuple(e["loc"][:-1]) == parent
         ]
-        close = difflib.get_close_matches(str(err["loc"][-1]), missing, n=1)
+        candidates = missing or _known_fields(model, parent)
+        close = difflib.get_close_matches(str(err["loc"][-1]), candidates, n=1)
         return f"unknown field (did you mean {close[0]!r}?)" if close else "unknown field"
     msg = str(err.get("msg", "invalid value"))
     msg = msg.removeprefix("Value error, ")
@@ -63,14 +76,15 @@ def _describe(err: Mapping[str, Any], errors: list[Any]) -> str:
     return f"{msg} (got {value!r})"
 
 
-def validation_message(what: str, source: str, exc: ValidationError) -> str:
+def validation_message(what: str, source: str, exc: ValidationError,
+                       model: type[BaseModel] | None = None) -> str:
     """`<what> <source>: <dotted.field>: <problem>` for the most telling of the errors."""
     errors = exc.errors(include_url=False)
     # Report a typo'd key before the "missing" it causes: the unknown key is the real mistake.
     first = min(errors, key=lambda e: e.get("type") != "extra_forbidden")
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     where = _dotted(tuple(first["loc"]))
-    return one_line(f"{what} {source}: {where}: {_describe(first, errors)}{more}", limit=300)
+    return one_line(f"{what} {source}: {where}: {_describe(first, errors, model)}{more}", limit=300)
 
 
 def model_from_dict(model: type[ModelT], data: Mapping[str, Any], what: str,
@@ -79,7 +93,7 @@ def model_from_dict(model: type[ModelT], data: Mapping[str, Any], what: str,
     try:
         return model.model_validate(dict(data))
     except ValidationError as exc:
-        raise ConfigError(validation_message(what, source, exc)) from None
+        raise ConfigError(validation_message(what, source, exc, model)) from None
 
 
 def read_toml(path: str | Path, what: str) -> dict[str, Any]:

@@ -42,7 +42,7 @@ def run(
     run_name = cfg.run or time.strftime("run-%Y%m%d-%H%M%S", time.gmtime())
     out_dir = Path(cfg.out) / run_name
     engine = MqttEngine(cfg.mqtt.address(), cfg.fleet, run_id=run_name,
-                        options=cfg.mqtt.endpoint_options()).start()
+                        options=cfg.mqtt.endpoint_options()).start(cfg.mqtt.connect_wait_s)
     try:
         online = engine.wait_for_agents(cfg.agents, cfg.wait_s)
         if len(online) < cfg.agents:

@@ -128,11 +128,14 @@ def run_split_training(
                 # bundle (a restart) gets it again before it is asked to train.
                 live = shipper.ensure([a for a in selected
                                        if engine.registry.state(a) != "offline"], round_)
+                step_started = time.perf_counter()
                 report = split_step(engine, server, optimizer,
                                     dict.fromkeys(live, cfg.train.batch), round=round_,
                                     step=step, deadline_s=cfg.train.deadline_s,
                                     codec=cfg.train.codec, compression=cfg.train.compression)
-                row = {**report.as_dict(), "bytes_up": engine.counters.total("up"),
+                row = {**report.as_dict(), "seconds": time.perf_counter() - step_started,
+                       "elapsed": time.perf_counter() - started,
+                       "bytes_up": engine.counters.total("up"),
                        "bytes_down": engine.counters.total("down")}
                 metrics.write(json.dumps(row) + "\n")
                 metrics.flush()

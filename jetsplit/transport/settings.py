@@ -30,6 +30,7 @@ class MqttSection(BaseModel):
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_insecure: bool = False
+    connect_wait_s: Annotated[float, Field(gt=0, le=3600)] = 10.0  # coordinator's first connect
     fleet_key_file: str | None = None  # else $JETSPLIT_FLEET_KEY; none: CRC only, no HMAC
 
     def address(self) -> BrokerAddress:

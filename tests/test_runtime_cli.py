@@ -1,0 +1,112 @@
+"""`jetsplit agent run` / `jetsplit server run` user errors, the embedded 3.1.1 broker, and
+fleet keys: a peer with the wrong key is rejected and the process keeps running."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from edge_agent.daemon import AgentDaemon
+from edge_agent.worker import AgentWorker
+from jetsplit.cli import main
+from jetsplit.data import load_dataset_split
+from jetsplit.transport.mqtt import EndpointOptions
+from server.brokers import EmbeddedBroker, MosquittoProcess, free_port
+from server.config import ServerConfig
+from server.coordinator import BundleShipper, prepare_bundle
+from server.engine import Command
+from server.mqtt_engine import MqttEngine
+
+
+def _one_error_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err
+    return err
+
+
+def test_config_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    err = _one_error_line(capsys, ["server", "run", "--config", str(tmp_path / "nope.toml")])
+    assert "server config" in err and "file not found" in err
+    agent = tmp_path / "agent.toml"
+    agent.write_text('agent = "bad id!"\n')
+    assert "agent:" in _one_error_line(capsys, ["agent", "run", "--config", str(agent)])
+    agent.write_text('agent = "a0"\n[mqtt]\nbroker = "http://x"\n')
+    assert "mqtt://" in _one_error_line(capsys, ["agent", "run", "--config", str(agent)])
+    agent.write_text('agent = "a0"\n[data]\nclients = 2\nindex = 2\n')
+    assert "data.index" in _one_error_line(capsys, ["agent", "run", "--config", str(agent)])
+    agent.write_text('agent = "a0"\n[mqtt]\nkeepalive = 5\n')
+    assert "keepalive_s" in _one_error_line(capsys, ["agent", "run", "--config", str(agent)])
+
+
+def test_server_reports_unreachable_broker_and_missing_agents(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], mosquitto: MosquittoProcess) -> None:
+    config = tmp_path / "server.toml"
+    config.write_text("agents = 2\nwait_s = 1\n[mqtt]\nconnect_wait_s = 2\n")
+    dead = f"mqtt://127.0.0.1:{free_port()}"
+    err = _one_error_line(capsys, ["server", "run", "--config", str(config), "--broker", dead])
+    assert "unreachable" in err
+    live = f"mqtt://127.0.0.1:{mosquitto.port}"
+    err = _one_error_line(capsys, ["server", "run", "--config", str(config), "--broker", live])
+    assert "only 0 of 2 agents registered" in err
+
+
+@pytest.fixture()
+def worker() -> AgentWorker:
+    train, _ = load_dataset_split("digits", 0.2, 0)
+    return AgentWorker("solo", train.subset(range(64)))
+
+
+def _serve(daemon: AgentDaemon) -> Iterator[None]:
+    stop = threading.Event()
+    thread = threading.Thread(target=daemon.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+
+
+def test_embedded_broker_speaks_311_and_runs_a_fleet(worker: AgentWorker, tmp_path: Path
+                                                      ) -> None:
+    with EmbeddedBroker() as broker:
+        daemon = AgentDaemon(worker, broker.address, "emb")
+        for _ in _serve(daemon):
+            engine = MqttEngine(broker.address, "emb", run_id="emb").start(wait_s=20)
+            try:
+                assert engine.wait_for_agents(1, 30) == ["solo"]
+                assert engine.endpoint.protocol == "3.1.1"
+                cfg = ServerConfig(model={"name": "mobilenetv3-small", "input_shape": [1, 8, 8]})
+                archive = prepare_bundle(cfg, tmp_path)
+                assert BundleShipper(engine, archive, cfg).ensure(["solo"]) == ["solo"]
+                out = engine.send_and_receive({"solo": Command("forward", {"batch": 4})})
+                assert out["solo"].tensors["activations"].shape[0] == 4
+            finally:
+                engine.close()
+
+
+def test_wrong_fleet_key_is_rejected_both_ways(worker: AgentWorker,
+                                               mosquitto: MosquittoProcess) -> None:
+    right, wrong = b"k" * 32, b"w" * 32
+    daemon = AgentDaemon(worker, mosquitto.address, "keys", EndpointOptions(fleet_key=right))
+    for _ in _serve(daemon):
+        intruder = MqttEngine(mosquitto.address, "keys", run_id="x",
+                              options=EndpointOptions(fleet_key=wrong)).start()
+        try:
+            assert intruder.wait_for_agents(1, 3) == []
+            assert intruder.endpoint.rejected["BadSignature"] >= 1
+        finally:
+            intruder.close()
+        assert daemon.endpoint.rejected["BadSignature"] >= 1  # the intruder's DISCOVER
+        engine = MqttEngine(mosquitto.address, "keys", run_id="y",
+                            options=EndpointOptions(fleet_key=right)).start()
+        try:
+            assert engine.wait_for_agents(1, 30) == ["solo"]
+            out = engine.send_and_receive({"solo": Command("status")}, deadline_s=20)
+            assert out.agents == ["solo"]
+        finally:
+            engine.close()
