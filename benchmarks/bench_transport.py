@@ -111,14 +111,18 @@ class TimedEngine:
     step splits into engine time (agents + transport) and coordinator compute."""
 
     def __init__(self, engine: Any) -> None:
-        self.engine, self.seconds = engine, 0.0
+        self.engine, self.calls = engine, []
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.calls)
 
     def send_and_receive(self, commands: Mapping[str, Command], **kwargs: Any) -> Outcome:
         t0 = time.perf_counter()
         try:
             return self.engine.send_and_receive(commands, **kwargs)
         finally:
-            self.seconds += time.perf_counter() - t0
+            self.calls.append(time.perf_counter() - t0)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.engine, name)
@@ -321,7 +325,7 @@ def _interleaved_steps(local: InProcessEngine, remote: MqttEngine, archive: Path
         row: dict[str, Any] = {"step": s, "warmup": s < warmup}
         for name in order:
             timed, server, optimizer = sides[name]
-            timed.seconds = 0.0
+            timed.calls = []
             compute.clear()
             t0 = time.perf_counter()
             rep = split_step(timed, server, optimizer, dict.fromkeys(agents, batch), round=0,
@@ -329,7 +333,9 @@ def _interleaved_steps(local: InProcessEngine, remote: MqttEngine, archive: Path
             total = time.perf_counter() - t0
             if rep.missed or len(rep.agents) != len(agents):
                 raise SystemExit(f"{name} step {s}: missed {rep.missed}")
-            row[name] = {"total": total, "engine": timed.seconds, "loss": rep.loss,
+            fwd, bwd = timed.calls
+            row[name] = {"total": total, "engine": fwd + bwd, "fwd": fwd, "bwd": bwd,
+                         "loss": rep.loss,
                          "agent": sum(compute) if name == "inproc" else None}
         rows.append(row)
     return rows
@@ -430,8 +436,11 @@ def print_engines(info: dict[str, Any], agents: int, batch: int, codec: str,
           f"registered in {info['agents_up_s']:.1f}s; bundle installed over MQTT in "
           f"{info['ship_mqtt_s']:.1f}s, in-process in {info['ship_local_s']:.1f}s")
     part = {}
-    print(f"{'engine':<12}{'mean ms':>10}{'median ms':>11}{'engine ms':>11}"
-          f"{'coord ms':>10}{'agents ms':>11}")
+    print("median ms per step unless noted; fwd/bwd = forward/backward exchange with all "
+          "agents, engine = fwd + bwd, coord = the rest (server block), agents = compute "
+          "inside AgentWorker (in-process only)")
+    print(f"{'engine':<12}{'mean ms':>10}{'median ms':>11}{'fwd':>8}{'bwd':>8}{'engine':>8}"
+          f"{'coord':>8}{'agents':>8}")
     for name in ("inproc", "mqtt"):
         total = [r[name]["total"] for r in rows]
         eng = [r[name]["engine"] for r in rows]
@@ -439,9 +448,10 @@ def print_engines(info: dict[str, Any], agents: int, batch: int, codec: str,
         agent = [r[name]["agent"] for r in rows] if name == "inproc" else None
         part[name] = (total, eng, coord)
         mean, median = _ms(total)
-        agent_ms = f"{_ms(agent)[1]:>11.1f}" if agent else f"{'n/a':>11}"
-        print(f"{name:<12}{mean:>10.1f}{median:>11.1f}{_ms(eng)[1]:>11.1f}"
-              f"{_ms(coord)[1]:>10.1f}{agent_ms}")
+        agent_ms = f"{_ms(agent)[1]:>8.1f}" if agent else f"{'n/a':>8}"
+        fwd, bwd = ([r[name][k] for r in rows] for k in ("fwd", "bwd"))
+        print(f"{name:<12}{mean:>10.1f}{median:>11.1f}{_ms(fwd)[1]:>8.1f}{_ms(bwd)[1]:>8.1f}"
+              f"{_ms(eng)[1]:>8.1f}{_ms(coord)[1]:>8.1f}{agent_ms}")
     ratio_steps = [r["mqtt"]["total"] / r["inproc"]["total"] for r in rows]
     mean_ratio = statistics.mean(part["mqtt"][0]) / statistics.mean(part["inproc"][0])
     eng_ratio = statistics.median(part["mqtt"][1]) / statistics.median(part["inproc"][1])

@@ -256,7 +256,7 @@ class AgentWorker:
             loss = nn.functional.cross_entropy(head(self.client(x)), y)
             loss.backward()
             optimizer.step()
-            total += float(loss) * len(y)
+            total += float(loss.detach()) * len(y)
             seen += len(y)
         self._client_changed()
         return Result(meta={"loss": total / seen, "samples": seen})

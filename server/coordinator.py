@@ -19,7 +19,7 @@ import torch
 
 from jetsplit.bundle import load_bundle
 from jetsplit.errors import JetsplitError
-from jetsplit.models import ModelSpec
+from jetsplit.models import ZOO_VERSION, ModelSpec
 from jetsplit.models.weights import to_arrays
 from jetsplit.protocol import Kind
 from server.config import ServerConfig
@@ -111,7 +111,10 @@ def run_split_training(
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
     shipper = BundleShipper(engine, archive, cfg)
-    ready = shipper.ensure(engine.online())
+    pool = engine.registry.eligible(zoo_version=ZOO_VERSION)
+    for agent in sorted(set(engine.online()) - set(pool)):
+        log.warning("agent %s is not eligible (role or model-zoo version differs)", agent)
+    ready = shipper.ensure(pool)
     if not ready:
         raise JetsplitError("no agent installed the bundle (see the log for each reason)")
     server = load_bundle(archive).server_module()
@@ -121,7 +124,8 @@ def run_split_training(
     steps_done = 0
     with (out_dir / "metrics.jsonl").open("w") as metrics:
         for round_ in range(cfg.train.rounds):
-            selected = select(engine.online(), cfg.train.fraction, rng)
+            selected = select(engine.registry.eligible(zoo_version=ZOO_VERSION),
+                              cfg.train.fraction, rng)
             losses = []
             for step in range(cfg.train.steps):
                 # Offline agents are skipped by the engine; one that came back without the

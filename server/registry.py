@@ -105,6 +105,16 @@ class FleetRegistry:
             return sorted(a for a, r in self._agents.items()
                           if r.registration and r.state != "offline")
 
+    def eligible(self, *, role: str = "client", zoo_version: int | None = None) -> list[str]:
+        """Online agents of `role` whose model zoo matches ours (else their blocks would not
+        load the bundle), sorted by id."""
+        with self._lock:
+            return sorted(
+                a for a, r in self._agents.items()
+                if r.registration and r.state != "offline"
+                and r.registration.get("role") == role
+                and (zoo_version is None or r.registration.get("zoo_version") == zoo_version))
+
     def registration(self, agent: str) -> dict[str, Any]:
         with self._lock:
             return dict(self._agents[agent].registration)

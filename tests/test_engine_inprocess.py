@@ -187,3 +187,17 @@ def test_batches_are_reproducible_per_seed() -> None:
                                                           strict=True))
     epoch = np.concatenate(first[:3])
     assert len(set(epoch.tolist())) == 48  # no repeats inside an epoch
+
+
+def test_registry_selects_only_eligible_agents() -> None:
+    engine = make_engine(3)
+    registry = engine.registry
+    assert registry.eligible(zoo_version=1) == ["a0", "a1", "a2"]
+    registry.register("a1", {**registry.registration("a1"), "zoo_version": 999})
+    registry.register("a3", {**registry.registration("a0"), "agent": "a3", "role": "edge"})
+    registry.set_state("a2", "offline")
+    assert registry.eligible(zoo_version=1) == ["a0"]
+    assert registry.eligible(role="edge", zoo_version=1) == ["a3"]
+    assert registry.generation("a1") == 2 and registry.generation("a0") == 1
+    snap = {r["agent"]: r for r in registry.snapshot()}
+    assert snap["a2"]["state"] == "offline" and snap["a2"]["offline_events"] == 1

@@ -110,3 +110,14 @@ def test_wrong_fleet_key_is_rejected_both_ways(worker: AgentWorker,
             assert out.agents == ["solo"]
         finally:
             engine.close()
+
+
+def test_example_configs_stay_valid() -> None:
+    from edge_agent.config import load_agent_config
+    from server.config import load_server_config
+
+    root = Path(__file__).resolve().parents[1] / "systemd"
+    agent = load_agent_config(root / "agent.toml")
+    server = load_server_config(root / "server.toml")
+    assert agent.mqtt.address().tls and agent.mqtt.address().username == "nano-01"
+    assert server.fleet == agent.fleet and server.train.deadline_s == 60
