@@ -7,7 +7,9 @@
    agent processes (`jetsplit agent run`, one torch thread each) behind a private Mosquitto,
    against the same agents as in-process `AgentWorker`s, steps interleaved in one run (goal:
    MQTT / in-process <= 1.15). Both engines start from the same bundle, data shards and
-   seeds, so their losses must agree step by step; the benchmark checks that too.
+   seeds, so their losses must agree step by step; the benchmark checks that too. Run as
+   shipped and again with TCP_NODELAY on the broker and every endpoint (`--nodelay`): with
+   Nagle's algorithm on, each small request/reply exchange waits for delayed ACKs.
 3. Broker throughput: one `MqttEndpoint` sending fp32 messages (chunked at 1 MiB) to another
    through the embedded amqtt broker and through Mosquitto, rounds alternated.
 
@@ -359,11 +361,15 @@ def _status_round_trips(local: InProcessEngine, remote: MqttEngine, agents: list
 # ---------------------------------------------------------------------------- 3. brokers
 
 
-def _endpoint_pair(address: Any) -> tuple[MqttEndpoint, MqttEndpoint]:
+def _endpoint_pair(address: Any, opened: list[MqttEndpoint]) -> tuple[MqttEndpoint, MqttEndpoint]:
+    """A sender and a subscribed receiver; both are added to `opened` for closing."""
     tag = uuid.uuid4().hex[:8]
-    rx = MqttEndpoint(address, f"bench-rx-{tag}", EndpointOptions(),
-                      subscriptions=("t/x",)).start(wait_s=10)
-    tx = MqttEndpoint(address, f"bench-tx-{tag}", EndpointOptions()).start(wait_s=10)
+    rx = MqttEndpoint(address, f"bench-rx-{tag}", EndpointOptions(), subscriptions=("t/x",))
+    opened.append(rx)
+    rx.start(wait_s=10)
+    tx = MqttEndpoint(address, f"bench-tx-{tag}", EndpointOptions())
+    opened.append(tx)
+    tx.start(wait_s=10)
     # CONNACK comes before SUBACK: ping until the subscription demonstrably delivers.
     for attempt in range(100):
         tx.send("t/x", Message(MessageType.REPLY, run="bench", sender="tx", seq=attempt,
@@ -400,18 +406,18 @@ def bench_brokers(total_mb: int, message_mb: int, rounds: int) -> dict[str, Any]
     count = max(1, total_mb // message_mb)
     best = {"mosquitto": float("inf"), "embedded": float("inf")}
     wire = 0
+    opened: list[MqttEndpoint] = []
     with MosquittoProcess() as mosq, EmbeddedBroker() as amqtt:
-        pairs = {"mosquitto": _endpoint_pair(mosq.address),
-                 "embedded": _endpoint_pair(amqtt.address)}
         try:
+            pairs = {"mosquitto": _endpoint_pair(mosq.address, opened),
+                     "embedded": _endpoint_pair(amqtt.address, opened)}
             for _ in range(rounds):
                 for name, (tx, rx) in pairs.items():
                     seconds, wire = _transfer(tx, rx, payload, count)
                     best[name] = min(best[name], seconds)
         finally:
-            for tx, rx in pairs.values():
-                tx.close()
-                rx.close()
+            for endpoint in opened:
+                endpoint.close()
     return {"count": count, "payload_mb": count * payload.nbytes / 1e6, "wire_mb": wire / 1e6,
             "best_s": best}
 
@@ -553,6 +559,9 @@ def main() -> None:
         if len(ratios) > 1:
             print(f"\nMQTT / in-process mean step ratio: as shipped {ratios[False]:.3f}, "
                   f"with TCP_NODELAY {ratios[True]:.3f} (goal <= 1.15)")
+            print("note: as shipped, paho leaves Nagle on and Mosquitto's set_tcp_nodelay "
+                  "defaults to false, so a small publish behind an unacknowledged one waits "
+                  "for a delayed ACK (~40 ms); compare the status round trips of 2a and 2b.")
 
     if "brokers" in sections:
         res = bench_brokers(broker_mb, args.message_mb, rounds)

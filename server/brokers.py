@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -41,6 +43,11 @@ def wait_for_port(host: str, port: int, timeout_s: float = 10.0) -> None:
     raise JetsplitError(f"broker at {host}:{port} did not start within {timeout_s:.0f}s")
 
 
+def _quiet_loop_errors(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+    """amqtt's handler crashes on clients that hang up mid-CONNECT; that is not our error."""
+    logging.getLogger("jetsplit.broker").debug("embedded broker: %s", context.get("message"))
+
+
 class EmbeddedBroker:
     """amqtt running on its own event loop in a daemon thread of this process."""
 
@@ -68,8 +75,13 @@ class EmbeddedBroker:
         }
         ready = threading.Event()
 
+        # amqtt logs every dropped connection (port probes, MQTT 5 CONNECTs it refuses) with
+        # a traceback; the endpoint handles those cases, so keep only real errors.
+        logging.getLogger("amqtt").setLevel(logging.ERROR)
+
         def serve() -> None:
             self._loop = asyncio.new_event_loop()
+            self._loop.set_exception_handler(_quiet_loop_errors)
             asyncio.set_event_loop(self._loop)
             try:
                 self._broker = Broker(config, loop=self._loop)
@@ -145,6 +157,16 @@ authorityKeyIdentifier = keyid, issuer
 """
 
 
+def _mosquitto_major(binary: str) -> int:
+    """Mosquitto's major version (`set_tcp_nodelay` exists from 2.0; 1.6 rejects it)."""
+    try:
+        text = subprocess.run([binary, "-h"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    match = re.search(r"mosquitto version (\d+)", text)
+    return int(match.group(1)) if match else 0
+
+
 class MosquittoProcess:
     """A private Mosquitto on loopback with its own config; restartable on the same port."""
 
@@ -181,6 +203,7 @@ class MosquittoProcess:
             "max_inflight_messages 0\n"
             "max_queued_messages 100000\n"
             "log_type error\n"
+            + ("set_tcp_nodelay true\n" if _mosquitto_major(binary) >= 2 else "")
         )
         self._process: subprocess.Popen[bytes] | None = None
 

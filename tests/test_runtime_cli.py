@@ -4,6 +4,7 @@ fleet keys: a peer with the wrong key is rejected and the process keeps running.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from edge_agent.worker import AgentWorker
 from jetsplit.cli import main
 from jetsplit.data import load_dataset_split
 from jetsplit.transport.mqtt import EndpointOptions
+from jetsplit.wire import Message, MessageType
 from server.brokers import EmbeddedBroker, MosquittoProcess, free_port
 from server.config import ServerConfig
 from server.coordinator import BundleShipper, prepare_bundle
@@ -94,14 +96,21 @@ def test_wrong_fleet_key_is_rejected_both_ways(worker: AgentWorker,
     right, wrong = b"k" * 32, b"w" * 32
     daemon = AgentDaemon(worker, mosquitto.address, "keys", EndpointOptions(fleet_key=right))
     for _ in _serve(daemon):
+        assert daemon.endpoint.connected.wait(10)  # subscribed before the intruder speaks
         intruder = MqttEngine(mosquitto.address, "keys", run_id="x",
                               options=EndpointOptions(fleet_key=wrong)).start()
         try:
             assert intruder.wait_for_agents(1, 3) == []
             assert intruder.endpoint.rejected["BadSignature"] >= 1
+            status = Message(MessageType.COMMAND, run="x", sender="coordinator",
+                             seq=intruder.endpoint.next_seq(), kind="status")
+            intruder.endpoint.send(intruder.topics.down("solo"), status)
+            deadline = time.monotonic() + 10
+            while daemon.endpoint.rejected["BadSignature"] < 1 and time.monotonic() < deadline:
+                time.sleep(0.05)
         finally:
             intruder.close()
-        assert daemon.endpoint.rejected["BadSignature"] >= 1  # the intruder's DISCOVER
+        assert daemon.endpoint.rejected["BadSignature"] >= 1
         engine = MqttEngine(mosquitto.address, "keys", run_id="y",
                             options=EndpointOptions(fleet_key=right)).start()
         try:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import queue
+import socket
 import ssl
 import threading
 import time
@@ -87,6 +88,14 @@ class Inbound:
     topic: str
     message: Message
     wire_bytes: int
+
+
+def _disable_nagle(client: Any, userdata: Any, sock: Any) -> None:
+    """QoS 1 is publish/acknowledge ping-pong: with Nagle on, a small publish behind an
+    unacknowledged one waits for the peer's delayed ACK (~40 ms on Linux). Measured: a small
+    request/reply through Mosquitto took 88 ms with Nagle, 0.4 ms without (both sides)."""
+    with contextlib.suppress(OSError, AttributeError):  # AttributeError: websocket wrappers
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 def _paho():  # noqa: ANN202 - lazy import keeps the wire layer importable without paho
@@ -198,6 +207,7 @@ class MqttEndpoint:
         client.on_connect = self._handle_connect
         client.on_disconnect = self._handle_disconnect
         client.on_message = self._handle_message
+        client.on_socket_open = _disable_nagle  # every new socket, reconnects and TLS included
         return client
 
     def _connect_until_up(self) -> None:

@@ -1,0 +1,1 @@
+"""Training methods written against the transport-neutral engine, and their pure math."""

@@ -1,0 +1,474 @@
+"""SCALA and GAPSL server math pinned against hand computation: closed forms written out
+here (softmax − one-hot for CE gradients, plane angles via atan2 for GAPSL), never the
+functions under test."""
+
+from __future__ import annotations
+
+import copy
+import math
+import statistics
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from server.algorithms.gapsl_math import (
+    GapslSelection,
+    NuTracker,
+    consistency_scores,
+    gapsl_server_loss,
+    leader_fraction,
+    leader_gradient,
+    leader_set,
+    select_clients,
+    threshold,
+)
+from server.algorithms.scala_math import (
+    PRIOR_EPS,
+    ca_sfl_server_step,
+    label_prior,
+    lla_sfl_server_step,
+    logit_adjusted_ce,
+    scala_server_step,
+)
+
+D = torch.float64
+PI = math.pi
+
+# ---------------------------------------------------------------- SCALA: priors and loss
+
+
+def test_label_prior_tiny_batch() -> None:
+    p = label_prior(torch.tensor([0, 0, 2, 1]), 4)
+    assert p.dtype == torch.float32
+    assert p[:3].tolist() == pytest.approx([0.5, 0.25, 0.25], abs=1e-9)
+    assert 0 < p[3].item() < 1e-11  # the absent class is floored, not zero
+    assert math.isfinite(torch.log(p[3]).item())
+    assert torch.log(p[3]).item() == pytest.approx(math.log(PRIOR_EPS), rel=1e-3)
+    assert float(p.double().sum()) == pytest.approx(1.0, abs=1e-7)
+
+
+def test_label_prior_rejects_bad_input() -> None:
+    with pytest.raises(ValueError, match="empty"):
+        label_prior(torch.tensor([], dtype=torch.long), 3)
+    with pytest.raises(ValueError, match="lie in"):
+        label_prior(torch.tensor([0, 3]), 3)
+    with pytest.raises(ValueError, match="eps"):
+        label_prior(torch.tensor([0]), 3, eps=0.0)
+
+
+def _adjusted_ce_by_hand(logits: list[list[float]], labels: list[int],
+                         prior: list[float], tau: float = 1.0) -> float:
+    """mean −log( P(y)^τ e^{s_y} / Σ_c P(c)^τ e^{s_c} ): eqs 14/15 written out."""
+    total = 0.0
+    for row, y in zip(logits, labels, strict=True):
+        w = [(p ** tau) * math.exp(s) if p > 0 else 0.0 for s, p in zip(row, prior,
+                                                                         strict=True)]
+        total += -math.log(w[y] / sum(w))
+    return total / len(labels)
+
+
+def test_logit_adjusted_ce_is_ce_of_shifted_logits() -> None:
+    logits = [[1.0, 2.0, 0.0], [0.5, -1.0, 3.0]]
+    prior = [0.5, 0.25, 0.25]
+    got = logit_adjusted_ce(torch.tensor(logits, dtype=D), torch.tensor([0, 2]),
+                            torch.tensor(prior, dtype=D))
+    assert got.item() == pytest.approx(_adjusted_ce_by_hand(logits, [0, 2], prior), rel=1e-12)
+    # τ scales log P (Menon et al.): τ = 2 squares the prior, τ = 0 is plain CE
+    got2 = logit_adjusted_ce(torch.tensor(logits, dtype=D), torch.tensor([0, 2]),
+                             torch.tensor(prior, dtype=D), tau=2.0)
+    assert got2.item() == pytest.approx(_adjusted_ce_by_hand(logits, [0, 2], prior, 2.0),
+                                        rel=1e-12)
+    got0 = logit_adjusted_ce(torch.tensor(logits, dtype=D), torch.tensor([0, 2]),
+                             torch.tensor(prior, dtype=D), tau=0.0)
+    assert got0.item() == pytest.approx(
+        _adjusted_ce_by_hand(logits, [0, 2], [1.0, 1.0, 1.0]), rel=1e-12)
+    assert got.item() != pytest.approx(got0.item(), rel=1e-3)
+
+
+def test_floored_prior_acts_like_an_excluded_class() -> None:
+    # class 2 absent: with the 1e-12 floor the loss equals the one with P(2) = 0 exactly
+    logits = [[1.0, 2.0, 5.0]]
+    p = label_prior(torch.tensor([0, 1, 1]), 3, dtype=D)
+    got = logit_adjusted_ce(torch.tensor(logits, dtype=D), torch.tensor([0]), p).item()
+    assert got == pytest.approx(_adjusted_ce_by_hand(logits, [0], [1 / 3, 2 / 3, 0.0]),
+                                rel=1e-9)
+
+
+# ---------------------------------------------------------------- SCALA: server steps
+
+W0 = [[0.5, -1.0], [1.5, 0.25], [-0.5, 1.0]]
+B0 = [0.1, -0.2, 0.3]
+# client 0 has classes {0, 1}, client 1 has {1, 2}: P_0, P_1 and P_s all differ
+A_LIST = [[[1.0, 2.0], [0.5, -1.0], [-1.5, 0.5]], [[2.0, 0.0], [-0.5, -0.5]]]
+Y_LIST = [[0, 1, 0], [2, 1]]
+P_CLIENT = [[2 / 3, 1 / 3, 0.0], [0.0, 0.5, 0.5]]
+P_SERVER = [2 / 5, 2 / 5, 1 / 5]
+
+
+def _linear() -> nn.Linear:
+    lin = nn.Linear(2, 3).to(D)
+    with torch.no_grad():
+        lin.weight.copy_(torch.tensor(W0, dtype=D))
+        lin.bias.copy_(torch.tensor(B0, dtype=D))
+    return lin
+
+
+def _inputs() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    return ([torch.tensor(a, dtype=D) for a in A_LIST], [torch.tensor(y) for y in Y_LIST])
+
+
+def _logits_by_hand(a: list[float]) -> list[float]:
+    return [sum(w * x for w, x in zip(row, a, strict=True)) + b
+            for row, b in zip(W0, B0, strict=True)]
+
+
+def _residual(a: list[float], y: int, prior: list[float] | None) -> list[float]:
+    """softmax(s + log P) − onehot(y): the gradient of adjusted CE w.r.t. the logits."""
+    s = _logits_by_hand(a)
+    w = [math.exp(v) * (1.0 if prior is None else p) for v, p in
+         zip(s, prior or [1.0] * 3, strict=True)]
+    z = sum(w)
+    return [wc / z - (1.0 if c == y else 0.0) for c, wc in enumerate(w)]
+
+
+def _grad_a_by_hand(k: int, prior: list[float] | None) -> list[list[float]]:
+    """∇_{A_k} of client k's mean loss: (1/B_k)·(softmax(s + log P) − onehot) · W."""
+    out = []
+    for a, y in zip(A_LIST[k], Y_LIST[k], strict=True):
+        r = _residual(a, y, prior)
+        out.append([sum(r[c] * W0[c][j] for c in range(3)) / len(A_LIST[k])
+                    for j in range(2)])
+    return out
+
+
+def _sgd_by_hand(lr: float, prior_of: list[list[float] | None],
+                 weight_of: list[float]) -> tuple[list[list[float]], list[float]]:
+    """One SGD step on Σ_k weight_k · mean_k CE(s + log P_k): the closed-form
+    ∇_W = Σ_i weight · (q_i − e_{y_i}) a_i^T / B_k, ∇_b = Σ_i weight · (q_i − e_{y_i}) / B_k."""
+    gw = [[0.0, 0.0] for _ in range(3)]
+    gb = [0.0, 0.0, 0.0]
+    for k in range(2):
+        for a, y in zip(A_LIST[k], Y_LIST[k], strict=True):
+            r = _residual(a, y, prior_of[k])
+            scale = weight_of[k] / len(A_LIST[k])
+            for c in range(3):
+                gb[c] += scale * r[c]
+                for j in range(2):
+                    gw[c][j] += scale * r[c] * a[j]
+    return ([[W0[c][j] - lr * gw[c][j] for j in range(2)] for c in range(3)],
+            [B0[c] - lr * gb[c] for c in range(3)])
+
+
+def _flat_loss_by_hand(prior: list[float] | None) -> float:
+    rows = [_logits_by_hand(a) for k in range(2) for a in A_LIST[k]]
+    labels = [y for k in range(2) for y in Y_LIST[k]]
+    return _adjusted_ce_by_hand(rows, labels, prior or [1.0, 1.0, 1.0])
+
+
+def test_scala_server_loss_uses_the_concatenated_prior() -> None:
+    server = _linear()
+    acts, labels = _inputs()
+    loss, _ = scala_server_step(server, acts, labels, 3, torch.optim.SGD(server.parameters(),
+                                                                         lr=0.0))
+    assert loss == pytest.approx(_flat_loss_by_hand(P_SERVER), rel=1e-9)
+    assert loss != pytest.approx(_flat_loss_by_hand(None), rel=1e-3)
+
+
+def test_scala_client_gradients_use_each_clients_own_prior() -> None:
+    server = _linear()
+    acts, labels = _inputs()
+    # lr = 1 moves the weights a lot: the gradients must still be the pre-step ones
+    _, grads = scala_server_step(server, acts, labels, 3,
+                                 torch.optim.SGD(server.parameters(), lr=1.0))
+    assert [tuple(g.shape) for g in grads] == [(3, 2), (2, 2)]
+    for k in range(2):
+        expected = torch.tensor(_grad_a_by_hand(k, P_CLIENT[k]), dtype=D)
+        torch.testing.assert_close(grads[k], expected, rtol=1e-9, atol=1e-11)
+        # and NOT the gradient that the concatenated prior P_s would give
+        with_ps = torch.tensor(_grad_a_by_hand(k, P_SERVER), dtype=D)
+        assert (grads[k] - with_ps).abs().max() > 1e-3
+    # the same via autograd on hand-built per-client losses at the original weights
+    for k in range(2):
+        a = acts[k].clone().requires_grad_(True)
+        s = a @ torch.tensor(W0, dtype=D).T + torch.tensor(B0, dtype=D)
+        shifted = s + torch.log(torch.tensor(P_CLIENT[k], dtype=D) + 1e-300)
+        (ref,) = torch.autograd.grad(F.cross_entropy(shifted, labels[k]), a)
+        torch.testing.assert_close(grads[k], ref, rtol=1e-9, atol=1e-11)
+
+
+def test_scala_updates_the_server_on_the_concatenated_prior_loss() -> None:
+    server = _linear()
+    acts, labels = _inputs()
+    scala_server_step(server, acts, labels, 3, torch.optim.SGD(server.parameters(), lr=0.5))
+    # mean over all 5 samples = Σ_k (B_k / B) · mean_k, all with P_s
+    w, b = _sgd_by_hand(0.5, [P_SERVER, P_SERVER], [3 / 5, 2 / 5])
+    torch.testing.assert_close(server.weight.detach(), torch.tensor(w, dtype=D),
+                               rtol=1e-9, atol=1e-11)
+    torch.testing.assert_close(server.bias.detach(), torch.tensor(b, dtype=D),
+                               rtol=1e-9, atol=1e-11)
+    # a step on the per-client priors would land elsewhere
+    w_k, _ = _sgd_by_hand(0.5, [P_CLIENT[0], P_CLIENT[1]], [3 / 5, 2 / 5])
+    assert (server.weight.detach() - torch.tensor(w_k, dtype=D)).abs().max() > 1e-3
+
+
+def test_scala_does_not_reach_into_the_client_graph() -> None:
+    server = _linear()
+    wc = torch.eye(2, dtype=D, requires_grad=True)
+    acts = [torch.tensor(a, dtype=D) @ wc for a in A_LIST]
+    _, grads = scala_server_step(server, acts, _inputs()[1], 3,
+                                 torch.optim.SGD(server.parameters(), lr=0.1))
+    assert wc.grad is None  # G_k is returned, the client applies it
+    torch.testing.assert_close(grads[1], torch.tensor(_grad_a_by_hand(1, P_CLIENT[1]),
+                                                      dtype=D), rtol=1e-9, atol=1e-11)
+
+
+def test_scala_client_priors_override() -> None:
+    server = _linear()
+    acts, labels = _inputs()
+    uniform = [torch.full((3,), 1 / 3, dtype=D)] * 2
+    _, grads = scala_server_step(server, acts, labels, 3,
+                                 torch.optim.SGD(server.parameters(), lr=0.0),
+                                 client_priors=uniform)
+    for k in range(2):  # a uniform prior is a constant shift: plain CE gradients
+        torch.testing.assert_close(grads[k], torch.tensor(_grad_a_by_hand(k, None), dtype=D),
+                                   rtol=1e-9, atol=1e-11)
+
+
+def test_ca_sfl_is_plain_ce_everywhere() -> None:
+    server = _linear()
+    acts, labels = _inputs()
+    loss, grads = ca_sfl_server_step(server, acts, labels, 3,
+                                     torch.optim.SGD(server.parameters(), lr=0.5))
+    assert loss == pytest.approx(_flat_loss_by_hand(None), rel=1e-9)
+    for k in range(2):
+        torch.testing.assert_close(grads[k], torch.tensor(_grad_a_by_hand(k, None), dtype=D),
+                                   rtol=1e-9, atol=1e-11)
+    w, b = _sgd_by_hand(0.5, [None, None], [3 / 5, 2 / 5])
+    torch.testing.assert_close(server.weight.detach(), torch.tensor(w, dtype=D),
+                               rtol=1e-9, atol=1e-11)
+    torch.testing.assert_close(server.bias.detach(), torch.tensor(b, dtype=D),
+                               rtol=1e-9, atol=1e-11)
+
+
+def test_lla_sfl_local_adjustment_and_weighted_server_step() -> None:
+    server = _linear()
+    acts, labels = _inputs()
+    loss, grads = lla_sfl_server_step(server, acts, labels, 3,
+                                      torch.optim.SGD(server.parameters(), lr=0.5))
+    for k in range(2):
+        torch.testing.assert_close(grads[k], torch.tensor(_grad_a_by_hand(k, P_CLIENT[k]),
+                                                          dtype=D), rtol=1e-9, atol=1e-11)
+    per_client = [_adjusted_ce_by_hand([_logits_by_hand(a) for a in A_LIST[k]], Y_LIST[k],
+                                       P_CLIENT[k]) for k in range(2)]
+    assert loss == pytest.approx(3 / 5 * per_client[0] + 2 / 5 * per_client[1], rel=1e-9)
+    # no P_s anywhere: the server steps on Σ_k (B_k/B) · L_k with each client's own P_k
+    w, b = _sgd_by_hand(0.5, [P_CLIENT[0], P_CLIENT[1]], [3 / 5, 2 / 5])
+    torch.testing.assert_close(server.weight.detach(), torch.tensor(w, dtype=D),
+                               rtol=1e-9, atol=1e-11)
+    torch.testing.assert_close(server.bias.detach(), torch.tensor(b, dtype=D),
+                               rtol=1e-9, atol=1e-11)
+
+
+def test_lla_sfl_runs_each_client_alone_through_the_server() -> None:
+    # BatchNorm makes concatenation visible: LLA-SFL must normalise each client on its own
+    torch.manual_seed(0)
+    server = nn.Sequential(nn.BatchNorm1d(2), _linear()).to(D)
+    reference = copy.deepcopy(server)
+    acts, labels = _inputs()
+    _, grads = lla_sfl_server_step(server, acts, labels, 3,
+                                   torch.optim.SGD(server.parameters(), lr=0.0))
+    for k in range(2):
+        a = acts[k].clone().requires_grad_(True)
+        prior = torch.tensor(P_CLIENT[k], dtype=D) + 1e-300
+        loss = F.cross_entropy(reference(a) + torch.log(prior), labels[k])
+        (ref,) = torch.autograd.grad(loss, a)
+        torch.testing.assert_close(grads[k], ref, rtol=1e-7, atol=1e-9)
+    # whereas the concatenated SCALA step normalises over both clients: different G_0
+    scala_grads = scala_server_step(copy.deepcopy(reference), acts, labels, 3,
+                                    torch.optim.SGD(server.parameters(), lr=0.0))[1]
+    assert (scala_grads[0] - grads[0]).abs().max() > 1e-4
+
+
+def test_step_rejects_mismatched_inputs() -> None:
+    server = _linear()
+    opt = torch.optim.SGD(server.parameters(), lr=0.1)
+    acts, labels = _inputs()
+    with pytest.raises(ValueError, match="label sets"):
+        scala_server_step(server, acts, labels[:1], 3, opt)
+    with pytest.raises(ValueError, match="client 1"):
+        ca_sfl_server_step(server, acts, [labels[0], labels[0]], 3, opt)
+
+
+# ---------------------------------------------------------------- GAPSL
+
+
+def _vec(deg: float, r: float = 1.0) -> list[float]:
+    return [r * math.cos(math.radians(deg)), r * math.sin(math.radians(deg))]
+
+
+def _angle(u: list[float], v: list[float]) -> float:
+    """Plane angle in [0, π] via atan2 (no cosine, no arccos)."""
+    d = abs(math.atan2(u[1], u[0]) - math.atan2(v[1], v[0])) % (2 * PI)
+    return min(d, 2 * PI - d)
+
+
+def test_consistency_scores_on_orthogonal_and_opposite_vectors() -> None:
+    g = torch.tensor([[1.0, 0.0], [0.0, 2.0], [-3.0, 0.0]], dtype=D)
+    # angles: (0,1) π/2, (0,2) π, (1,2) π/2; mean over the S−1 = 2 others
+    expected = [(PI / 2 + PI) / 2, (PI / 2 + PI / 2) / 2, (PI + PI / 2) / 2]
+    assert consistency_scores(g).tolist() == pytest.approx(expected, abs=1e-12)
+
+
+def test_consistency_scores_parallel_zero_and_single() -> None:
+    par = torch.tensor([[1.0, 0.0], [5.0, 0.0]], dtype=D)
+    assert consistency_scores(par).tolist() == pytest.approx([0.0, 0.0], abs=1e-12)
+    # a zero gradient is "unrelated" (θ = π/2) to everything, never NaN
+    z = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0]], dtype=D)
+    assert consistency_scores(z).tolist() == pytest.approx(
+        [PI / 2, (PI / 2 + PI / 2) / 2, (PI / 2 + PI / 2) / 2], abs=1e-12)
+    assert consistency_scores(torch.tensor([[3.0, 4.0]])).tolist() == [0.0]
+
+
+def test_consistency_scores_clamp_rounding_above_one() -> None:
+    x = torch.tensor([0.1, 0.7, 0.3])  # float32: cos(x, 3x) rounds to 1 + 1.2e-7
+    theta = consistency_scores(torch.stack([x, 3 * x, 7 * x]))
+    assert not torch.isnan(theta).any()
+    assert theta.abs().max().item() < 1e-3
+
+
+def test_nu_tracker() -> None:
+    tr = NuTracker()
+    for nu in (0.3, 0.1, 0.5, 0.2):
+        tr.update(nu)
+    assert (tr.nu_min, tr.nu_max) == (0.1, 0.5)
+    with pytest.raises(ValueError):
+        tr.update(float("nan"))
+
+
+def test_leader_fraction_by_hand() -> None:
+    # 0.2 + (5/10)·((0.5 − 0.3)/(0.5 − 0.1))·0.6 = 0.2 + 0.5·0.5·0.6
+    assert leader_fraction(5, 10, 0.3, 0.1, 0.5) == pytest.approx(0.35, abs=1e-12)
+    assert leader_fraction(0, 10, 0.3, 0.1, 0.5) == pytest.approx(0.2, abs=1e-12)
+    assert leader_fraction(10, 10, 0.1, 0.1, 0.5) == pytest.approx(0.8, abs=1e-12)
+    assert leader_fraction(10, 10, 0.5, 0.1, 0.5) == pytest.approx(0.2, abs=1e-12)
+    # ν_max = ν_min: the ratio is 1 (DESIGN.md)
+    assert leader_fraction(5, 10, 0.4, 0.4, 0.4) == pytest.approx(0.5, abs=1e-12)
+    assert leader_fraction(3, 4, 0.4, 0.4, 0.4, 0.1, 0.5) == pytest.approx(0.4, abs=1e-12)
+    with pytest.raises(ValueError):
+        leader_fraction(1, 0, 0.1, 0.1, 0.1)
+
+
+def test_leader_set_and_gradient() -> None:
+    scores = torch.tensor([0.9, 0.1, 0.5, 0.3], dtype=D)
+    assert leader_set(scores, 0.5).tolist() == [1, 3]
+    assert leader_set(scores, 0.26).tolist() == [1, 3]  # ⌈1.04⌉ = 2
+    assert leader_set(scores, 0.01).tolist() == [1]  # at least one
+    assert leader_set(scores, 1.0).tolist() == [0, 1, 2, 3]
+    ten = torch.arange(10, dtype=D)
+    assert leader_set(ten, 0.3).tolist() == [0, 1, 2]  # 0.3·10 = 3.0000000000000004
+    g = torch.tensor([[1.0, 2.0], [3.0, -4.0], [0.0, 0.0], [5.0, 6.0]], dtype=D)
+    assert leader_gradient(g, torch.tensor([1, 3])).tolist() == [4.0, 1.0]
+
+
+def test_threshold_population_std_and_clipping() -> None:
+    # μ = π/4, population σ = π/4: π/4 − 0.5·π/4 = π/8 (the sample std would give less)
+    assert threshold(torch.tensor([0.0, PI / 2], dtype=D), 0.5) == pytest.approx(PI / 8,
+                                                                                  abs=1e-12)
+    assert threshold(torch.tensor([0.0, PI / 2], dtype=D), 2.0) == 0.0  # clipped at 0
+    assert threshold(torch.tensor([3.0, 3.1], dtype=D), 0.0) == pytest.approx(PI / 2)
+    assert threshold(torch.tensor([PI, PI], dtype=D), 1.0) == pytest.approx(PI / 2)
+
+
+# four clients at 0°, 20°, 50° and 170°, with different lengths
+DEGS = [0.0, 20.0, 50.0, 170.0]
+LENS = [1.0, 2.0, 0.5, 3.0]
+
+
+def _grads() -> torch.Tensor:
+    return torch.tensor([_vec(d, r) for d, r in zip(DEGS, LENS, strict=True)], dtype=D)
+
+
+def test_select_clients_by_hand() -> None:
+    vecs = [_vec(d, r) for d, r in zip(DEGS, LENS, strict=True)]
+    theta = [sum(_angle(vecs[i], vecs[j]) for j in range(4) if j != i) / 3 for i in range(4)]
+    nu = statistics.pstdev(theta)
+    # fresh tracker: ν_min = ν_max = ν → ratio 1 → K = 0.2 + (5/10)·0.6 = 0.5 → 2 leaders
+    tracker = NuTracker()
+    sel = select_clients(_grads(), 5, 10, tracker, 0.2, 0.8, eta=0.0)
+    assert sel.scores.tolist() == pytest.approx(theta, abs=1e-9)
+    assert sel.nu == pytest.approx(nu, abs=1e-9)
+    assert (tracker.nu_min, tracker.nu_max) == (pytest.approx(nu), pytest.approx(nu))
+    assert sel.k_t == pytest.approx(0.5, abs=1e-12)
+    leaders = sorted(sorted(range(4), key=lambda i: theta[i])[:2])
+    assert leaders == [1, 2]  # 20° and 50° sit in the middle of the pack
+    assert sel.leaders.tolist() == leaders
+    lead = [(vecs[1][c] + vecs[2][c]) / 2 for c in range(2)]
+    torch.testing.assert_close(sel.g_lead, torch.tensor(lead, dtype=D))
+    theta_lead = [_angle(v, lead) for v in vecs]
+    assert sel.theta_lead.tolist() == pytest.approx(theta_lead, abs=1e-9)
+    th = min(max(statistics.mean(theta_lead), 0.0), PI / 2)  # η = 0
+    assert sel.theta_th == pytest.approx(th, abs=1e-9)
+    chosen = [i for i in range(4) if theta_lead[i] <= th]
+    assert chosen == [0, 1, 2]  # 170° is out
+    assert sel.selected.tolist() == chosen and not sel.fallback
+    assert sel.alignment_penalty.tolist() == pytest.approx(
+        [1 - math.cos(theta_lead[i]) for i in chosen], abs=1e-9)
+
+
+def test_select_clients_strict_eta_and_running_nu() -> None:
+    vecs = [_vec(d, r) for d, r in zip(DEGS, LENS, strict=True)]
+    tracker = NuTracker(nu_min=0.1, nu_max=2.0)
+    sel = select_clients(_grads(), 10, 10, tracker, 0.2, 0.8, eta=0.5)
+    theta = [sum(_angle(vecs[i], vecs[j]) for j in range(4) if j != i) / 3 for i in range(4)]
+    nu = statistics.pstdev(theta)
+    assert sel.k_t == pytest.approx(0.2 + (2.0 - nu) / (2.0 - 0.1) * 0.6, abs=1e-9)
+    lead_idx = sorted(sorted(range(4), key=lambda i: theta[i])[:math.ceil(sel.k_t * 4)])
+    assert sel.leaders.tolist() == lead_idx
+    lead = [sum(vecs[i][c] for i in lead_idx) / len(lead_idx) for c in range(2)]
+    theta_lead = [_angle(v, lead) for v in vecs]
+    th = min(max(statistics.mean(theta_lead) - 0.5 * statistics.pstdev(theta_lead), 0.0),
+             PI / 2)
+    assert sel.theta_th == pytest.approx(th, abs=1e-9)
+    assert sel.selected.tolist() == [i for i in range(4) if theta_lead[i] <= th]
+
+
+def test_select_clients_falls_back_to_the_leaders() -> None:
+    # θ ≈ 83°, 83°, 117°, 123°: the leaders are the clients at ±30°, g_lead is their
+    # bisector and nobody lies on it; a huge η clips θ_th to 0, nobody passes, the leader
+    # set is used
+    g = torch.tensor([_vec(30.0), _vec(-30.0), _vec(90.0), _vec(-100.0)], dtype=D)
+    sel = select_clients(g, 1, 100, NuTracker(), 0.5, 0.5, eta=100.0)
+    assert sel.theta_th == 0.0
+    assert sel.leaders.tolist() == [0, 1]
+    assert sel.fallback and sel.selected.tolist() == [0, 1]
+    assert sel.alignment_penalty.tolist() == pytest.approx([1 - math.cos(PI / 6)] * 2,
+                                                           abs=1e-9)
+
+
+def test_all_equal_angles_all_pass() -> None:
+    # θ_lead identical for everyone (σ = 0): θ_th = μ, and every client must pass
+    g = torch.tensor([_vec(10.0), _vec(-10.0)], dtype=D)
+    sel = select_clients(g, 1, 1, NuTracker(), 1.0, 1.0, eta=3.0)
+    assert sel.selected.tolist() == [0, 1] and not sel.fallback
+
+
+def test_gapsl_server_loss_value_and_first_order_gradient() -> None:
+    w = torch.tensor([1.0, -2.0], dtype=D, requires_grad=True)
+    cs = [torch.tensor(c, dtype=D) for c in ([1.0, 0.0], [0.0, 1.0], [1.0, 1.0])]
+    losses = [(w @ c) ** 2 for c in cs]  # 1, 4, 1
+    sel = GapslSelection(
+        scores=torch.zeros(3, dtype=D), nu=0.0, k_t=0.5, leaders=torch.tensor([0]),
+        g_lead=torch.zeros(2, dtype=D), theta_lead=torch.tensor([0.0, 1.0, 0.5], dtype=D),
+        theta_th=0.6, selected=torch.tensor([0, 2]),
+        alignment_penalty=torch.tensor([0.0, 1 - math.cos(0.5)], dtype=D), fallback=False)
+    lg = gapsl_server_loss(losses, sel, lam=0.1)
+    assert lg.item() == pytest.approx(1.0 + 1.0 + 0.1 * (1 - math.cos(0.5)), abs=1e-12)
+    lg.backward()
+    # ∇ of (w·c0)² + (w·c2)² = 2(w·c0)c0 + 2(w·c2)c2 = 2·1·(1,0) + 2·(−1)·(1,1) = (0, −2);
+    # client 1 is not selected and the detached penalty adds nothing
+    assert w.grad is not None
+    assert w.grad.tolist() == pytest.approx([0.0, -2.0], abs=1e-12)
+    with pytest.raises(ValueError):
+        gapsl_server_loss(losses[:2], sel)
