@@ -7,9 +7,10 @@
    agent processes (`jetsplit agent run`, one torch thread each) behind a private Mosquitto,
    against the same agents as in-process `AgentWorker`s, steps interleaved in one run (goal:
    MQTT / in-process <= 1.15). Both engines start from the same bundle, data shards and
-   seeds, so their losses must agree step by step; the benchmark checks that too. Run as
-   shipped and again with TCP_NODELAY on the broker and every endpoint (`--nodelay`): with
-   Nagle's algorithm on, each small request/reply exchange waits for delayed ACKs.
+   seeds, so their losses must agree step by step; the benchmark checks that too. A median
+   `status` round trip to all agents (no compute) isolates the transport's own latency; the
+   library disables Nagle's algorithm on every endpoint socket and in the Mosquitto config it
+   writes, so small request/reply exchanges do not wait for delayed ACKs.
 3. Broker throughput: one `MqttEndpoint` sending fp32 messages (chunked at 1 MiB) to another
    through the embedded amqtt broker and through Mosquitto, rounds alternated.
 
@@ -26,7 +27,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -144,44 +144,6 @@ def _time_handle(worker: Any, sink: list[float]) -> None:
     worker.handle = timed
 
 
-# What-if: TCP_NODELAY on every MQTT socket. paho 2.x leaves Nagle's algorithm on and
-# Mosquitto's `set_tcp_nodelay` defaults to false, so a small QoS 1 publish that follows an
-# unacknowledged one waits for the peer's delayed ACK (~40 ms on Linux): each request/reply
-# exchange stalls about 2 x 40 ms whatever the payload. The patch below is the proposed fix
-# (an `on_socket_open` hook in `MqttEndpoint._make_client`), applied from outside.
-_SHIPPED_MAKE_CLIENT = MqttEndpoint._make_client
-
-
-def _set_nodelay(client: Any, userdata: Any, sock: Any) -> None:
-    with contextlib.suppress(OSError, AttributeError):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-
-def _make_client_nodelay(self: MqttEndpoint, protocol: str) -> Any:
-    client = _SHIPPED_MAKE_CLIENT(self, protocol)
-    client.on_socket_open = _set_nodelay
-    return client
-
-
-@contextlib.contextmanager
-def tcp_nodelay(enabled: bool) -> Iterator[None]:
-    """Endpoints made in this process inside the block disable Nagle on their sockets."""
-    if not enabled:
-        yield
-        return
-    MqttEndpoint._make_client = _make_client_nodelay  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        MqttEndpoint._make_client = _SHIPPED_MAKE_CLIENT  # type: ignore[method-assign]
-
-
-# `jetsplit agent run` with the patch: the same CLI entry point, run through `python -c`.
-_AGENT_NODELAY = ("import sys; sys.path.insert(0, {here!r}); import bench_transport as b; "
-                  "b.MqttEndpoint._make_client = b._make_client_nodelay; "
-                  "from jetsplit.cli import main; sys.exit(main(sys.argv[1:]))")
-
-
 def write_dataset(path: Path, samples: int) -> None:
     """CIFAR-shaped synthetic images (uint8 N×32×32×3, standardised on load), 10 classes."""
     rng = np.random.default_rng(0)
@@ -213,20 +175,18 @@ def jetsplit_cli() -> str:
 
 
 @contextlib.contextmanager
-def agent_processes(configs: list[AgentConfig], port: int, workdir: Path, nodelay: bool
+def agent_processes(configs: list[AgentConfig], port: int, workdir: Path
                     ) -> Iterator[list[subprocess.Popen[bytes]]]:
     """`jetsplit agent run` per agent; terminated (then killed) on the way out, always."""
     procs: list[subprocess.Popen[bytes]] = []
-    here = str(Path(__file__).resolve().parent)
-    cli = ([sys.executable, "-c", _AGENT_NODELAY.format(here=here)] if nodelay
-           else [jetsplit_cli()])
+    cli = jetsplit_cli()
     try:
         for cfg in configs:
             toml = workdir / f"{cfg.agent}.toml"
             toml.write_text(agent_toml(cfg))
             with (workdir / f"{cfg.agent}.log").open("wb") as log:
                 procs.append(subprocess.Popen(
-                    [*cli, "agent", "run", "--config", str(toml),
+                    [cli, "agent", "run", "--config", str(toml),
                      "--broker", f"mqtt://127.0.0.1:{port}"],
                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
         yield procs
@@ -261,7 +221,7 @@ def prepare_engines(agents: int, batch: int, aux_ratio: float | None, workdir: P
 
 
 def bench_engines(agents: int, steps: int, warmup: int, batch: int, codec: str,
-                  dataset: Path, archive: Path, workdir: Path, nodelay: bool) -> dict[str, Any]:
+                  dataset: Path, archive: Path, workdir: Path) -> dict[str, Any]:
     """Fresh agents on both sides (same shards, seeds and bundle), then interleaved steps."""
     workdir = Path(tempfile.mkdtemp(prefix="run-", dir=workdir))
     configs = [agent_config(i, agents, dataset, workdir / "agent-state") for i in range(agents)]
@@ -277,11 +237,8 @@ def bench_engines(agents: int, steps: int, warmup: int, batch: int, codec: str,
         workers[c.agent] = w
     local = InProcessEngine(workers, run_id="bench")
 
-    broker = MosquittoProcess()
-    if nodelay:  # Mosquitto >= 2.0
-        broker.config.write_text(broker.config.read_text() + "set_tcp_nodelay true\n")
-    with (broker, tcp_nodelay(nodelay),
-          agent_processes(configs, broker.port, workdir, nodelay) as procs):
+    with (MosquittoProcess() as broker,
+          agent_processes(configs, broker.port, workdir) as procs):
         remote = MqttEngine(broker.address, FLEET, run_id="bench").start(wait_s=10)
         try:
             t0 = time.perf_counter()
@@ -430,15 +387,15 @@ def _ms(values: list[float]) -> tuple[float, float]:
 
 
 def print_engines(info: dict[str, Any], agents: int, batch: int, codec: str,
-                  aux_ratio: float | None, title: str) -> float:
+                  aux_ratio: float | None) -> None:
     rows = [r for r in info["rows"] if not r["warmup"]]
-    print(f"\n# 2{title}: split_step per step, MQTT engine (Mosquitto, {agents} "
+    print(f"\n# 2. engines: split_step per step, MQTT engine (Mosquitto, {agents} "
           f"`jetsplit agent run` processes, 1 torch thread each) vs in-process engine "
           f"({agents} AgentWorkers run one after another); {MODEL.name} split {SPLIT}, aux head "
           f"{'none' if aux_ratio is None else aux_ratio}, batch {batch} per agent, codec "
           f"{codec}, coordinator torch threads {torch.get_num_threads()}; {len(rows)} timed "
           f"steps after {len(info['rows']) - len(rows)} warm-up, interleaved")
-    print(f"  bundle {info['bundle_mb']:.1f} MB; agents "
+    print(f"  bundle {info['bundle_mb']:.1f} MB, exported in {info['export_s']:.1f}s; agents "
           f"registered in {info['agents_up_s']:.1f}s; bundle installed over MQTT in "
           f"{info['ship_mqtt_s']:.1f}s, in-process in {info['ship_local_s']:.1f}s")
     part = {}
@@ -478,6 +435,10 @@ def print_engines(info: dict[str, Any], agents: int, batch: int, codec: str,
     print(f"status round trip to all {agents} agents (no compute), median: in-process "
           f"{st['inproc']:.1f} ms, MQTT {st['mqtt']:.1f} ms; a step makes two such exchanges "
           f"(forward, backward) plus {agents} activation uploads and gradient downloads")
+    print("note: the library disables Nagle's algorithm (TCP_NODELAY on every MqttEndpoint "
+          "socket, set_tcp_nodelay in the Mosquitto >= 2 config it writes); with Nagle on, a "
+          "small QoS 1 publish behind an unacknowledged one waited for a delayed ACK and the "
+          "measured small request/reply round trip was 88 ms, now ~0.4-4 ms.")
     print(f"losses: max |MQTT - in-process| over all steps = {diff:.3g} (0 = bit-identical); "
           f"last loss {info['rows'][-1]['mqtt']['loss']:.4f}; late replies {info['late']}; "
           f"activations + gradients on the wire {per_step:.2f} MB per step")
@@ -489,7 +450,6 @@ def print_engines(info: dict[str, Any], agents: int, batch: int, codec: str,
           f"{agent_med * 1e3:.0f} -> {agent_med * 1e3 / min(cores, agents):.0f} ms) while "
           f"MQTT adds publish/route/deliver, chunk reassembly, envelope decode in paho's "
           f"thread and process scheduling of {agents} + 2 processes on {cores} core(s).")
-    return mean_ratio
 
 
 def main() -> None:
@@ -506,9 +466,6 @@ def main() -> None:
     parser.add_argument("--broker-mb", type=int, default=None, help="MB through each broker")
     parser.add_argument("--message-mb", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=None, help="broker rounds, best taken")
-    parser.add_argument("--nodelay", choices=("off", "on", "both"), default="both",
-                        help="engine runs as shipped (off), with TCP_NODELAY patched in (on), "
-                             "or both one after the other")
     parser.add_argument("--sections", default="codecs,engines,brokers")
     parser.add_argument("--quick", action="store_true", help="small sizes: a ~1 minute smoke run")
     args = parser.parse_args()
@@ -541,27 +498,15 @@ def main() -> None:
         print("note: fp32 decode is a zero-copy view after the CRC32 check, hence its speed.")
 
     if "engines" in sections:
-        variants = {"off": [False], "on": [True], "both": [False, True]}[args.nodelay]
-        titles = {False: "a, as shipped (Nagle on)",
-                  True: "b, what-if: TCP_NODELAY on broker and endpoints (the proposed fix)"}
-        ratios = {}
         workdir = Path(tempfile.mkdtemp(prefix="jetsplit-bench-"))
         try:
             dataset, archive, export_s = prepare_engines(agents, args.batch, args.aux, workdir)
-            print(f"\n# 2. engines: bundle exported in {export_s:.1f}s")
-            for nodelay in variants:
-                info = bench_engines(agents, steps, warmup, args.batch, args.codec, dataset,
-                                     archive, workdir, nodelay)
-                ratios[nodelay] = print_engines(info, agents, args.batch, args.codec, args.aux,
-                                                titles[nodelay] if len(variants) > 1 else "")
+            info = bench_engines(agents, steps, warmup, args.batch, args.codec, dataset,
+                                 archive, workdir)
+            info["export_s"] = export_s
+            print_engines(info, agents, args.batch, args.codec, args.aux)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
-        if len(ratios) > 1:
-            print(f"\nMQTT / in-process mean step ratio: as shipped {ratios[False]:.3f}, "
-                  f"with TCP_NODELAY {ratios[True]:.3f} (goal <= 1.15)")
-            print("note: as shipped, paho leaves Nagle on and Mosquitto's set_tcp_nodelay "
-                  "defaults to false, so a small publish behind an unacknowledged one waits "
-                  "for a delayed ACK (~40 ms); compare the status round trips of 2a and 2b.")
 
     if "brokers" in sections:
         res = bench_brokers(broker_mb, args.message_mb, rounds)

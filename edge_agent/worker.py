@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import shutil
 import tempfile
 import time
 from collections import OrderedDict
@@ -95,6 +96,7 @@ class AgentWorker:
         state_dir: str | Path | None = None,
         device: str = "cpu",
         profile: dict[str, Any] | None = None,
+        bundle_cache: dict[str, Bundle] | None = None,
     ) -> None:
         if len(data) == 0:
             raise JetsplitError(f"agent {agent_id}: its dataset is empty")
@@ -107,11 +109,11 @@ class AgentWorker:
             state_dir = self._tmp.name
         self.state_dir = Path(state_dir)
         self.sampler = BatchSampler(len(data), seed)
+        # Simulations share verified bundles between in-process agents (one copy in memory).
+        self.bundle_cache = bundle_cache
         self.bundle: Bundle | None = None
         self.bundle_sha: str | None = None
-        self.client: nn.Sequential | None = None
-        self.aux: nn.Module | None = None
-        self.server: nn.Sequential | None = None
+        self._modules: dict[str, nn.Module] = {}
         self.optimizer_args = OptimizerArgs()
         self._optimizers: dict[str, torch.optim.Optimizer] = {}
         self._pending: OrderedDict[tuple[int, int], torch.Tensor] = OrderedDict()
@@ -131,6 +133,33 @@ class AgentWorker:
             "dataset": self.data.summary(), "backends": detect_backends(),
             "device": str(self.device), "bundle": self.bundle_sha,
         }
+
+    # ------------------------------------------------------------------ blocks
+
+    def _block(self, name: str) -> nn.Module | None:
+        """The client, aux or server block, built from the bundle on first use only: an
+        agent that never trains the full model never holds the server block."""
+        if self.bundle is None:
+            return None
+        if name not in self._modules:
+            if name == "aux" and not self.bundle.has_aux:
+                return None
+            build = {"client": self.bundle.client_module, "aux": self.bundle.aux_module,
+                     "server": self.bundle.server_module}[name]
+            self._modules[name] = build().to(self.device)
+        return self._modules[name]
+
+    @property
+    def client(self) -> nn.Sequential | None:
+        return self._block("client")  # type: ignore[return-value]
+
+    @property
+    def aux(self) -> nn.Module | None:
+        return self._block("aux")
+
+    @property
+    def server(self) -> nn.Sequential | None:
+        return self._block("server")  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ dispatch
 
@@ -182,27 +211,39 @@ class AgentWorker:
         if digest != args.sha256:
             raise BundleError(f"bundle transfer corrupted: sha256 {digest[:12]}… "
                               f"!= announced {args.sha256[:12]}…")
-        root = self.state_dir / "bundles" / digest
-        archive = root.with_suffix(".tar.gz")
-        archive.parent.mkdir(parents=True, exist_ok=True)
-        archive.write_bytes(memoryview(raw))
-        if root.exists():  # an earlier copy of the same bundle: verify it again, fully
-            import shutil
-
-            shutil.rmtree(root)
         started = time.perf_counter()
-        bundle = load_bundle(archive, extract_to=root)  # hashes, versions, safe paths
-        archive.unlink()
+        bundle = (self.bundle_cache or {}).get(digest) or self._install(raw, digest)
+        if self.bundle_cache is not None:
+            self.bundle_cache[digest] = bundle
         self.bundle, self.bundle_sha = bundle, digest
-        self.client = bundle.client_module().to(self.device)
-        self.aux = bundle.aux_module().to(self.device) if bundle.has_aux else None
-        self.server = bundle.server_module().to(self.device)
+        self._modules.clear()
         self.optimizer_args = args.optimizer
         self._optimizers.clear()
         self._pending.clear()
         self._onnx_current, self._onnx_block = True, None
         return Result(meta={"model": bundle.spec.name, "split": bundle.split,
                             "sha256": digest, "verify_s": round(time.perf_counter() - started, 3)})
+
+    def _install(self, raw: np.ndarray, digest: str) -> Bundle:
+        """Write the archive, verify every file (hashes, versions, safe paths), extract."""
+        root = self.state_dir / "bundles" / digest
+        archive = root.with_suffix(".tar.gz")
+        archive.parent.mkdir(parents=True, exist_ok=True)
+        archive.write_bytes(memoryview(raw))
+        if root.exists():  # an earlier copy of the same bundle: verify it again, fully
+            shutil.rmtree(root)
+        bundle = load_bundle(archive, extract_to=root)
+        archive.unlink()
+        return bundle
+
+    def _do_release(self, args: Any, round_: int, step: int, tensors: Tensors) -> Result:
+        """Drop blocks, optimizers and pending activations until the next command needs
+        them (the coordinator then installs the weights it wants with set_weights)."""
+        self._modules.clear()
+        self._optimizers.clear()
+        self._pending.clear()
+        self._client_changed()
+        return Result()
 
     def _do_forward(self, args: ForwardArgs, round_: int, step: int, tensors: Tensors) -> Result:
         self._require_bundle()

@@ -10,6 +10,7 @@ is the shared core because the agent, which never installs `export`, must read b
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -327,6 +328,7 @@ class Bundle:
         self.manifest = manifest
         self.source = source
         self._tmp = tmp  # keeps an extracted tar alive as long as the bundle
+        self._templates: dict[str, nn.Module] = {}  # verified blocks, copied on each request
 
     def __repr__(self) -> str:
         m = self.manifest
@@ -392,23 +394,33 @@ class Bundle:
         where = f"bundle {self.source}: {WEIGHT_FILES[block]}"
         return load_strict(module, self.load_weights(block), where, BundleError)
 
+    def _template(self, block: str) -> nn.Module:
+        """Build and load a block once (weights hash-checked then); later calls copy it,
+        which is what lets 100 simulated clients rebuild blocks cheaply."""
+        if block not in self._templates:
+            model, client, server = self._blocks()
+            if block == "aux":
+                self._need_aux()
+                assert self.manifest.aux_ratio is not None
+                module: nn.Module = build_aux_head(model, self.split, self.manifest.aux_ratio,
+                                                   seed=0)
+            else:
+                module = client if block == "client" else server
+            self._templates[block] = self._load_into(module, block)
+        return copy.deepcopy(self._templates[block])
+
     def client_module(self) -> nn.Sequential:
         """The trainable client block (layers[:split]) with the bundle's weights."""
-        _, client, _ = self._blocks()
-        return self._load_into(client, "client")  # type: ignore[return-value]
+        return self._template("client")  # type: ignore[return-value]
 
     def server_module(self) -> nn.Sequential:
         """The trainable server block (layers[split:]) with the bundle's weights."""
-        _, _, server = self._blocks()
-        return self._load_into(server, "server")  # type: ignore[return-value]
+        return self._template("server")  # type: ignore[return-value]
 
     def aux_module(self) -> AuxiliaryHead:
         """The trainable auxiliary head with the bundle's weights."""
         self._need_aux()
-        model, _, _ = self._blocks()
-        assert self.manifest.aux_ratio is not None
-        aux = build_aux_head(model, self.split, self.manifest.aux_ratio, seed=0)
-        return self._load_into(aux, "aux")  # type: ignore[return-value]
+        return self._template("aux")  # type: ignore[return-value]
 
     def describe(self) -> dict[str, Any]:
         """Manifest as plain JSON-able data (for status output)."""

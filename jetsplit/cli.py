@@ -44,6 +44,7 @@ def build_app() -> typer.Typer:
     from export.profile_cli import profile
     from server.broker_cli import broker
     from server.cli import app as server_app
+    from server.simulate import simulate_command
 
     app.add_typer(export_app, name="export", help="Cost model, split planner, bundles, engines.")
     app.command("profile", help="Measure this machine: per-layer latency, memory, GFLOPS.")(
@@ -51,6 +52,9 @@ def build_app() -> typer.Typer:
     )
     app.add_typer(agent_app, name="agent", help="The edge agent daemon.")
     app.add_typer(server_app, name="server", help="The coordinator.")
+    app.command("simulate", help="Simulate a fleet in one process (in-process engine).")(
+        simulate_command
+    )
     app.command("broker", help="Run an embedded MQTT broker on loopback (amqtt).")(broker)
     return app
 

@@ -37,6 +37,7 @@ class Kind(str, Enum):
     SET_WEIGHTS = "set_weights"  # replace block weights
     GENERATE = "generate"  # forward-only over all local data (ONNX Runtime/TensorRT)
     STATUS = "status"  # health and counters
+    RELEASE = "release"  # free blocks and optimizer state until needed again
 
 
 class ProtocolError(JetsplitError):
@@ -104,6 +105,7 @@ _ARGS: dict[str, type[_Args]] = {
     Kind.SET_WEIGHTS.value: _Args,
     Kind.GENERATE.value: GenerateArgs,
     Kind.STATUS.value: _Args,
+    Kind.RELEASE.value: _Args,
 }
 
 COMMAND_KINDS = tuple(_ARGS)

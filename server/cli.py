@@ -23,12 +23,14 @@ def run(
     out: Annotated[str | None, typer.Option("--out", help="Overrides out.")] = None,
     run_id: Annotated[str | None, typer.Option("--run", help="Overrides run.")] = None,
 ) -> None:
-    """Wait for the fleet, ship the bundle, run split training, write metrics and summary."""
+    """Wait for the fleet, ship the bundle, train, write metrics, summary and weights."""
     from jetsplit.config_io import model_from_dict
+    from jetsplit.data import load_dataset_split
     from jetsplit.errors import ConfigError
     from server.config import ServerConfig, load_server_config
-    from server.coordinator import prepare_bundle, run_split_training
+    from server.coordinator import prepare_bundle
     from server.mqtt_engine import MqttEngine
+    from server.training import run_training
 
     cfg = load_server_config(config)
     data = cfg.model_dump()
@@ -48,10 +50,12 @@ def run(
         if len(online) < cfg.agents:
             raise ConfigError(f"only {len(online)} of {cfg.agents} agents registered within "
                               f"{cfg.wait_s:.0f}s ({', '.join(online) or 'none'})")
+        _, test = load_dataset_split(cfg.data.dataset, cfg.data.test_fraction, cfg.data.seed)
         with tempfile.TemporaryDirectory(prefix="jetsplit-server-") as tmp:
             archive = prepare_bundle(cfg, Path(tmp))
-            summary = run_split_training(engine, archive, cfg, out_dir)
+            summary = run_training(engine, archive, cfg.settings(), test, out_dir)
     finally:
         engine.close()
-    typer.echo(f"{summary['steps']} steps with {len(online)} agents in "
-               f"{summary['seconds']:.1f}s; metrics and summary in {out_dir}")
+    typer.echo(f"{summary['algorithm']}: {summary['rounds']} rounds with {len(online)} agents "
+               f"in {summary['seconds']:.1f}s, final accuracy {summary['final_accuracy']:.4f}; "
+               f"metrics and summary in {out_dir}")

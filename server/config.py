@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from jetsplit.config_io import load_toml_model
 from jetsplit.transport.settings import MqttSection
+from server.training import Settings
 
 _Id = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
 
@@ -27,17 +28,36 @@ class ModelSection(BaseModel):
 
 
 class TrainSection(BaseModel):
+    """How to train (names as in DESIGN.md: T local iterations, fraction r, total batch B)."""
+
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    rounds: Annotated[int, Field(ge=1, le=100_000)] = 1
-    steps: Annotated[int, Field(ge=1, le=1_000_000)] = 10
-    batch: Annotated[int, Field(ge=1, le=65536)] = 32  # per agent
+    algorithm: Literal["fedavg", "splitfed-v1", "splitfed-v2", "psl", "scala", "ca-sfl",
+                       "lla-sfl", "gapsl"] = "psl"
+    rounds: Annotated[int, Field(ge=1, le=100_000)] = 10
+    local_steps: Annotated[int, Field(ge=1, le=1_000_000)] = 10
+    batch: Annotated[int, Field(ge=1, le=1 << 20)] = 64  # B over all selected agents
     lr: Annotated[float, Field(gt=0, le=10)] = 0.01
     fraction: Annotated[float, Field(gt=0, le=1)] = 1.0
     deadline_s: Annotated[float, Field(gt=0, le=86400)] = 60.0
     bundle_deadline_s: Annotated[float, Field(gt=0, le=86400)] = 300.0
     codec: Literal["fp32", "fp16", "bf16", "int8"] = "fp32"
     compression: Literal["none", "lz4", "zstd"] = "none"
+    k_min: Annotated[float, Field(ge=0, le=1)] = 0.2  # GAPSL
+    k_max: Annotated[float, Field(ge=0, le=1)] = 0.8
+    lam: Annotated[float, Field(ge=0)] = 5e-4
+    eta: Annotated[float, Field(ge=0)] = 1.0
+
+
+class DataSection(BaseModel):
+    """The held-out test split the coordinator evaluates on (agents hold the training part
+    of the same spec and seed; the test part never leaves the coordinator)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    dataset: str = "mnist"
+    test_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.2
+    seed: Annotated[int, Field(ge=0)] = 0
 
 
 class ServerConfig(BaseModel):
@@ -53,6 +73,11 @@ class ServerConfig(BaseModel):
     mqtt: MqttSection = MqttSection()
     model: ModelSection = ModelSection()
     train: TrainSection = TrainSection()
+    data: DataSection = DataSection()
+
+    def settings(self) -> Settings:
+        """The engine-neutral training settings this config describes."""
+        return Settings(seed=self.seed, **self.train.model_dump())
 
 
 def load_server_config(path: str | Path) -> ServerConfig:

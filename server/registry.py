@@ -119,6 +119,12 @@ class FleetRegistry:
         with self._lock:
             return dict(self._agents[agent].registration)
 
+    def note_bundle(self, agent: str, sha256: str) -> None:
+        """The agent acknowledged installing this bundle (until it registers again)."""
+        with self._lock:
+            if agent in self._agents:
+                self._agents[agent].registration["bundle"] = sha256
+
     def generation(self, agent: str) -> int:
         with self._lock:
             record = self._agents.get(agent)

@@ -21,6 +21,7 @@ from server.algorithms.gapsl_math import (
     leader_fraction,
     leader_gradient,
     leader_set,
+    passing,
     select_clients,
     threshold,
 )
@@ -365,9 +366,12 @@ def test_leader_set_and_gradient() -> None:
     assert leader_set(scores, 0.5).tolist() == [1, 3]
     assert leader_set(scores, 0.26).tolist() == [1, 3]  # ⌈1.04⌉ = 2
     assert leader_set(scores, 0.01).tolist() == [1]  # at least one
+    assert leader_set(scores, 0.0).tolist() == [1]
     assert leader_set(scores, 1.0).tolist() == [0, 1, 2, 3]
     ten = torch.arange(10, dtype=D)
-    assert leader_set(ten, 0.3).tolist() == [0, 1, 2]  # 0.3·10 = 3.0000000000000004
+    k = 0.2 + 0.1  # 0.30000000000000004: k·10 has a plain ceil of 4
+    assert math.ceil(k * 10) == 4
+    assert leader_set(ten, k).tolist() == [0, 1, 2]
     g = torch.tensor([[1.0, 2.0], [3.0, -4.0], [0.0, 0.0], [5.0, 6.0]], dtype=D)
     assert leader_gradient(g, torch.tensor([1, 3])).tolist() == [4.0, 1.0]
 
@@ -445,6 +449,18 @@ def test_select_clients_falls_back_to_the_leaders() -> None:
     assert sel.fallback and sel.selected.tolist() == [0, 1]
     assert sel.alignment_penalty.tolist() == pytest.approx([1 - math.cos(PI / 6)] * 2,
                                                            abs=1e-9)
+
+
+def test_passing_keeps_clients_exactly_at_the_threshold() -> None:
+    theta_lead = torch.tensor([0.2, 0.6, 0.4, 1.0], dtype=D)
+    assert passing(theta_lead, 0.4).tolist() == [0, 2]
+    assert passing(theta_lead, 0.0).tolist() == []
+    # three equal angles as float64 computes them for three gradients 45° off g_lead:
+    # μ − 3σ lands a few ulps below them, yet all three sit "at" the threshold
+    same = torch.tensor([0.7853981633974481, 0.785398163397448, 0.7853981633974481], dtype=D)
+    th = threshold(same, 3.0)
+    assert th < same.min().item()
+    assert passing(same, th).tolist() == [0, 1, 2]
 
 
 def test_all_equal_angles_all_pass() -> None:

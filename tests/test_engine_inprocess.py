@@ -16,10 +16,10 @@ from jetsplit.data import load_dataset_split, partition
 from jetsplit.models import ModelSpec, build_model
 from jetsplit.models.weights import from_arrays
 from jetsplit.protocol import Kind
-from server.config import ServerConfig
+from server.algorithms.methods import build_method
 from server.coordinator import BundleShipper
 from server.engine import Command, InProcessEngine
-from server.split_step import split_step
+from server.training import Settings, Trainer
 
 SPEC = ModelSpec("mobilenetv3-small", (1, 8, 8), 10)
 SPLIT = 2
@@ -42,7 +42,7 @@ def make_engine(agents: int = 2, seed: int = 0) -> InProcessEngine:
 
 def installed(archive: Path, agents: int = 2) -> InProcessEngine:
     engine = make_engine(agents)
-    ready = BundleShipper(engine, archive, ServerConfig()).ensure(engine.online())
+    ready = BundleShipper(engine, archive, lr=0.01, deadline_s=60).ensure(engine.online())
     assert ready == engine.online()
     return engine
 
@@ -52,30 +52,35 @@ def client_state(engine: InProcessEngine, agent: str) -> dict[str, torch.Tensor]
     return from_arrays(reply.tensors, "client")
 
 
-def test_one_split_step_equals_one_centralised_sgd_step(archive: Path) -> None:
-    """A single agent, one forward/backward: client and server blocks move exactly as the
-    whole model does under one SGD step on the same batch."""
+def one_round(engine: InProcessEngine, archive: Path, algorithm: str, batch: int
+              ) -> tuple[Trainer, float | None]:
+    _, test = load_dataset_split("digits", 0.2, 0)
+    trainer = Trainer(engine, archive, Settings(algorithm=algorithm, rounds=1, local_steps=1,
+                                                batch=batch, lr=0.01), test)
+    loss = build_method(algorithm, trainer).run_round(engine.online())
+    return trainer, loss
+
+
+def test_splitfed_v1_with_one_client_and_t1_is_one_centralised_sgd_step(archive: Path) -> None:
+    """One agent, one iteration: client and server blocks move exactly as the whole model
+    does under one SGD step on the same batch."""
     engine = installed(archive, agents=1)
     bundle = load_bundle(archive)
-    server = bundle.server_module()
+    client0, server0 = bundle.client_module(), bundle.server_module()
     reference = build_model(SPEC, seed=0)
-    client0 = bundle.client_module()
-    reference.load_state_dict({**client0.state_dict(), **server.state_dict()})
-    lr = ServerConfig().train.lr
-    optimizer = torch.optim.SGD(server.parameters(), lr=lr)
-    report = split_step(engine, server, optimizer, {"a0": 16}, round=0, step=0, deadline_s=10)
-    assert report.agents == ["a0"] and report.samples == 16 and not report.missed
+    reference.load_state_dict({**client0.state_dict(), **server0.state_dict()})
+    trainer, loss = one_round(engine, archive, "splitfed-v1", batch=16)
 
     worker = engine.workers["a0"]
     idx = BatchSampler(len(worker.data), worker.seed).next(16)
     x, y = torch.from_numpy(worker.data.x[idx]), torch.from_numpy(worker.data.y[idx])
-    ref_opt = torch.optim.SGD(reference.parameters(), lr=lr)
-    loss = torch.nn.functional.cross_entropy(reference(x), y)
-    loss.backward()
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.01)
+    ref_loss = torch.nn.functional.cross_entropy(reference(x), y)
+    ref_loss.backward()
     ref_opt.step()
-    assert report.loss == pytest.approx(float(loss.detach()), abs=1e-6)
+    assert loss == pytest.approx(float(ref_loss.detach()), abs=1e-6)
     expected = reference.state_dict()
-    got = {**client_state(engine, "a0"), **server.state_dict()}
+    got = {**from_arrays(trainer.global_client, "client"), **trainer.server.state_dict()}
     assert set(got) == set(expected)
     worst = max(float((got[k].double() - expected[k].double()).abs().max()) for k in expected)
     assert worst < 1e-6
@@ -86,9 +91,7 @@ def test_one_split_step_equals_one_centralised_sgd_step(archive: Path) -> None:
 
 def test_byte_counters_follow_each_kind(archive: Path) -> None:
     engine = installed(archive)
-    server = load_bundle(archive).server_module()
-    split_step(engine, server, torch.optim.SGD(server.parameters(), lr=0.01),
-               {"a0": 8, "a1": 8}, round=0, step=0, deadline_s=10)
+    one_round(engine, archive, "psl", batch=16)
     snap = engine.counters.snapshot()
     size = archive.stat().st_size
     for agent in ("a0", "a1"):

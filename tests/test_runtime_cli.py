@@ -84,7 +84,8 @@ def test_embedded_broker_speaks_311_and_runs_a_fleet(worker: AgentWorker, tmp_pa
                 assert engine.endpoint.protocol == "3.1.1"
                 cfg = ServerConfig(model={"name": "mobilenetv3-small", "input_shape": [1, 8, 8]})
                 archive = prepare_bundle(cfg, tmp_path)
-                assert BundleShipper(engine, archive, cfg).ensure(["solo"]) == ["solo"]
+                assert BundleShipper(engine, archive, lr=0.01, deadline_s=60).ensure(["solo"]) == [
+                    "solo"]
                 out = engine.send_and_receive({"solo": Command("forward", {"batch": 4})})
                 assert out["solo"].tensors["activations"].shape[0] == 4
             finally:

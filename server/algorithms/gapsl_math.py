@@ -157,6 +157,15 @@ def threshold(theta_lead: torch.Tensor, eta: float) -> float:
     return max(min(value, math.pi / 2), 0.0)
 
 
+def passing(theta_lead: torch.Tensor, theta_th: float) -> torch.Tensor:
+    """Ŝ^t = {i : θ_lead,i ≤ θ_th} (Algorithm 2 line 16), int64 indices sorted.
+
+    Compared with a 1e-12 rad slack: when every θ_lead,i is the same angle, μ − η·σ can
+    land an ulp or two below it through rounding in μ and σ, and nobody would pass.
+    """
+    return torch.nonzero(theta_lead <= theta_th + _THRESHOLD_SLACK).flatten()
+
+
 @dataclass
 class GapslSelection:
     """Everything one GAPSL selection decided (float64 tensors unless said otherwise)."""
@@ -193,7 +202,7 @@ def select_clients(grads: torch.Tensor, t: int, total: int, tracker: NuTracker,
     cos_lead = _cosines(grads, g_lead[None, :])[:, 0]
     theta_lead = torch.arccos(cos_lead)
     theta_th = threshold(theta_lead, eta)
-    passed = torch.nonzero(theta_lead <= theta_th + _THRESHOLD_SLACK).flatten()
+    passed = passing(theta_lead, theta_th)
     fallback = passed.numel() == 0
     selected = leaders.to(passed.device) if fallback else passed
     return GapslSelection(scores=scores, nu=nu, k_t=k_t, leaders=leaders, g_lead=g_lead,

@@ -1,0 +1,330 @@
+"""The training methods, each written once against the engine interface (via `Trainer`).
+
+A split method's iteration is always: every live selected agent runs its client block on a
+batch of B_k samples (`forward`), the server turns the activations into a server update and
+per-agent activation gradients (`server_update`, the part the methods differ in), and the
+agents apply their gradients (`backward`). Methods that average client blocks install the
+global block at round start and FedAvg the returned blocks at round end.
+"""
+
+from __future__ import annotations
+
+import copy
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import nn
+
+from jetsplit.errors import ConfigError
+from jetsplit.models.weights import from_arrays, load_strict, to_arrays
+from jetsplit.protocol import Kind
+from server.aggregation import fedavg
+from server.algorithms import gapsl_math, scala_math
+from server.engine import Command, Outcome
+from server.training import Arrays, Trainer
+
+Grads = dict[str, torch.Tensor]
+
+
+def _inputs(out: Outcome) -> tuple[list[str], list[torch.Tensor], list[torch.Tensor]]:
+    agents = out.agents
+    acts = [torch.from_numpy(np.array(out[a].tensors["activations"], dtype=np.float32))
+            for a in agents]
+    labels = [torch.from_numpy(np.array(out[a].tensors["labels"], dtype=np.int64))
+              for a in agents]
+    return agents, acts, labels
+
+
+def _save_arrays(arrays: Arrays, path: Path) -> None:
+    from safetensors.numpy import save_file
+
+    save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(path))
+
+
+class Method(ABC):
+    """One training method; `run_round` returns the mean training loss (None if no data)."""
+
+    name: ClassVar[str]
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+        self.num_classes = trainer.bundle.spec.num_classes
+
+    @abstractmethod
+    def run_round(self, selected: list[str]) -> float | None: ...
+
+    def evaluate(self) -> dict[str, Any]:
+        return self.trainer.evaluate_global()
+
+    def save(self, out_dir: Path) -> None:
+        """Final weights: the server block and the global client block."""
+        _save_arrays(to_arrays(self.trainer.server, "server"), out_dir / "server.safetensors")
+        _save_arrays(self.trainer.global_client, out_dir / "client.safetensors")
+
+
+class SplitMethod(Method):
+    """Parallel split learning with a shared server block; subclasses pick the loss."""
+
+    aggregate_clients: ClassVar[bool] = True
+
+    def run_round(self, selected: list[str]) -> float | None:
+        t = self.trainer
+        participants: set[str] = set()
+        if self.aggregate_clients and t.round > 0:
+            t.push(t.live(selected), t.global_client)
+        self.begin_round(selected)
+        losses = []
+        for step in range(t.settings.local_steps):
+            live = t.live(selected)
+            if not live:
+                break
+            loss = self.iterate(live, step)
+            if loss is not None:
+                losses.append(loss)
+                participants.update(live)
+        self.end_round(sorted(participants))
+        if self.aggregate_clients and participants:
+            states = t.pull(sorted(participants))
+            t.release(sorted(participants))
+            if states:
+                with t.timed("aggregate"):
+                    t.global_client = fedavg(states, t.sizes(sorted(states)))
+        return float(np.mean(losses)) if losses else None
+
+    def iterate(self, live: list[str], step: int) -> float | None:
+        t = self.trainer
+        out = t.forward(t.batches(live), step)
+        if not out.agents:
+            return None
+        agents, acts, labels = _inputs(out)
+        with t.timed("server"):
+            loss, grads = self.server_update(agents, acts, labels)
+        t.backward(grads, step)
+        return loss
+
+    def begin_round(self, selected: list[str]) -> None:  # noqa: B027 - optional hook
+        """Before the first iteration (SplitFed V1 copies the server block here)."""
+
+    def end_round(self, participants: list[str]) -> None:  # noqa: B027 - optional hook
+        """After the last iteration, before client aggregation."""
+
+    @abstractmethod
+    def server_update(self, agents: list[str], acts: list[torch.Tensor],
+                      labels: list[torch.Tensor]) -> tuple[float, Grads]: ...
+
+
+def _sum_of_client_losses(server: nn.Module, optimizer: torch.optim.Optimizer,
+                          acts: list[torch.Tensor], labels: list[torch.Tensor]
+                          ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    """One server forward over the concatenation; returns (Σ_i L_i, leaves, per-client
+    losses) with L_i each client's mean cross-entropy (PSL/GAPSL's L = Σ_i L_i)."""
+    leaves = [a.clone().requires_grad_(True) for a in acts]
+    server.train()
+    optimizer.zero_grad(set_to_none=True)
+    logits = server(torch.cat(leaves)).split([len(a) for a in acts])
+    losses = [nn.functional.cross_entropy(lg, y) for lg, y in zip(logits, labels, strict=True)]
+    return torch.stack(losses).sum(), leaves, losses
+
+
+class PSL(SplitMethod):
+    """Parallel split learning: one server block trained on Σ_i L_i; client blocks are
+    never aggregated, each stays with its agent (gapsl.txt §II-A)."""
+
+    name = "psl"
+    aggregate_clients = False
+
+    def server_update(self, agents, acts, labels):  # noqa: ANN001, ANN201
+        t = self.trainer
+        total, leaves, losses = _sum_of_client_losses(t.server, t.optimizer, acts, labels)
+        total.backward()
+        t.optimizer.step()
+        grads = {a: leaf.grad for a, leaf in zip(agents, leaves, strict=True)}
+        return float(torch.stack(losses).mean().detach()), grads
+
+    def evaluate(self) -> dict[str, Any]:
+        """Each agent's own client block with the shared server block, mean and spread."""
+        t = self.trainer
+        agents = t.engine.registry.eligible()
+        states = t.pull([a for a in agents if not t.shipper.needs(a)])
+        return t.evaluate_each({a: {k: v for k, v in s.items() if k.startswith("client/")}
+                                for a, s in states.items()})
+
+    def save(self, out_dir: Path) -> None:
+        _save_arrays(to_arrays(self.trainer.server, "server"), out_dir / "server.safetensors")
+        (out_dir / "clients").mkdir(exist_ok=True)
+        for agent, state in self.trainer.pull(self.trainer.engine.registry.eligible()).items():
+            _save_arrays(state, out_dir / "clients" / f"{agent}.safetensors")
+
+
+class GAPSL(PSL):
+    """PSL with leader-gradient identification and gradient-direction alignment
+    (gapsl.txt §III, Algorithms 1–2): only directionally consistent clients' losses train
+    the server block and get gradients back."""
+
+    name = "gapsl"
+
+    def __init__(self, trainer: Trainer) -> None:
+        super().__init__(trainer)
+        self.tracker = gapsl_math.NuTracker()
+        self.last_selected: list[str] = []
+
+    def server_update(self, agents, acts, labels):  # noqa: ANN001, ANN201
+        t, s = self.trainer, self.trainer.settings
+        _, leaves, losses = _sum_of_client_losses(t.server, t.optimizer, acts, labels)
+        params = [p for p in t.server.parameters() if p.requires_grad]
+        per_client = []
+        for loss in losses:  # g_i: each client's server-side gradient (eq. 1)
+            g = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
+            per_client.append(torch.cat([
+                (x if x is not None else torch.zeros_like(p)).reshape(-1)
+                for x, p in zip(g, params, strict=True)]))
+        selection = gapsl_math.select_clients(
+            torch.stack(per_client), t.round, s.rounds, self.tracker, s.k_min, s.k_max, s.eta)
+        chosen = [int(i) for i in selection.selected]
+        self.last_selected = [agents[i] for i in chosen]
+        t.optimizer.zero_grad(set_to_none=True)
+        gapsl_math.gapsl_server_loss(losses, selection, s.lam).backward()
+        t.optimizer.step()
+        grads = {agents[i]: leaves[i].grad for i in chosen if leaves[i].grad is not None}
+        return float(torch.stack(losses).mean().detach()), grads
+
+
+class SplitFedV1(SplitMethod):
+    """SplitFed V1: a server-block copy per client, trained in parallel; copies and client
+    blocks are FedAvg-ed (weights |D_k|) at round end."""
+
+    name = "splitfed-v1"
+
+    def begin_round(self, selected: list[str]) -> None:
+        t = self.trainer
+        self.copies = {a: copy.deepcopy(t.server) for a in selected}
+        self.optimizers = {a: torch.optim.SGD(m.parameters(), lr=t.settings.lr)
+                           for a, m in self.copies.items()}
+
+    def server_update(self, agents, acts, labels):  # noqa: ANN001, ANN201
+        grads, losses = {}, []
+        for agent, x, y in zip(agents, acts, labels, strict=True):
+            server, optimizer = self.copies[agent], self.optimizers[agent]
+            leaf = x.clone().requires_grad_(True)
+            server.train()
+            optimizer.zero_grad(set_to_none=True)
+            loss = nn.functional.cross_entropy(server(leaf), y)
+            loss.backward()
+            optimizer.step()
+            grads[agent] = leaf.grad
+            losses.append(float(loss.detach()))
+        return float(np.mean(losses)), grads
+
+    def end_round(self, participants: list[str]) -> None:
+        t = self.trainer
+        if participants:
+            states = {a: to_arrays(self.copies[a], "server") for a in participants}
+            with t.timed("aggregate"):
+                merged = fedavg(states, t.sizes(participants))
+            load_strict(t.server, from_arrays(merged, "server"), "server average")
+        self.copies, self.optimizers = {}, {}
+
+
+class SplitFedV2(SplitMethod):
+    """SplitFed V2: one server block; within an iteration the clients are served one after
+    another (each forward, server update, backward in turn)."""
+
+    name = "splitfed-v2"
+
+    def iterate(self, live: list[str], step: int) -> float | None:
+        t = self.trainer
+        losses = []
+        order = [str(a) for a in t.rng.permutation(live)]
+        batches = t.batches(live)
+        for agent in order:
+            out = t.forward({agent: batches[agent]}, step)
+            if not out.agents:
+                continue
+            agents, acts, labels = _inputs(out)
+            with t.timed("server"):
+                loss, grads = self.server_update(agents, acts, labels)
+            t.backward(grads, step)
+            losses.append(loss)
+        return float(np.mean(losses)) if losses else None
+
+    def server_update(self, agents, acts, labels):  # noqa: ANN001, ANN201
+        t = self.trainer
+        leaf = acts[0].clone().requires_grad_(True)
+        t.server.train()
+        t.optimizer.zero_grad(set_to_none=True)
+        loss = nn.functional.cross_entropy(t.server(leaf), labels[0])
+        loss.backward()
+        t.optimizer.step()
+        return float(loss.detach()), {agents[0]: leaf.grad}
+
+
+class _ScalaFamily(SplitMethod):
+    """SCALA and its ablations: concatenated activations, logit adjustment (scala-icml §3)."""
+
+    step_fn: ClassVar[Any]
+
+    def server_update(self, agents, acts, labels):  # noqa: ANN001, ANN201
+        t = self.trainer
+        loss, grads = type(self).step_fn(t.server, acts, labels, self.num_classes, t.optimizer)
+        return loss, dict(zip(agents, grads, strict=True))
+
+
+class SCALA(_ScalaFamily):
+    name = "scala"
+    step_fn = staticmethod(scala_math.scala_server_step)
+
+
+class CASFL(_ScalaFamily):
+    name = "ca-sfl"
+    step_fn = staticmethod(scala_math.ca_sfl_server_step)
+
+
+class LLASFL(_ScalaFamily):
+    name = "lla-sfl"
+    step_fn = staticmethod(scala_math.lla_sfl_server_step)
+
+
+class FedAvg(Method):
+    """FedAvg: the whole model trains on each device for T local steps; client and server
+    parts are averaged (weights |D_k|) at round end."""
+
+    name = "fedavg"
+
+    def run_round(self, selected: list[str]) -> float | None:
+        t = self.trainer
+        live = t.live(selected)
+        global_state = {**t.global_client, **to_arrays(t.server, "server")}
+        if t.round > 0:
+            live = t.push(live, global_state)
+        batches = t.batches(live)
+        commands = {a: Command(Kind.TRAIN.value, {"target": "full", "batch": batches[a],
+                                                  "steps": t.settings.local_steps,
+                                                  "lr": t.settings.lr}) for a in live}
+        with t.timed("local_train"):
+            out = t._note(t.engine.send_and_receive(commands, round=t.round,
+                                                    deadline_s=t.settings.deadline_s))
+        for agent, reply in out.replies.items():
+            t.full_samples[agent] += int(reply.meta["samples"])
+        states = t.pull(out.agents, ("client", "server"))
+        t.release(out.agents)
+        if states:
+            with t.timed("aggregate"):
+                merged = fedavg(states, t.sizes(sorted(states)))
+            t.global_client = {k: v for k, v in merged.items() if k.startswith("client/")}
+            load_strict(t.server, from_arrays(merged, "server"), "server average")
+        losses = [r.meta["loss"] for r in out.replies.values()]
+        return float(np.mean(losses)) if losses else None
+
+
+METHODS: dict[str, type[Method]] = {m.name: m for m in (
+    FedAvg, SplitFedV1, SplitFedV2, PSL, SCALA, CASFL, LLASFL, GAPSL)}
+
+
+def build_method(name: str, trainer: Trainer) -> Method:
+    """The method called `name` (the names used in configs, the CLI and reports)."""
+    if name not in METHODS:
+        raise ConfigError(f"unknown algorithm {name!r}; choose from {', '.join(METHODS)}")
+    return METHODS[name](trainer)

@@ -1,0 +1,295 @@
+"""The training driver: rounds of a method over any engine, with evaluation and metrics.
+
+Per round it selects a seeded fraction of eligible agents, makes sure they hold the bundle,
+lets the method run its T local iterations, evaluates on the held-out test split (which
+never leaves the coordinator) and writes one JSON line: top-1 and balanced accuracy,
+per-class accuracy, loss, bytes up/down per message kind (training and evaluation apart),
+device GFLOPs per agent (from the cost model and the samples each agent processed) and wall
+time per phase.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from jetsplit.bundle import Bundle, load_bundle
+from jetsplit.data import ArrayDataset
+from jetsplit.models import ZOO_VERSION
+from jetsplit.models.weights import from_arrays, load_strict, to_arrays
+from jetsplit.protocol import Kind
+from server.engine import Command, Engine, Outcome
+from server.evaluation import Evaluation, evaluate, summarize
+
+log = logging.getLogger("jetsplit.coordinator")
+Arrays = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How to train; names follow DESIGN.md (T local iterations, fraction r, total batch B)."""
+
+    algorithm: str = "psl"
+    rounds: int = 10
+    local_steps: int = 10
+    fraction: float = 1.0
+    batch: int = 64  # B: per iteration over all selected agents, B_k ∝ |D_k|
+    lr: float = 0.01
+    seed: int = 0
+    deadline_s: float = 60.0
+    bundle_deadline_s: float = 300.0
+    codec: str = "fp32"
+    compression: str = "none"
+    # GAPSL (gapsl.txt §III): selection-ratio bounds, alignment weight λ, threshold width η.
+    k_min: float = 0.2
+    k_max: float = 0.8
+    lam: float = 5e-4
+    eta: float = 1.0
+
+
+class Trainer:
+    """Shared machinery the methods use: exchanges, weights, timing, FLOP and byte books."""
+
+    def __init__(self, engine: Engine, archive: Path, settings: Settings, test: ArrayDataset,
+                 *, bundle: Bundle | None = None) -> None:
+        from server.coordinator import BundleShipper
+
+        self.engine, self.settings, self.test = engine, settings, test
+        self.bundle = bundle or load_bundle(archive)
+        self.shipper = BundleShipper(engine, archive, lr=settings.lr,
+                                     deadline_s=settings.bundle_deadline_s)
+        self.server: nn.Module = self.bundle.server_module()
+        self.optimizer = torch.optim.SGD(self.server.parameters(), lr=settings.lr)
+        self.global_client: Arrays = to_arrays(self.bundle.client_module(), "client")
+        self.rng = np.random.default_rng(settings.seed)
+        self.phases: dict[str, float] = defaultdict(float)
+        self.fwd_samples: dict[str, int] = defaultdict(int)
+        self.bwd_samples: dict[str, int] = defaultdict(int)
+        self.full_samples: dict[str, int] = defaultdict(int)
+        self.missed: dict[str, str] = {}
+        self.round = 0
+        self._flops = self._per_sample_flops()
+
+    # ------------------------------------------------------------------ books
+
+    def _per_sample_flops(self) -> dict[str, float]:
+        from export.cost_model import client_block, get_costs, server_block
+
+        spec, k = self.bundle.spec, self.bundle.split
+        costs = get_costs(spec.name, spec.input_shape, spec.num_classes)
+        client = client_block(costs, k)
+        server = server_block(costs, k, input_grad=False)
+        return {"fwd": client.fwd_flops, "bwd": client.bwd_flops,
+                "full": client.train_flops + server.train_flops}
+
+    def device_gflops(self) -> dict[str, float]:
+        agents = sorted(set(self.fwd_samples) | set(self.bwd_samples) | set(self.full_samples))
+        return {a: (self.fwd_samples[a] * self._flops["fwd"]
+                    + self.bwd_samples[a] * self._flops["bwd"]
+                    + self.full_samples[a] * self._flops["full"]) / 1e9 for a in agents}
+
+    @contextlib.contextmanager
+    def timed(self, phase: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phases[phase] += time.perf_counter() - started
+
+    def _note(self, outcome: Outcome) -> Outcome:
+        self.missed.update(outcome.missed)
+        return outcome
+
+    # ------------------------------------------------------------------ selection
+
+    def sizes(self, agents: list[str]) -> dict[str, int]:
+        """|D_k| as each agent registered it (FedAvg weights, batch shares)."""
+        return {a: int(self.engine.registry.registration(a)["dataset"]["size"]) for a in agents}
+
+    def batches(self, agents: list[str]) -> dict[str, int]:
+        """B_k = B·|D_k| / Σ_j |D_j| (at least 1): SCALA's size-proportional batches."""
+        sizes = self.sizes(agents)
+        total = sum(sizes.values()) or 1
+        return {a: max(1, round(self.settings.batch * sizes[a] / total)) for a in agents}
+
+    def live(self, agents: list[str]) -> list[str]:
+        """The selected agents not known to be offline, with the bundle installed."""
+        registry = self.engine.registry
+        online = [a for a in agents if registry.state(a) != "offline"]
+        return self.shipper.ensure(online, self.round)
+
+    def select(self) -> list[str]:
+        pool = self.engine.registry.eligible(zoo_version=ZOO_VERSION)
+        if not pool:
+            return []
+        count = max(1, min(len(pool), round(self.settings.fraction * len(pool))))
+        return sorted(str(a) for a in self.rng.choice(pool, size=count, replace=False))
+
+    # ------------------------------------------------------------------ exchanges
+
+    def forward(self, batches: dict[str, int], step: int) -> Outcome:
+        s = self.settings
+        commands = {a: Command(Kind.FORWARD.value, {"batch": b, "codec": s.codec,
+                                                    "compression": s.compression})
+                    for a, b in batches.items()}
+        with self.timed("forward"):
+            out = self._note(self.engine.send_and_receive(
+                commands, round=self.round, step=step, deadline_s=s.deadline_s))
+        for agent, reply in out.replies.items():
+            self.fwd_samples[agent] += int(len(reply.tensors["labels"]))
+        return out
+
+    def backward(self, grads: dict[str, torch.Tensor], step: int) -> Outcome:
+        s = self.settings
+        commands = {a: Command(Kind.BACKWARD.value, {},
+                               {"grad": g.detach().contiguous().numpy()}, codec=s.codec,
+                               compression=s.compression) for a, g in grads.items()}
+        with self.timed("backward"):
+            out = self._note(self.engine.send_and_receive(
+                commands, round=self.round, step=step, deadline_s=s.deadline_s))
+        for agent in out.replies:
+            self.bwd_samples[agent] += int(grads[agent].shape[0])
+        return out
+
+    def push(self, agents: list[str], arrays: Arrays) -> list[str]:
+        """Install `arrays` (client/…, server/… names) on agents; returns who has them."""
+        if not agents:
+            return []
+        with self.timed("distribute"):
+            out = self._note(self.engine.broadcast(
+                Command(Kind.SET_WEIGHTS.value, {}, arrays), agents, round=self.round,
+                deadline_s=self.settings.deadline_s))
+        return out.agents
+
+    def pull(self, agents: list[str], blocks: tuple[str, ...] = ("client",)) -> dict[str, Arrays]:
+        if not agents:
+            return {}
+        with self.timed("collect"):
+            out = self._note(self.engine.broadcast(
+                Command(Kind.GET_WEIGHTS.value, {"blocks": list(blocks)}), agents,
+                round=self.round, deadline_s=self.settings.deadline_s))
+        return {a: r.tensors for a, r in out.replies.items()}
+
+    def release(self, agents: list[str]) -> None:
+        """Agents whose block was just averaged away free it (memory on small devices; in
+        simulations, at most the active clients hold blocks)."""
+        if agents:
+            self._note(self.engine.broadcast(Command(Kind.RELEASE.value), agents,
+                                             round=self.round,
+                                             deadline_s=self.settings.deadline_s))
+
+    # ------------------------------------------------------------------ evaluation
+
+    def composed(self, client: Arrays, server: nn.Module | None = None) -> nn.Module:
+        """client∘server as one module, with the client block's weights from `client`."""
+        block = self.bundle.client_module()
+        load_strict(block, from_arrays(client, "client"), "client weights")
+        return nn.Sequential(*block.children(), *(server or self.server).children())
+
+    def evaluate_global(self) -> dict[str, Any]:
+        return evaluate(self.composed(self.global_client), self.test).as_dict()
+
+    def evaluate_each(self, states: dict[str, Arrays]) -> dict[str, Any]:
+        results: list[Evaluation] = [evaluate(self.composed(states[a]), self.test)
+                                     for a in sorted(states)]
+        return summarize(results) if results else {}
+
+
+def run_training(
+    engine: Engine,
+    archive: Path,
+    settings: Settings,
+    test: ArrayDataset,
+    out_dir: Path,
+    *,
+    on_round: Callable[[dict[str, Any]], None] | None = None,
+    bundle: Bundle | None = None,
+) -> dict[str, Any]:
+    """Train `settings.algorithm` for `settings.rounds` rounds; returns the summary."""
+    from server.algorithms.methods import build_method
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(settings.seed)
+    trainer = Trainer(engine, archive, settings, test, bundle=bundle)
+    method = build_method(settings.algorithm, trainer)
+    started = time.perf_counter()
+    rows: list[dict[str, Any]] = []
+    with (out_dir / "metrics.jsonl").open("w") as metrics:
+        for round_ in range(settings.rounds):
+            trainer.round = round_
+            trainer.phases.clear()
+            trainer.fwd_samples.clear()
+            trainer.bwd_samples.clear()
+            trainer.full_samples.clear()
+            trainer.missed = {}
+            round_started = time.perf_counter()
+            before = engine.counters.by_kind()
+            selected = trainer.select()
+            loss = method.run_round(selected)
+            train_bytes = _delta(engine.counters.by_kind(), before)
+            with trainer.timed("evaluate"):
+                before_eval = engine.counters.by_kind()
+                scores = method.evaluate()
+                eval_bytes = _delta(engine.counters.by_kind(), before_eval)
+            row = {
+                "round": round_, "algorithm": settings.algorithm, "selected": selected,
+                "missed": dict(sorted(trainer.missed.items())), "train_loss": loss, **scores,
+                "bytes_up": sum(train_bytes["up"].values()),
+                "bytes_down": sum(train_bytes["down"].values()),
+                "bytes_by_kind": train_bytes, "eval_bytes": eval_bytes,
+                "bytes_up_total": engine.counters.total("up"),
+                "bytes_down_total": engine.counters.total("down"),
+                "device_gflops": trainer.device_gflops(),
+                "phases_s": {k: round(v, 4) for k, v in sorted(trainer.phases.items())},
+                "seconds": time.perf_counter() - round_started,
+            }
+            rows.append(row)
+            metrics.write(json.dumps(row) + "\n")
+            metrics.flush()
+            log.info("round %d/%d %s: accuracy %.4f (balanced %.4f), train loss %.4f, "
+                     "%d agents, up %.2f MB, down %.2f MB", round_ + 1, settings.rounds,
+                     settings.algorithm, row["accuracy"], row["balanced_accuracy"],
+                     float("nan") if loss is None else loss, len(selected),
+                     row["bytes_up"] / 1e6, row["bytes_down"] / 1e6)
+            if on_round is not None:
+                on_round(row)
+    last = rows[-1]
+    gflops: dict[str, float] = defaultdict(float)
+    for row in rows:
+        for agent, value in row["device_gflops"].items():
+            gflops[agent] += value
+    summary = {
+        "algorithm": settings.algorithm, "rounds": settings.rounds, "run": engine.run_id,
+        "final_accuracy": last["accuracy"], "balanced_accuracy": last["balanced_accuracy"],
+        "final_accuracy_std": last.get("accuracy_std"),
+        "bytes_up": sum(r["bytes_up"] for r in rows),
+        "bytes_down": sum(r["bytes_down"] for r in rows),
+        "device_gflops": float(sum(gflops.values())),
+        "device_gflops_per_agent": dict(sorted(gflops.items())),
+        "seconds": time.perf_counter() - started,
+        "bundle_sha256": trainer.shipper.sha256,
+        "settings": settings.__dict__,
+        "agents": engine.registry.snapshot(),
+        "missed": [m.__dict__ for m in engine.registry.missed],
+        "bytes": engine.counters.snapshot(),
+    }
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    method.save(out_dir)
+    return summary
+
+
+def _delta(after: dict[str, dict[str, int]], before: dict[str, dict[str, int]]
+           ) -> dict[str, dict[str, int]]:
+    return {d: {k: v - before[d].get(k, 0) for k, v in sorted(after[d].items())
+                if v - before[d].get(k, 0)} for d in ("up", "down")}
