@@ -3,8 +3,9 @@
 1. Codec throughput: `encode_message` / `decode_message` MB/s (of the fp32 source bytes) for
    fp32, fp16, bf16 and int8, each with no compression, lz4 and zstd, on AlexNet-size
    activations, with the encoded size relative to raw fp32. Best of N with perf_counter.
-2. Per-step overhead of the MQTT engine over the in-process engine: `split_step` with real
-   agent processes (`jetsplit agent run`, one torch thread each) behind a private Mosquitto,
+2. Per-step overhead of the MQTT engine over the in-process engine: one PSL iteration
+   (`server.algorithms.methods.PSL.iterate`) with real agent processes (`jetsplit agent
+   run`, one torch thread each) behind a private Mosquitto,
    against the same agents as in-process `AgentWorker`s, steps interleaved in one run (goal:
    MQTT / in-process <= 1.15). Both engines start from the same bundle, data shards and
    seeds, so their losses must agree step by step; the benchmark checks that too. A median
@@ -43,16 +44,15 @@ import torch
 from edge_agent.config import AgentConfig, DataSection
 from edge_agent.setup import build_worker
 from export.bundle_writer import write_bundle
-from jetsplit.bundle import load_bundle
 from jetsplit.models import ModelSpec, build_model, split
 from jetsplit.transport.mqtt import EndpointOptions, MqttEndpoint
 from jetsplit.wire import CODECS, COMPRESSIONS, Message, MessageType, decode_message, encode_message
+from server.algorithms.methods import PSL
 from server.brokers import EmbeddedBroker, MosquittoProcess
-from server.config import ServerConfig
 from server.coordinator import BundleShipper
 from server.engine import Command, InProcessEngine, Outcome
 from server.mqtt_engine import MqttEngine
-from server.split_step import split_step
+from server.training import Settings, Trainer
 
 FLEET = "bench"
 MODEL = ModelSpec("alexnet", (3, 32, 32), 10)
@@ -226,7 +226,7 @@ def bench_engines(agents: int, steps: int, warmup: int, batch: int, codec: str,
     workdir = Path(tempfile.mkdtemp(prefix="run-", dir=workdir))
     configs = [agent_config(i, agents, dataset, workdir / "agent-state") for i in range(agents)]
     info: dict[str, Any] = {"bundle_mb": archive.stat().st_size / 1e6}
-    cfg = ServerConfig()
+    lr = 0.01
 
     # In-process: the same configs, other state dirs, torch at 1 thread (build_worker sets it).
     compute: list[float] = []
@@ -250,16 +250,17 @@ def bench_engines(agents: int, steps: int, warmup: int, batch: int, codec: str,
                 raise SystemExit(f"only {len(online)}/{agents} agents registered (exited: "
                                  f"{dead})\n{_log_tails(workdir)}")
             t0 = time.perf_counter()
-            ready = BundleShipper(remote, archive, cfg).ensure(online)
+            ready = BundleShipper(remote, archive, lr=lr, deadline_s=600).ensure(online)
             info["ship_mqtt_s"] = time.perf_counter() - t0
             t0 = time.perf_counter()
-            ready_local = BundleShipper(local, archive, cfg).ensure(local.online())
+            ready_local = BundleShipper(local, archive, lr=lr, deadline_s=600).ensure(
+                local.online())
             info["ship_local_s"] = time.perf_counter() - t0
             if len(ready) < agents or len(ready_local) < agents:
                 raise SystemExit(f"bundle installed on {len(ready)} MQTT and "
                                  f"{len(ready_local)} in-process agents of {agents}\n"
                                  f"{_log_tails(workdir)}")
-            info["rows"] = _interleaved_steps(local, remote, archive, cfg.train.lr, ready,
+            info["rows"] = _interleaved_steps(local, remote, archive, lr, ready,
                                               steps, warmup, batch, codec, compute)
             info["status_ms"] = _status_round_trips(local, remote, ready, max(steps, 5))
             info["bytes_mqtt"] = remote.counters.by_kind()
@@ -274,27 +275,29 @@ def _interleaved_steps(local: InProcessEngine, remote: MqttEngine, archive: Path
                        compute: list[float]) -> list[dict[str, Any]]:
     """Step s on both engines back to back, alternating which goes first."""
     sides = {}
+    test = next(iter(local.workers.values())).data  # any labelled set: PSL needs no test here
     for name, engine in (("inproc", local), ("mqtt", remote)):
-        server = load_bundle(archive).server_module()
-        sides[name] = (TimedEngine(engine), server,
-                       torch.optim.SGD(server.parameters(), lr=lr))
+        timed = TimedEngine(engine)
+        settings = Settings(algorithm="psl", batch=batch * len(agents), lr=lr, codec=codec,
+                            deadline_s=120)
+        sides[name] = (timed, PSL(Trainer(timed, archive, settings, test)))  # type: ignore[arg-type]
     rows = []
     for s in range(warmup + steps):
         order = ("inproc", "mqtt") if s % 2 == 0 else ("mqtt", "inproc")
         row: dict[str, Any] = {"step": s, "warmup": s < warmup}
         for name in order:
-            timed, server, optimizer = sides[name]
+            timed, method = sides[name]
             timed.calls = []
             compute.clear()
+            method.trainer.missed = {}
             t0 = time.perf_counter()
-            rep = split_step(timed, server, optimizer, dict.fromkeys(agents, batch), round=0,
-                             step=s, deadline_s=120, codec=codec)
+            loss = method.iterate(agents, s)  # one PSL iteration: forward, server, backward
             total = time.perf_counter() - t0
-            if rep.missed or len(rep.agents) != len(agents):
-                raise SystemExit(f"{name} step {s}: missed {rep.missed}")
+            if method.trainer.missed or loss is None:
+                raise SystemExit(f"{name} step {s}: missed {method.trainer.missed}")
             fwd, bwd = timed.calls
             row[name] = {"total": total, "engine": fwd + bwd, "fwd": fwd, "bwd": bwd,
-                         "loss": rep.loss,
+                         "loss": loss,
                          "agent": sum(compute) if name == "inproc" else None}
         rows.append(row)
     return rows
@@ -303,7 +306,7 @@ def _interleaved_steps(local: InProcessEngine, remote: MqttEngine, archive: Path
 def _status_round_trips(local: InProcessEngine, remote: MqttEngine, agents: list[str],
                         rounds: int) -> dict[str, float]:
     """Median ms of one `status` exchange with every agent (one command each, as
-    split_step sends them): the engine's round trip with next to no agent compute."""
+    a PSL iteration sends them): the engine's round trip with next to no agent compute."""
     times: dict[str, list[float]] = {"inproc": [], "mqtt": []}
     for i in range(rounds + 1):
         for name, engine in (("inproc", local), ("mqtt", remote)):
@@ -389,7 +392,7 @@ def _ms(values: list[float]) -> tuple[float, float]:
 def print_engines(info: dict[str, Any], agents: int, batch: int, codec: str,
                   aux_ratio: float | None) -> None:
     rows = [r for r in info["rows"] if not r["warmup"]]
-    print(f"\n# 2. engines: split_step per step, MQTT engine (Mosquitto, {agents} "
+    print(f"\n# 2. engines: PSL iteration per step, MQTT engine (Mosquitto, {agents} "
           f"`jetsplit agent run` processes, 1 torch thread each) vs in-process engine "
           f"({agents} AgentWorkers run one after another); {MODEL.name} split {SPLIT}, aux head "
           f"{'none' if aux_ratio is None else aux_ratio}, batch {batch} per agent, codec "
@@ -458,10 +461,10 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps (default 3)")
     parser.add_argument("--agents", type=int, default=None, help="default 8 (--quick: 4)")
     parser.add_argument("--batch", type=int, default=32, help="samples per agent per step")
-    parser.add_argument("--codec", default="fp32", choices=CODECS, help="split_step codec")
+    parser.add_argument("--codec", default="fp32", choices=CODECS, help="activation/gradient codec")
     parser.add_argument("--aux", type=float, default=None,
                         help="aux head ratio in the bundle (default: no aux head; "
-                             "split_step does not use it)")
+                             "PSL does not use it)")
     parser.add_argument("--repeats", type=int, default=None, help="codec best-of-N")
     parser.add_argument("--broker-mb", type=int, default=None, help="MB through each broker")
     parser.add_argument("--message-mb", type=int, default=4)
