@@ -56,6 +56,8 @@ def run(
             summary = run_training(engine, archive, cfg.settings(), test, out_dir)
     finally:
         engine.close()
+    accuracy = summary["final_accuracy"]
     typer.echo(f"{summary['algorithm']}: {summary['rounds']} rounds with {len(online)} agents "
-               f"in {summary['seconds']:.1f}s, final accuracy {summary['final_accuracy']:.4f}; "
+               f"in {summary['seconds']:.1f}s, final accuracy "
+               f"{'n/a' if accuracy is None else f'{accuracy:.4f}'}; "
                f"metrics and summary in {out_dir}")

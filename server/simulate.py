@@ -121,7 +121,8 @@ def simulate_command(
     if as_json:
         typer.echo(json.dumps(short))
     else:
-        typer.echo(f"{algorithm}: final accuracy {summary['final_accuracy']:.4f} (balanced "
-                   f"{summary['balanced_accuracy']:.4f}), up {summary['bytes_up'] / 1e6:.1f} MB,"
+        acc, bal = summary["final_accuracy"], summary["balanced_accuracy"]
+        typer.echo(f"{algorithm}: final accuracy {acc:.4f} (balanced {bal:.4f}), "
+                   f"up {summary['bytes_up'] / 1e6:.1f} MB,"
                    f" down {summary['bytes_down'] / 1e6:.1f} MB, device "
                    f"{summary['device_gflops']:.1f} GFLOPs; metrics in {out_dir}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -34,6 +35,7 @@ from server.evaluation import Evaluation, evaluate, summarize
 
 log = logging.getLogger("jetsplit.coordinator")
 Arrays = dict[str, np.ndarray]
+REJOIN_GRACE_S = 3.0  # after an outage, how long to wait for the rest of the fleet
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,7 @@ class Trainer:
         self.full_samples: dict[str, int] = defaultdict(int)
         self.missed: dict[str, str] = {}
         self.round = 0
+        self._last_pool = 0
         self._flops = self._per_sample_flops()
 
     # ------------------------------------------------------------------ books
@@ -130,7 +133,18 @@ class Trainer:
         return self.shipper.ensure(online, self.round)
 
     def select(self) -> list[str]:
-        pool = self.engine.registry.eligible(zoo_version=ZOO_VERSION)
+        """A seeded fraction of the eligible agents. When none is online (say, a broker
+        restart sent every last will), wait up to the step deadline for them to return,
+        then briefly for the rest of the previous round's pool."""
+        registry = self.engine.registry
+        pool = registry.eligible(zoo_version=ZOO_VERSION)
+        if not pool:
+            log.warning("no eligible agent online; waiting up to %.0fs",
+                        self.settings.deadline_s)
+            registry.wait_for(1, self.settings.deadline_s)
+            registry.wait_for(self._last_pool, REJOIN_GRACE_S)
+            pool = registry.eligible(zoo_version=ZOO_VERSION)
+        self._last_pool = len(pool)
         if not pool:
             return []
         count = max(1, min(len(pool), round(self.settings.fraction * len(pool))))
@@ -203,7 +217,9 @@ class Trainer:
     def evaluate_each(self, states: dict[str, Arrays]) -> dict[str, Any]:
         results: list[Evaluation] = [evaluate(self.composed(states[a]), self.test)
                                      for a in sorted(states)]
-        return summarize(results) if results else {}
+        if not results:  # nobody reachable to evaluate: say so rather than guess
+            return {"accuracy": None, "balanced_accuracy": None}
+        return summarize(results)
 
 
 def run_training(
@@ -259,7 +275,8 @@ def run_training(
             metrics.flush()
             log.info("round %d/%d %s: accuracy %.4f (balanced %.4f), train loss %.4f, "
                      "%d agents, up %.2f MB, down %.2f MB", round_ + 1, settings.rounds,
-                     settings.algorithm, row["accuracy"], row["balanced_accuracy"],
+                     settings.algorithm, _or_nan(row["accuracy"]),
+                     _or_nan(row["balanced_accuracy"]),
                      float("nan") if loss is None else loss, len(selected),
                      row["bytes_up"] / 1e6, row["bytes_down"] / 1e6)
             if on_round is not None:
@@ -287,6 +304,10 @@ def run_training(
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     method.save(out_dir)
     return summary
+
+
+def _or_nan(value: float | None) -> float:
+    return math.nan if value is None else value
 
 
 def _delta(after: dict[str, dict[str, int]], before: dict[str, dict[str, int]]
