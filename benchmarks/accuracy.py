@@ -36,7 +36,7 @@ def main() -> int:
     parser.add_argument("--fraction", type=float, default=0.5)
     parser.add_argument("--partition", default="quantity:2")
     parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--model", default="alexnet")
     parser.add_argument("--split", type=int, default=2)
     parser.add_argument("--dataset", default="mnist")

@@ -254,6 +254,8 @@ def run_training(
             selected = trainer.select()
             loss = method.run_round(selected)
             train_bytes = _delta(engine.counters.by_kind(), before)
+            # Installing the bundle is setup, not training: reported apart.
+            setup_bytes = sum(train_bytes[d].pop(Kind.BUNDLE.value, 0) for d in ("up", "down"))
             with trainer.timed("evaluate"):
                 before_eval = engine.counters.by_kind()
                 scores = method.evaluate()
@@ -264,6 +266,7 @@ def run_training(
                 "bytes_up": sum(train_bytes["up"].values()),
                 "bytes_down": sum(train_bytes["down"].values()),
                 "bytes_by_kind": train_bytes, "eval_bytes": eval_bytes,
+                "bundle_bytes": setup_bytes,
                 "bytes_up_total": engine.counters.total("up"),
                 "bytes_down_total": engine.counters.total("down"),
                 "device_gflops": trainer.device_gflops(),
@@ -292,6 +295,7 @@ def run_training(
         "final_accuracy_std": last.get("accuracy_std"),
         "bytes_up": sum(r["bytes_up"] for r in rows),
         "bytes_down": sum(r["bytes_down"] for r in rows),
+        "bundle_bytes": sum(r["bundle_bytes"] for r in rows),
         "device_gflops": float(sum(gflops.values())),
         "device_gflops_per_agent": dict(sorted(gflops.items())),
         "seconds": time.perf_counter() - started,
