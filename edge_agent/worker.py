@@ -150,6 +150,11 @@ class AgentWorker:
         return self._modules[name]
 
     @property
+    def holds_blocks(self) -> bool:
+        """Whether any block is in memory (a simulation reports how many agents do)."""
+        return bool(self._modules)
+
+    @property
     def client(self) -> nn.Sequential | None:
         return self._block("client")  # type: ignore[return-value]
 

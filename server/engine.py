@@ -130,6 +130,7 @@ class InProcessEngine(Engine):
         self._respond = respond
         self.workers = dict(sorted(workers.items()))
         self._seq = itertools.count(1)
+        self.peak_agents_holding_blocks = 0
         for agent, worker in self.workers.items():
             self.registry.register(agent, worker.registration())
 
@@ -155,5 +156,7 @@ class InProcessEngine(Engine):
                 missed[agent] = f"error: {decoded.meta.get('error', '?')}"
                 continue
             replies[agent] = reply_from(agent, decoded, len(up))
+        holding = sum(1 for w in self.workers.values() if getattr(w, "holds_blocks", False))
+        self.peak_agents_holding_blocks = max(self.peak_agents_holding_blocks, holding)
         return self._finish(replies, missed, next(iter(commands.values())).kind
                             if commands else "", round, step)

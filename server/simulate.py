@@ -58,6 +58,7 @@ def simulate(
         engine = InProcessEngine(workers, run_id=out_dir.name or "simulation")
         summary = run_training(engine, report.tar_path, settings, test, out_dir)
     summary["peak_rss_mb"] = peak_rss_mb()
+    summary["peak_agents_holding_blocks"] = engine.peak_agents_holding_blocks
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 
