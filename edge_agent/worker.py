@@ -283,12 +283,17 @@ class AgentWorker:
         self._client_changed()
         return Result()
 
-    def _do_train(self, args: TrainArgs, round_: int, step: int, tensors: Tensors) -> Result:
+    def _head(self, target: str) -> nn.Module:
+        """What sits on the client block for local work: the aux head or the server block."""
         self._require_bundle()
-        assert self.client is not None
-        head = self.aux if args.target == "aux" else self.server
+        head = self.aux if target == "aux" else self.server
         if head is None:
             raise ProtocolError("this bundle has no auxiliary head")
+        return head
+
+    def _do_train(self, args: TrainArgs, round_: int, step: int, tensors: Tensors) -> Result:
+        head = self._head(args.target)
+        assert self.client is not None
         optimizer = self._optimizer(args.target)
         if args.lr is not None:
             for group in optimizer.param_groups:
@@ -308,11 +313,8 @@ class AgentWorker:
         return Result(meta={"loss": total / seen, "samples": seen})
 
     def _do_eval(self, args: EvalArgs, round_: int, step: int, tensors: Tensors) -> Result:
-        self._require_bundle()
+        head = self._head(args.target)
         assert self.client is not None
-        head = self.aux if args.target == "aux" else self.server
-        if head is None:
-            raise ProtocolError("this bundle has no auxiliary head")
         correct, loss_sum = 0, 0.0
         with eval_mode(self.client), eval_mode(head), torch.no_grad():
             for start in range(0, len(self.data), args.batch):

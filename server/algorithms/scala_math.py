@@ -113,6 +113,20 @@ def _server_params(server: nn.Module) -> list[nn.Parameter]:
     return [p for p in server.parameters() if p.requires_grad]
 
 
+def _finish(server: nn.Module, optimizer: torch.optim.Optimizer, server_loss: torch.Tensor,
+            client_losses: Sequence[torch.Tensor], leaves: Sequence[torch.Tensor]
+            ) -> tuple[float, list[torch.Tensor]]:
+    """Client gradients first (w_s^t, eq 9), then the server update from `server_loss`."""
+    grads = torch.autograd.grad(torch.stack(list(client_losses)).sum(), list(leaves),
+                                retain_graph=True)
+    optimizer.zero_grad(set_to_none=True)
+    params = _server_params(server)
+    if params:
+        torch.autograd.backward(server_loss, inputs=params)
+    optimizer.step()
+    return float(server_loss.detach()), [g.detach() for g in grads]
+
+
 def _concatenated_step(server: nn.Module, activations: Sequence[torch.Tensor],
                        labels: Sequence[torch.Tensor], num_classes: int,
                        optimizer: torch.optim.Optimizer, *, adjust: bool, tau: float,
@@ -145,13 +159,7 @@ def _concatenated_step(server: nn.Module, activations: Sequence[torch.Tensor],
         server_loss = F.cross_entropy(logits, y)
         client_losses = [F.cross_entropy(s, t) for s, t in
                          zip(logits.split(sizes), y.split(sizes), strict=True)]
-    grads = torch.autograd.grad(torch.stack(client_losses).sum(), leaves, retain_graph=True)
-    optimizer.zero_grad(set_to_none=True)
-    params = _server_params(server)
-    if params:
-        torch.autograd.backward(server_loss, inputs=params)
-    optimizer.step()
-    return float(server_loss.detach()), [g.detach() for g in grads]
+    return _finish(server, optimizer, server_loss, client_losses, leaves)
 
 
 def scala_server_step(server: nn.Module, activations: list[torch.Tensor],
@@ -217,12 +225,6 @@ def lla_sfl_server_step(server: nn.Module, activations: list[torch.Tensor],
     priors = _client_priors(ys, num_classes, logits[0], client_priors)
     losses = [logit_adjusted_ce(s, t, p, tau) for s, t, p in
               zip(logits, ys, priors, strict=True)]
-    grads = torch.autograd.grad(torch.stack(losses).sum(), leaves, retain_graph=True)
     server_loss = torch.stack([loss * (a.shape[0] / total)
                                for loss, a in zip(losses, leaves, strict=True)]).sum()
-    optimizer.zero_grad(set_to_none=True)
-    params = _server_params(server)
-    if params:
-        torch.autograd.backward(server_loss, inputs=params)
-    optimizer.step()
-    return float(server_loss.detach()), [g.detach() for g in grads]
+    return _finish(server, optimizer, server_loss, losses, leaves)
