@@ -131,3 +131,36 @@ def test_example_configs_stay_valid() -> None:
     server = load_server_config(root / "server.toml")
     assert agent.mqtt.address().tls and agent.mqtt.address().username == "nano-01"
     assert server.fleet == agent.fleet and server.train.deadline_s == 60
+
+
+def test_a_slow_agent_misses_the_step_at_its_deadline(worker: AgentWorker,
+                                                       mosquitto: MosquittoProcess) -> None:
+    """Alive but too slow: dropped from that step as `deadline`, recorded; its late answer
+    is counted and ignored; the next step it answers in time is used again."""
+    handle = worker.handle
+    delays = iter([2.5])
+
+    def slow(*args: object, **kwargs: object):  # noqa: ANN202
+        time.sleep(next(delays, 0.0))
+        return handle(*args, **kwargs)
+
+    worker.handle = slow  # type: ignore[method-assign]
+    daemon = AgentDaemon(worker, mosquitto.address, "slow")
+    for _ in _serve(daemon):
+        engine = MqttEngine(mosquitto.address, "slow", run_id="slow").start()
+        try:
+            assert engine.wait_for_agents(1, 30) == ["solo"]
+            started = time.monotonic()
+            out = engine.send_and_receive({"solo": Command("status")}, round=1, step=4,
+                                          deadline_s=1.0)
+            assert time.monotonic() - started < 2.0
+            assert out.replies == {} and out.missed == {"solo": "deadline"}
+            missed = engine.registry.missed[-1]
+            assert (missed.agent, missed.round, missed.step, missed.reason) == (
+                "solo", 1, 4, "deadline")
+            assert engine.registry.snapshot()[0]["stragglers"] == 1
+            out = engine.send_and_receive({"solo": Command("status")}, deadline_s=20)
+            assert out.agents == ["solo"]
+            assert engine.late_replies == 1
+        finally:
+            engine.close()
