@@ -15,6 +15,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import replace
 
+from edge_agent.service import SystemdNotifier
 from edge_agent.worker import AgentWorker, respond
 from jetsplit.broker_url import BrokerAddress
 from jetsplit.protocol import Kind
@@ -104,17 +105,27 @@ class AgentDaemon:
         self.endpoint.send(self.topics.up(self.agent), reply, codec=codec,
                            compression=compression)
 
-    def run(self, stop: threading.Event) -> None:
-        """Serve until `stop` is set; the endpoint retries the broker with backoff."""
+    def run(self, stop: threading.Event, notifier: SystemdNotifier | None = None) -> None:
+        """Serve until `stop` is set; the endpoint retries the broker with backoff. Under
+        systemd: READY=1 once serving, WATCHDOG=1 from this loop, STOPPING=1 at the end."""
+        notifier = notifier or SystemdNotifier()
         self.endpoint.start()
         log.info("agent %s serving fleet %s via %s", self.agent, self.topics.fleet,
                  self.endpoint.address.url())
+        notifier.ready(f"agent {self.agent} serving fleet {self.topics.fleet}")
         try:
             while not stop.is_set():
+                notifier.tick()
                 try:
-                    inbound = self.endpoint.inbox.get(timeout=0.5)
+                    inbound = self.endpoint.inbox.get(timeout=_poll_s(notifier))
                 except queue.Empty:
                     continue
                 self.handle(inbound)
         finally:
+            notifier.stopping()
             self.endpoint.close(final=(self.topics.presence(self.agent), self._offline))
+
+
+def _poll_s(notifier: SystemdNotifier) -> float:
+    """Wake often enough to keep the watchdog fed while idle."""
+    return min(0.5, notifier.interval_s or 0.5)
