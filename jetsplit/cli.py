@@ -40,6 +40,7 @@ def build_app() -> typer.Typer:
     )
     app.callback()(_root)
     from edge_agent.cli import app as agent_app
+    from edge_agent.doctor import doctor
     from export.cli import app as export_app
     from export.profile_cli import profile
     from server.broker_cli import broker
@@ -55,6 +56,8 @@ def build_app() -> typer.Typer:
     app.command("simulate", help="Simulate a fleet in one process (in-process engine).")(
         simulate_command
     )
+    app.command("doctor", help="What this device has: JetPack, CUDA, TensorRT, ONNX Runtime, "
+                "memory, broker.")(doctor)
     app.command("broker", help="Run an embedded MQTT broker on loopback (amqtt).")(broker)
     return app
 

@@ -1,0 +1,96 @@
+"""`jetsplit doctor`: what this device has, in one table (JetPack, CUDA, TensorRT, ONNX
+Runtime providers, torch, memory, broker reachability). Optional parts say "absent" in
+one line each; nothing here needs a GPU to run."""
+
+from __future__ import annotations
+
+import platform
+import re
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+Row = tuple[str, str, str]  # (check, value, verdict: ok | absent | problem)
+
+
+def jetpack_release(path: Path = Path("/etc/nv_tegra_release")) -> str | None:
+    """L4T release from the file every Jetson image carries (e.g. "R35 (release), REVISION:
+    4.1" → "L4T R35.4.1"); None elsewhere."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return None
+    match = re.search(r"R(\d+)\s*\(release\),\s*REVISION:\s*([\d.]+)", text)
+    return f"L4T R{match.group(1)}.{match.group(2)}" if match else text.splitlines()[0][:60]
+
+
+def checks(broker: str | None = None, wait_s: float = 5.0) -> list[Row]:
+    """Every row of the report, in display order."""
+    import psutil
+    import torch
+
+    from edge_agent.backends import detect_backends
+
+    found = detect_backends()
+    rows: list[Row] = [
+        ("machine", f"{platform.machine()}, Python {found['python']}", "ok"),
+    ]
+    jetpack = jetpack_release()
+    rows.append(("JetPack / L4T", jetpack or "not a Jetson", "ok" if jetpack else "absent"))
+    rows.append(("torch", str(found["torch"]), "ok"))
+    cuda = found["cuda"]
+    rows.append(("torch CUDA", f"{cuda} on {found['gpu']}" if cuda else
+                 "no CUDA device visible to torch", "ok" if cuda else "absent"))
+    trt = found["tensorrt"]
+    rows.append(("TensorRT", str(trt) if trt else "not installed", "ok" if trt else "absent"))
+    ort = found["onnxruntime"]
+    rows.append(("ONNX Runtime", f"{ort}: {', '.join(found['onnxruntime_providers'])}" if ort
+                 else "not installed (pip install onnxruntime)", "ok" if ort else "problem"))
+    memory = psutil.virtual_memory()
+    rows.append(("memory", f"{memory.available / 2**30:.1f} GiB available of "
+                 f"{memory.total / 2**30:.1f} GiB", "ok"))
+    rows.append(("CPU threads", f"{psutil.cpu_count()} logical, torch uses "
+                 f"{torch.get_num_threads()}", "ok"))
+    if broker:
+        rows.append(("broker", *_broker(broker, wait_s)))
+    return rows
+
+
+def _broker(url: str, wait_s: float) -> tuple[str, str]:
+    from jetsplit.broker_url import parse_broker_url
+    from jetsplit.errors import JetsplitError
+    from jetsplit.transport.mqtt import EndpointOptions, MqttEndpoint
+
+    try:
+        address = parse_broker_url(url)
+        endpoint = MqttEndpoint(address, f"jetsplit-doctor-{platform.node()}"[:64],
+                                EndpointOptions(connect_timeout_s=wait_s))
+        endpoint.start(wait_s=wait_s)
+    except JetsplitError as exc:
+        return str(exc), "problem"
+    protocol = endpoint.protocol
+    endpoint.close()
+    return f"{address.url()} reachable (MQTT {protocol})", "ok"
+
+
+def doctor(
+    broker: Annotated[str | None, typer.Option(
+        "--broker", help="Also check this broker: mqtt[s]://[user:pass@]host:port")] = None,
+    wait_s: Annotated[float, typer.Option("--wait", help="Seconds to wait for the broker.")
+                      ] = 5.0,
+) -> None:
+    """Report what this device has; exit 1 when something required is missing."""
+    from rich.console import Console
+    from rich.table import Table
+
+    rows = checks(broker, wait_s)
+    table = Table(title="jetsplit doctor", title_justify="left")
+    for column in ("check", "value", "status"):
+        table.add_column(column)
+    style = {"ok": "green", "absent": "yellow", "problem": "red"}
+    for name, value, verdict in rows:
+        table.add_row(name, value, f"[{style[verdict]}]{verdict}[/]")
+    Console().print(table)
+    if any(verdict == "problem" for _, _, verdict in rows):
+        raise typer.Exit(1)
