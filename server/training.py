@@ -110,7 +110,8 @@ class Trainer:
         finally:
             self.phases[phase] += time.perf_counter() - started
 
-    def _note(self, outcome: Outcome) -> Outcome:
+    def note(self, outcome: Outcome) -> Outcome:
+        """Remember who missed this exchange (for the round's report)."""
         self.missed.update(outcome.missed)
         return outcome
 
@@ -158,7 +159,7 @@ class Trainer:
                                                     "compression": s.compression})
                     for a, b in batches.items()}
         with self.timed("forward"):
-            out = self._note(self.engine.send_and_receive(
+            out = self.note(self.engine.send_and_receive(
                 commands, round=self.round, step=step, deadline_s=s.deadline_s))
         for agent, reply in out.replies.items():
             self.fwd_samples[agent] += int(len(reply.tensors["labels"]))
@@ -170,7 +171,7 @@ class Trainer:
                                {"grad": g.detach().contiguous().numpy()}, codec=s.codec,
                                compression=s.compression) for a, g in grads.items()}
         with self.timed("backward"):
-            out = self._note(self.engine.send_and_receive(
+            out = self.note(self.engine.send_and_receive(
                 commands, round=self.round, step=step, deadline_s=s.deadline_s))
         for agent in out.replies:
             self.bwd_samples[agent] += int(grads[agent].shape[0])
@@ -181,7 +182,7 @@ class Trainer:
         if not agents:
             return []
         with self.timed("distribute"):
-            out = self._note(self.engine.broadcast(
+            out = self.note(self.engine.broadcast(
                 Command(Kind.SET_WEIGHTS.value, {}, arrays), agents, round=self.round,
                 deadline_s=self.settings.deadline_s))
         return out.agents
@@ -190,7 +191,7 @@ class Trainer:
         if not agents:
             return {}
         with self.timed("collect"):
-            out = self._note(self.engine.broadcast(
+            out = self.note(self.engine.broadcast(
                 Command(Kind.GET_WEIGHTS.value, {"blocks": list(blocks)}), agents,
                 round=self.round, deadline_s=self.settings.deadline_s))
         return {a: r.tensors for a, r in out.replies.items()}
@@ -199,7 +200,7 @@ class Trainer:
         """Agents whose block was just averaged away free it (memory on small devices; in
         simulations, at most the active clients hold blocks)."""
         if agents:
-            self._note(self.engine.broadcast(Command(Kind.RELEASE.value), agents,
+            self.note(self.engine.broadcast(Command(Kind.RELEASE.value), agents,
                                              round=self.round,
                                              deadline_s=self.settings.deadline_s))
 

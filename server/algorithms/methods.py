@@ -304,7 +304,7 @@ class FedAvg(Method):
                                                   "steps": t.settings.local_steps,
                                                   "lr": t.settings.lr}) for a in live}
         with t.timed("local_train"):
-            out = t._note(t.engine.send_and_receive(commands, round=t.round,
+            out = t.note(t.engine.send_and_receive(commands, round=t.round,
                                                     deadline_s=t.settings.deadline_s))
         for agent, reply in out.replies.items():
             t.full_samples[agent] += int(reply.meta["samples"])
