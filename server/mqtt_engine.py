@@ -215,10 +215,17 @@ class MqttEngine(Engine):
                     self._pending[(agent, cmd)] = pending
                     mine.append(pending)
                     self.registry.set_state(agent, "busy")
-                topic = self.topics.down(live[0]) if len(live) == 1 else self.topics.down_all
-                sends.append((topic, message, command, live))
-        for topic, message, command, live in sends:
-            self._publish(topic, message, command, live)
+                # One publish on down/all only when it reaches nobody else: every agent
+                # subscribed to down/all downloads it, and device links are the scarce ones.
+                everyone = set(self.registry.registered()) - {
+                    a for a in self.registry.registered()
+                    if self.registry.state(a) == "offline"}
+                if len(live) > 1 and set(live) >= everyone:
+                    sends.append((self.topics.down_all, message, command, live))
+                else:
+                    sends.extend((self.topics.down(a), message, command, [a]) for a in live)
+        for topic, message, command, recipients in sends:
+            self._publish(topic, message, command, recipients)
         replies = self._wait(mine, missed, deadline_s)
         return self._finish(replies, missed, kind, round, step)
 

@@ -164,3 +164,34 @@ def test_a_slow_agent_misses_the_step_at_its_deadline(worker: AgentWorker,
             assert engine.late_replies == 1
         finally:
             engine.close()
+
+
+def test_a_broadcast_to_some_agents_reaches_only_them(mosquitto: MosquittoProcess) -> None:
+    """down/all is used only when every online agent is a recipient; otherwise each one gets
+    its own copy, so devices outside the selection download nothing."""
+    train, _ = load_dataset_split("digits", 0.2, 0)
+    daemons = [AgentDaemon(AgentWorker(f"b{i}", train.subset(range(32))), mosquitto.address,
+                           "bcast") for i in range(3)]
+    seen: dict[str, list[str]] = {d.agent: [] for d in daemons}
+    for daemon in daemons:
+        def record(inbound, daemon=daemon, handle=daemon.handle):  # noqa: ANN001, ANN202
+            seen[daemon.agent].append(inbound.topic.rsplit("/", 1)[-1])
+            return handle(inbound)
+        daemon.handle = record  # type: ignore[method-assign]
+    serving = [_serve(d) for d in daemons]
+    for gen in serving:
+        next(gen)
+    engine = MqttEngine(mosquitto.address, "bcast", run_id="b").start()
+    try:
+        assert engine.wait_for_agents(3, 30) == ["b0", "b1", "b2"]
+        for log in seen.values():
+            log.clear()
+        assert engine.broadcast(Command("status"), ["b0", "b1"], deadline_s=20).agents == [
+            "b0", "b1"]
+        assert engine.broadcast(Command("status"), ["b0", "b1", "b2"],
+                                deadline_s=20).agents == ["b0", "b1", "b2"]
+    finally:
+        engine.close()
+        for gen in serving:
+            next(gen, None)
+    assert seen == {"b0": ["b0", "all"], "b1": ["b1", "all"], "b2": ["all"]}
