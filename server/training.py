@@ -28,6 +28,7 @@ from torch import nn
 from jetsplit.bundle import Bundle, load_bundle
 from jetsplit.data import ArrayDataset
 from jetsplit.models import ZOO_VERSION
+from jetsplit.models.split import eval_mode
 from jetsplit.models.weights import from_arrays, load_strict, to_arrays
 from jetsplit.protocol import Kind
 from server.engine import Command, Engine, Outcome
@@ -73,7 +74,13 @@ class Trainer:
                                      deadline_s=settings.bundle_deadline_s)
         self.server: nn.Module = self.bundle.server_module()
         self.optimizer = torch.optim.SGD(self.server.parameters(), lr=settings.lr)
-        self.global_client: Arrays = to_arrays(self.bundle.client_module(), "client")
+        client = self.bundle.client_module()
+        self.global_client: Arrays = to_arrays(client, "client")
+        self.weight_template: Arrays = {**self.global_client,
+                                        **to_arrays(self.server, "server")}
+        with eval_mode(client), torch.no_grad():
+            probe = client(torch.zeros(1, *self.bundle.spec.input_shape))
+        self.activation_shape = tuple(probe.shape[1:])
         self.rng = np.random.default_rng(settings.seed)
         self.phases: dict[str, float] = defaultdict(float)
         self.fwd_samples: dict[str, int] = defaultdict(int)
@@ -159,10 +166,51 @@ class Trainer:
                                                     "compression": s.compression})
                     for a, b in batches.items()}
         with self.timed("forward"):
-            out = self.note(self.engine.send_and_receive(
-                commands, round=self.round, step=step, deadline_s=s.deadline_s))
+            out = self.note(self._checked(self.engine.send_and_receive(
+                commands, round=self.round, step=step, deadline_s=s.deadline_s),
+                lambda agent, t: self._activation_problem(t, batches[agent])))
         for agent, reply in out.replies.items():
             self.fwd_samples[agent] += int(len(reply.tensors["labels"]))
+        return out
+
+    def _activation_problem(self, tensors: Arrays, batch: int) -> str | None:
+        """Why a forward reply cannot be trained on, or None (replies are untrusted)."""
+        acts, labels = tensors.get("activations"), tensors.get("labels")
+        if acts is None or labels is None:
+            return "reply lacks activations or labels"
+        n = len(labels)
+        if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer) or not 0 < n <= batch:
+            return f"labels must be 1..{batch} integers"
+        if labels.min() < 0 or labels.max() >= self.bundle.spec.num_classes:
+            return "labels out of range"
+        if acts.dtype != np.float32 or tuple(acts.shape) != (n, *self.activation_shape):
+            return (f"activations {acts.dtype} {list(acts.shape)}, expected float32 "
+                    f"{[n, *self.activation_shape]}")
+        if not np.isfinite(acts).all():
+            return "activations contain NaN or infinity"
+        return None
+
+    def _weights_problem(self, tensors: Arrays, blocks: tuple[str, ...]) -> str | None:
+        expected = {k: v for k, v in self.weight_template.items()
+                    if k.split("/", 1)[0] in blocks}
+        if set(tensors) != set(expected):
+            return "weights do not match the model's tensors"
+        for name, want in expected.items():
+            got = tensors[name]
+            if got.shape != want.shape or got.dtype != want.dtype:
+                return f"tensor {name} is {got.dtype} {list(got.shape)}"
+            if got.dtype.kind == "f" and not np.isfinite(got).all():
+                return f"tensor {name} contains NaN or infinity"
+        return None
+
+    def _checked(self, out: Outcome, problem: Callable[[str, Arrays], str | None]) -> Outcome:
+        """Move replies that fail validation to the misses, with the reason, and log it."""
+        for agent in list(out.replies):
+            reason = problem(agent, out.replies[agent].tensors)
+            if reason is not None:
+                log.warning("dropped %s's reply: %s", agent, reason)
+                del out.replies[agent]
+                out.missed[agent] = f"error: bad reply: {reason}"
         return out
 
     def backward(self, grads: dict[str, torch.Tensor], step: int) -> Outcome:
@@ -191,9 +239,10 @@ class Trainer:
         if not agents:
             return {}
         with self.timed("collect"):
-            out = self.note(self.engine.broadcast(
+            out = self.note(self._checked(self.engine.broadcast(
                 Command(Kind.GET_WEIGHTS.value, {"blocks": list(blocks)}), agents,
-                round=self.round, deadline_s=self.settings.deadline_s))
+                round=self.round, deadline_s=self.settings.deadline_s),
+                lambda agent, t: self._weights_problem(t, blocks)))
         return {a: r.tensors for a, r in out.replies.items()}
 
     def release(self, agents: list[str]) -> None:

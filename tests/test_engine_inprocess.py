@@ -204,3 +204,38 @@ def test_registry_selects_only_eligible_agents() -> None:
     assert registry.generation("a1") == 2 and registry.generation("a0") == 1
     snap = {r["agent"]: r for r in registry.snapshot()}
     assert snap["a2"]["state"] == "offline" and snap["a2"]["offline_events"] == 1
+
+
+class _Liar(AgentWorker):
+    """An agent whose forward replies are malformed (wrong shape, NaN, bad labels)."""
+
+    def __init__(self, *args: object, mode: str, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.mode = mode
+
+    def _do_forward(self, args, round_, step, tensors):  # noqa: ANN001, ANN202
+        result = super()._do_forward(args, round_, step, tensors)
+        acts, labels = result.tensors["activations"], result.tensors["labels"]
+        if self.mode == "shape":
+            result.tensors["activations"] = acts[:, :1]
+        elif self.mode == "nan":
+            acts[0].flat[0] = np.nan
+        else:
+            result.tensors["labels"] = labels + 100
+        return result
+
+
+@pytest.mark.parametrize(("mode", "reason"), [("shape", "expected float32"),
+                                              ("nan", "NaN"), ("labels", "out of range")])
+def test_malformed_replies_are_dropped_and_training_goes_on(archive: Path, mode: str,
+                                                            reason: str) -> None:
+    train, test = load_dataset_split("digits", 0.2, 0)
+    workers = {"a0": AgentWorker("a0", train.subset(range(0, 200))),
+               "a1": _Liar("a1", train.subset(range(200, 400)), mode=mode)}
+    engine = InProcessEngine(workers)
+    trainer = Trainer(engine, archive, Settings(algorithm="psl", rounds=1, local_steps=2,
+                                                batch=32), test)
+    loss = build_method("psl", trainer).run_round(["a0", "a1"])
+    assert loss is not None and np.isfinite(loss)
+    assert trainer.missed["a1"].startswith("error: bad reply") and reason in trainer.missed["a1"]
+    assert trainer.bwd_samples["a0"] == 32 and trainer.bwd_samples.get("a1", 0) == 0

@@ -10,6 +10,7 @@ global block at round start and FedAvg the returned blocks at round end.
 from __future__ import annotations
 
 import copy
+import math
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, ClassVar
@@ -306,8 +307,12 @@ class FedAvg(Method):
         with t.timed("local_train"):
             out = t.note(t.engine.send_and_receive(commands, round=t.round,
                                                     deadline_s=t.settings.deadline_s))
+        losses = []
         for agent, reply in out.replies.items():
-            t.full_samples[agent] += int(reply.meta["samples"])
+            samples, loss = reply.meta.get("samples"), reply.meta.get("loss")
+            if isinstance(samples, int) and isinstance(loss, float) and math.isfinite(loss):
+                t.full_samples[agent] += samples
+                losses.append(loss)
         states = t.pull(out.agents, ("client", "server"))
         t.release(out.agents)
         if states:
@@ -315,7 +320,6 @@ class FedAvg(Method):
                 merged = fedavg(states, t.sizes(sorted(states)))
             t.global_client = {k: v for k, v in merged.items() if k.startswith("client/")}
             load_strict(t.server, from_arrays(merged, "server"), "server average")
-        losses = [r.meta["loss"] for r in out.replies.values()]
         return float(np.mean(losses)) if losses else None
 
 
