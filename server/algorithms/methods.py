@@ -130,9 +130,28 @@ def _sum_of_client_losses(server: nn.Module, optimizer: torch.optim.Optimizer,
     return torch.stack(losses).sum(), leaves, losses
 
 
+def _step_averaged(server: nn.Module, optimizer: torch.optim.Optimizer,
+                   losses: list[torch.Tensor], chosen: list[int], leaves: list[torch.Tensor],
+                   server_loss: torch.Tensor) -> list[torch.Tensor]:
+    """Client i gets ∂L_i/∂A_i (its own mean loss, like SCALA's G_k); the server steps on
+    `server_loss`, which the callers average over clients.
+
+    gapsl.txt eq. 8 sums the client losses, so the server's step grows with the number of
+    clients: with the sum, PSL on AlexNet/MNIST with 10 clients per step diverged (NaN in
+    round 0) at lr 0.01. Averaging keeps the step size independent of |S|; the selection
+    and the directions are unchanged."""
+    grads = torch.autograd.grad(torch.stack([losses[i] for i in chosen]).sum(),
+                                [leaves[i] for i in chosen], retain_graph=True)
+    optimizer.zero_grad(set_to_none=True)
+    params = [p for p in server.parameters() if p.requires_grad]
+    torch.autograd.backward(server_loss, inputs=params)
+    optimizer.step()
+    return [g.detach() for g in grads]
+
+
 class PSL(SplitMethod):
-    """Parallel split learning: one server block trained on Σ_i L_i; client blocks are
-    never aggregated, each stays with its agent (gapsl.txt §II-A)."""
+    """Parallel split learning: one server block trained on the clients' mean loss; client
+    blocks are never aggregated, each stays with its agent (gapsl.txt §II-A)."""
 
     name = "psl"
     aggregate_clients = False
@@ -140,10 +159,9 @@ class PSL(SplitMethod):
     def server_update(self, agents, acts, labels):  # noqa: ANN001, ANN201
         t = self.trainer
         total, leaves, losses = _sum_of_client_losses(t.server, t.optimizer, acts, labels)
-        total.backward()
-        t.optimizer.step()
-        grads = {a: leaf.grad for a, leaf in zip(agents, leaves, strict=True)}
-        return float(torch.stack(losses).mean().detach()), grads
+        grads = _step_averaged(t.server, t.optimizer, losses, list(range(len(losses))),
+                               leaves, total / len(losses))
+        return float(torch.stack(losses).mean().detach()), dict(zip(agents, grads, strict=True))
 
     def evaluate(self) -> dict[str, Any]:
         """Each agent's own client block with the shared server block, mean and spread."""
@@ -186,11 +204,10 @@ class GAPSL(PSL):
             torch.stack(per_client), t.round, s.rounds, self.tracker, s.k_min, s.k_max, s.eta)
         chosen = [int(i) for i in selection.selected]
         self.last_selected = [agents[i] for i in chosen]
-        t.optimizer.zero_grad(set_to_none=True)
-        gapsl_math.gapsl_server_loss(losses, selection, s.lam).backward()
-        t.optimizer.step()
-        grads = {agents[i]: leaves[i].grad for i in chosen if leaves[i].grad is not None}
-        return float(torch.stack(losses).mean().detach()), grads
+        server_loss = gapsl_math.gapsl_server_loss(losses, selection, s.lam) / len(chosen)
+        grads = _step_averaged(t.server, t.optimizer, losses, chosen, leaves, server_loss)
+        return (float(torch.stack(losses).mean().detach()),
+                {agents[i]: g for i, g in zip(chosen, grads, strict=True)})
 
 
 class SplitFedV1(SplitMethod):
