@@ -144,9 +144,10 @@ class MqttEngine(Engine):
         if first:
             log.info("agent %s registered (%s, %d samples)", agent, registration.role,
                      registration.dataset.size)
-        with self._cond:
-            self._resend.add(agent)
-            self._cond.notify_all()
+        if msg.run != self.run_id:  # announced on (re)connect, not in answer to our DISCOVER
+            with self._cond:
+                self._resend.add(agent)
+                self._cond.notify_all()
 
     def _on_reply(self, agent: str, msg: Message, wire_bytes: int) -> None:
         cmd = msg.meta.get("re")
