@@ -35,6 +35,7 @@ class ReplyCache:
     def __init__(self, entries: int = REPLY_CACHE_ENTRIES, max_bytes: int = REPLY_CACHE_BYTES):
         self.entries, self.max_bytes = entries, max_bytes
         self._items: OrderedDict[tuple[str, int], tuple[Message, str, str, int]] = OrderedDict()
+        self._bytes = 0
 
     def get(self, key: tuple[str, int]) -> tuple[Message, str, str] | None:
         item = self._items.get(key)
@@ -42,10 +43,11 @@ class ReplyCache:
 
     def put(self, key: tuple[str, int], reply: Message, codec: str, compression: str) -> None:
         size = sum(t.nbytes for t in reply.tensors.values())
+        old = self._items.pop(key, None)
+        self._bytes += size - (old[3] if old else 0)
         self._items[key] = (reply, codec, compression, size)
-        while self._items and (len(self._items) > self.entries
-                               or sum(i[3] for i in self._items.values()) > self.max_bytes):
-            self._items.popitem(last=False)
+        while self._items and (len(self._items) > self.entries or self._bytes > self.max_bytes):
+            self._bytes -= self._items.popitem(last=False)[1][3]
 
 
 class AgentDaemon:

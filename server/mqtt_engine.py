@@ -218,10 +218,7 @@ class MqttEngine(Engine):
                     self.registry.set_state(agent, "busy")
                 # One publish on down/all only when it reaches nobody else: every agent
                 # subscribed to down/all downloads it, and device links are the scarce ones.
-                everyone = set(self.registry.registered()) - {
-                    a for a in self.registry.registered()
-                    if self.registry.state(a) == "offline"}
-                if len(live) > 1 and set(live) >= everyone:
+                if len(live) > 1 and set(live) >= set(self.registry.online()):
                     sends.append((self.topics.down_all, message, command, live))
                 else:
                     sends.extend((self.topics.down(a), message, command, [a]) for a in live)

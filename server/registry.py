@@ -21,7 +21,6 @@ class AgentRecord:
     stragglers: int = 0
     errors: int = 0
     offline_events: int = 0
-    generation: int = 0  # registrations so far: a rise means the agent (re)connected
 
     def as_dict(self) -> dict[str, Any]:
         return {"agent": self.agent, "state": self.state, "last_seen": self.last_seen,
@@ -61,7 +60,6 @@ class FleetRegistry:
         with self._lock:
             record = self._record(agent)
             record.registration = registration
-            record.generation += 1
             record.state, record.last_seen = "online", time.time()
             self.changed.notify_all()
 
@@ -99,11 +97,14 @@ class FleetRegistry:
         with self._lock:
             return sorted(a for a, r in self._agents.items() if r.registration)
 
+    def _online_locked(self) -> list[str]:
+        return sorted(a for a, r in self._agents.items()
+                      if r.registration and r.state != "offline")
+
     def online(self) -> list[str]:
         """Registered agents not known to be offline, sorted by id (the selection pool)."""
         with self._lock:
-            return sorted(a for a, r in self._agents.items()
-                          if r.registration and r.state != "offline")
+            return self._online_locked()
 
     def eligible(self, *, role: str = "client", zoo_version: int | None = None) -> list[str]:
         """Online agents of `role` whose model zoo matches ours (else their blocks would not
@@ -125,18 +126,12 @@ class FleetRegistry:
             if agent in self._agents:
                 self._agents[agent].registration["bundle"] = sha256
 
-    def generation(self, agent: str) -> int:
-        with self._lock:
-            record = self._agents.get(agent)
-            return 0 if record is None else record.generation
-
     def wait_for(self, count: int, timeout_s: float) -> list[str]:
         """Block until `count` agents are online (or the timeout); returns who is."""
         deadline = time.monotonic() + timeout_s
         with self._lock:
             while True:
-                online = sorted(a for a, r in self._agents.items()
-                                if r.registration and r.state != "offline")
+                online = self._online_locked()
                 remaining = deadline - time.monotonic()
                 if len(online) >= count or remaining <= 0:
                     return online

@@ -201,7 +201,10 @@ def test_registry_selects_only_eligible_agents() -> None:
     registry.set_state("a2", "offline")
     assert registry.eligible(zoo_version=1) == ["a0"]
     assert registry.eligible(role="edge", zoo_version=1) == ["a3"]
-    assert registry.generation("a1") == 2 and registry.generation("a0") == 1
+    registry.note_bundle("a0", "f" * 64)
+    assert registry.registration("a0")["bundle"] == "f" * 64
+    registry.register("a0", {**registry.registration("a0"), "bundle": None})  # a restart
+    assert registry.registration("a0")["bundle"] is None
     snap = {r["agent"]: r for r in registry.snapshot()}
     assert snap["a2"]["state"] == "offline" and snap["a2"]["offline_events"] == 1
 

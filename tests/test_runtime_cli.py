@@ -197,3 +197,24 @@ def test_a_broadcast_to_some_agents_reaches_only_them(mosquitto: MosquittoProces
     # (a retransmission could repeat a topic, so compare which topics reached whom)
     assert {a: set(topics) for a, topics in seen.items()} == {
         "b0": {"b0", "all"}, "b1": {"b1", "all"}, "b2": {"all"}}
+
+
+def test_reply_cache_is_bounded_by_entries_and_bytes() -> None:
+    import numpy as np
+
+    from edge_agent.daemon import ReplyCache
+
+    def reply(n: int) -> Message:
+        return Message(MessageType.REPLY, run="r", sender="a", seq=n,
+                       tensors={"x": np.zeros(n, np.uint8)})
+
+    cache = ReplyCache(entries=3, max_bytes=100)
+    for i in range(5):
+        cache.put(("r", i), reply(10), "fp32", "none")
+    assert [cache.get(("r", i)) is not None for i in range(5)] == [False, False, True, True,
+                                                                     True]
+    cache.put(("r", 9), reply(90), "fp32", "none")  # 10 + 10 + 90 > 100: oldest go first
+    assert cache.get(("r", 3)) is None and cache.get(("r", 4)) is not None
+    cache.put(("r", 9), reply(5), "fp32", "none")  # replacing an entry frees its bytes
+    cache.put(("r", 10), reply(80), "fp32", "none")
+    assert cache.get(("r", 4)) is not None and cache.get(("r", 10)) is not None

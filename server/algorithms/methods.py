@@ -188,7 +188,6 @@ class GAPSL(PSL):
     def __init__(self, trainer: Trainer) -> None:
         super().__init__(trainer)
         self.tracker = gapsl_math.NuTracker()
-        self.last_selected: list[str] = []
 
     def server_update(self, agents, acts, labels):  # noqa: ANN001, ANN201
         t, s = self.trainer, self.trainer.settings
@@ -203,7 +202,6 @@ class GAPSL(PSL):
         selection = gapsl_math.select_clients(
             torch.stack(per_client), t.round, s.rounds, self.tracker, s.k_min, s.k_max, s.eta)
         chosen = [int(i) for i in selection.selected]
-        self.last_selected = [agents[i] for i in chosen]
         server_loss = gapsl_math.gapsl_server_loss(losses, selection, s.lam) / len(chosen)
         grads = _step_averaged(t.server, t.optimizer, losses, chosen, leaves, server_loss)
         return (float(torch.stack(losses).mean().detach()),
