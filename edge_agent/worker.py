@@ -60,15 +60,24 @@ class Result:
 
 
 class BatchSampler:
-    """Seeded epoch-wise shuffling: the same seed gives the same batches in any process."""
+    """Seeded epoch-wise shuffling, restarted each round from (seed, round): the same seed
+    gives the same batches in any process, and an agent that restarts (or a coordinator that
+    resumes from a checkpoint) draws exactly the batches an uninterrupted run would."""
 
     def __init__(self, size: int, seed: int) -> None:
-        self.size = size
-        self.generator = torch.Generator().manual_seed(seed)
-        self._order = torch.randperm(size, generator=self.generator).numpy()
-        self._cursor = 0
+        self.size, self.seed = size, seed
+        self._round: int | None = None
+        self._order = np.arange(size)
+        self._cursor = size
 
-    def next(self, batch: int) -> np.ndarray:
+    def _start(self, round_: int) -> None:
+        self._round = round_
+        self.generator = torch.Generator().manual_seed(self.seed * 1_000_003 + round_)
+        self._cursor = self.size  # first draw shuffles
+
+    def next(self, batch: int, round_: int = 0) -> np.ndarray:
+        if round_ != self._round:
+            self._start(round_)
         batch = min(batch, self.size)
         if self._cursor + batch > self.size:
             self._order = torch.randperm(self.size, generator=self.generator).numpy()
@@ -196,8 +205,8 @@ class AgentWorker:
             self._optimizers[target] = _sgd(params, self.optimizer_args)
         return self._optimizers[target]
 
-    def _batch(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        idx = self.sampler.next(size)
+    def _batch(self, size: int, round_: int) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = self.sampler.next(size, round_)
         x = torch.from_numpy(self.data.x[idx]).to(self.device)
         y = torch.from_numpy(self.data.y[idx]).to(self.device)
         return x, y
@@ -253,7 +262,7 @@ class AgentWorker:
     def _do_forward(self, args: ForwardArgs, round_: int, step: int, tensors: Tensors) -> Result:
         self._require_bundle()
         assert self.client is not None
-        x, y = self._batch(args.batch)
+        x, y = self._batch(args.batch, round_)
         self.client.train()
         activations = self.client(x)
         self._pending[(round_, step)] = activations
@@ -302,7 +311,7 @@ class AgentWorker:
         head.train()
         total, seen = 0.0, 0
         for _ in range(args.steps):
-            x, y = self._batch(args.batch)
+            x, y = self._batch(args.batch, round_)
             optimizer.zero_grad(set_to_none=True)
             loss = nn.functional.cross_entropy(head(self.client(x)), y)
             loss.backward()

@@ -192,6 +192,17 @@ def test_batches_are_reproducible_per_seed() -> None:
     assert len(set(epoch.tolist())) == 48  # no repeats inside an epoch
 
 
+def test_a_restarted_sampler_draws_what_an_uninterrupted_one_draws() -> None:
+    # Resuming from a checkpoint (or an agent restart) must not change the batches.
+    steady = BatchSampler(50, 3)
+    for round_ in range(3):
+        for _ in range(4):
+            steady.next(16, round_)
+    fresh = BatchSampler(50, 3)
+    assert all(np.array_equal(steady.next(16, 3), fresh.next(16, 3)) for _ in range(5))
+    assert not np.array_equal(BatchSampler(50, 3).next(16, 0), BatchSampler(50, 3).next(16, 1))
+
+
 def test_registry_selects_only_eligible_agents() -> None:
     engine = make_engine(3)
     registry = engine.registry
