@@ -33,8 +33,10 @@ def simulate(
     out_dir: Path,
     test_fraction: float = 0.2,
     aux_ratio: float | None = 0.5,
+    resume: bool = False,
 ) -> dict[str, Any]:
-    """Partition `dataset` over `clients` in-process agents and train; returns the summary."""
+    """Partition `dataset` over `clients` in-process agents and train; returns the summary.
+    The arguments go to `out_dir/simulation.json`, so `--resume DIR` needs nothing else."""
     from edge_agent.worker import AgentWorker
     from export.bundle_writer import write_bundle
     from jetsplit.bundle import Bundle
@@ -51,16 +53,44 @@ def simulate(
                for i, shard in enumerate(shards)}
     del train, shards  # from here on each client's shard is the only copy of its data
     spec = ModelSpec(model, test.input_shape, test.num_classes)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if not resume:
+        (out_dir / RUN_FILE).write_text(json.dumps({
+            "settings": settings.__dict__, "model": model, "split": split, "dataset": dataset,
+            "clients": clients, "partition_scheme": partition_scheme,
+            "test_fraction": test_fraction, "aux_ratio": aux_ratio}, indent=2))
     with tempfile.TemporaryDirectory(prefix="jetsplit-sim-") as tmp:
-        report = write_bundle(spec, split, Path(tmp) / "bundle", aux_ratio=aux_ratio,
-                              seed=settings.seed, tar=True)
-        assert report.tar_path is not None
+        archive = out_dir / "checkpoint" / "bundle.tar.gz"
+        if not resume:
+            report = write_bundle(spec, split, Path(tmp) / "bundle", aux_ratio=aux_ratio,
+                                  seed=settings.seed, tar=True)
+            assert report.tar_path is not None
+            archive = report.tar_path
         engine = InProcessEngine(workers, run_id=out_dir.name or "simulation")
-        summary = run_training(engine, report.tar_path, settings, test, out_dir)
+        summary = run_training(engine, archive, settings, test, out_dir, resume=resume)
     summary["peak_rss_mb"] = peak_rss_mb()
     summary["peak_agents_holding_blocks"] = engine.peak_agents_holding_blocks
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+RUN_FILE = "simulation.json"
+
+
+def resume_simulation(run_dir: Path) -> dict[str, Any]:
+    """Continue a simulation from its last checkpoint, with the arguments it started with."""
+    from jetsplit.errors import ConfigError
+
+    path = run_dir / RUN_FILE
+    try:
+        saved = json.loads(path.read_text())
+        settings = Settings(**saved.pop("settings"))
+        return simulate(settings, out_dir=run_dir, resume=True, **saved)
+    except FileNotFoundError:
+        raise ConfigError(f"--resume {run_dir}: no {RUN_FILE} there (not a simulation run "
+                          f"folder)") from None
+    except (json.JSONDecodeError, TypeError, KeyError, AttributeError) as exc:
+        raise ConfigError(f"--resume {run_dir}: {RUN_FILE} is damaged ({exc})") from None
 
 
 def agent_name(index: int) -> str:
@@ -97,6 +127,9 @@ def simulate_command(
                    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Last stdout line: summary JSON.")
                        ] = False,
+    resume: Annotated[Path | None, typer.Option(
+        "--resume", help="Continue the run in DIR from its last checkpoint (other options "
+        "come from DIR).")] = None,
 ) -> None:
     """Simulate a fleet in one process: same methods and metrics as over MQTT."""
     from jetsplit.config_io import model_from_dict
@@ -111,10 +144,15 @@ def simulate_command(
         raise ConfigError(f"--clients must be at least 1, got {clients}")
     logging.basicConfig(level=logging.WARNING if as_json else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    out_dir = out or Path("runs") / time.strftime("sim-%Y%m%d-%H%M%S", time.gmtime())
-    summary = simulate(Settings(seed=seed, **train.model_dump()), model=model, split=split,
-                       dataset=dataset, clients=clients, partition_scheme=partition,
-                       out_dir=out_dir)
+    if resume is not None:
+        out_dir = resume
+        summary = resume_simulation(resume)
+        algorithm = summary["algorithm"]
+    else:
+        out_dir = out or Path("runs") / time.strftime("sim-%Y%m%d-%H%M%S", time.gmtime())
+        summary = simulate(Settings(seed=seed, **train.model_dump()), model=model,
+                           split=split, dataset=dataset, clients=clients,
+                           partition_scheme=partition, out_dir=out_dir)
     short = {k: summary[k] for k in ("algorithm", "rounds", "final_accuracy",
                                      "balanced_accuracy", "final_accuracy_std", "bytes_up",
                                      "bytes_down", "device_gflops", "seconds", "peak_rss_mb")}

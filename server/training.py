@@ -27,6 +27,7 @@ from torch import nn
 
 from jetsplit.bundle import Bundle, load_bundle
 from jetsplit.data import ArrayDataset
+from jetsplit.errors import JetsplitError
 from jetsplit.models import ZOO_VERSION
 from jetsplit.models.split import eval_mode
 from jetsplit.models.weights import from_arrays, load_strict, to_arrays
@@ -59,6 +60,17 @@ class Settings:
     k_max: float = 0.8
     lam: float = 5e-4
     eta: float = 1.0
+    # Ampere (ampere.txt §3.3): phase 1 ends after `patience` epochs without a better
+    # validation accuracy of client+aux, or after N_d = `device_epochs`; the validation part
+    # is carved from the coordinator's held-out split. Phase 2 uploads activations in
+    # replies of at most `upload_mb` into a store bounded by `activation_gb`, kept in
+    # `activation_dir` (default: a folder per run in the system temp dir, removed at the end).
+    patience: int = 5
+    device_epochs: int = 100
+    validation_fraction: float = 0.2
+    upload_mb: float = 8.0
+    activation_dir: str | None = None
+    activation_gb: float = 64.0
 
 
 class Trainer:
@@ -281,18 +293,36 @@ def run_training(
     *,
     on_round: Callable[[dict[str, Any]], None] | None = None,
     bundle: Bundle | None = None,
+    checkpoint: bool = True,
+    resume: bool = False,
 ) -> dict[str, Any]:
-    """Train `settings.algorithm` for `settings.rounds` rounds; returns the summary."""
+    """Train `settings.algorithm` for `settings.rounds` rounds; returns the summary.
+
+    With `checkpoint`, the state after every round goes to `out_dir/checkpoint`; with
+    `resume`, training continues after the last checkpointed round (its bundle is shipped,
+    its metrics rows are kept) and ends exactly where an uninterrupted run would."""
     from server.algorithms.methods import build_method
+    from server.checkpoint import load_checkpoint
 
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(settings.seed)
+    saved = load_checkpoint(out_dir / "checkpoint") if resume else None
+    if saved is not None:
+        archive, bundle = saved.bundle, None
     trainer = Trainer(engine, archive, settings, test, bundle=bundle)
     method = build_method(settings.algorithm, trainer)
     started = time.perf_counter()
     rows: list[dict[str, Any]] = []
+    first = 0
+    if saved is not None:
+        _restore(saved, settings, trainer, method)
+        rows = _kept_rows(out_dir / "metrics.jsonl", saved.round + 1)
+        first = saved.round + 1
+        log.info("resuming %s after round %d of %d from %s", settings.algorithm,
+                 first, settings.rounds, out_dir / "checkpoint")
     with (out_dir / "metrics.jsonl").open("w") as metrics:
-        for round_ in range(settings.rounds):
+        metrics.writelines(json.dumps(r) + "\n" for r in rows)
+        for round_ in range(first, settings.rounds):
             trainer.round = round_
             trainer.phases.clear()
             trainer.fwd_samples.clear()
@@ -332,8 +362,14 @@ def run_training(
                      _or_nan(row["balanced_accuracy"]),
                      float("nan") if loss is None else loss, len(selected),
                      row["bytes_up"] / 1e6, row["bytes_down"] / 1e6)
+            if checkpoint:
+                with trainer.timed("checkpoint"):
+                    _save(out_dir / "checkpoint", round_, settings, trainer, method, archive)
             if on_round is not None:
                 on_round(row)
+    if not rows:
+        raise JetsplitError(f"nothing to train: the checkpoint already covers all "
+                            f"{settings.rounds} rounds")
     last = rows[-1]
     gflops: dict[str, float] = defaultdict(float)
     for row in rows:
@@ -368,3 +404,69 @@ def _delta(after: dict[str, dict[str, int]], before: dict[str, dict[str, int]]
            ) -> dict[str, dict[str, int]]:
     return {d: {k: v - before[d].get(k, 0) for k, v in sorted(after[d].items())
                 if v - before[d].get(k, 0)} for d in ("up", "down")}
+
+
+# Settings a resumed run may change: how long to wait and how far to go, not what to train.
+RESUMABLE_CHANGES = {"rounds", "deadline_s", "bundle_deadline_s"}
+
+
+def _save(directory: Path, round_: int, settings: Settings, trainer: Trainer,
+          method: Any, archive: Path) -> None:
+    """Round `round_`'s checkpoint: the method's state, the RNGs, the fleet's books."""
+    from server.checkpoint import save_checkpoint
+
+    arrays, method_meta = method.checkpoint()
+    arrays = {**arrays, "trainer/torch_rng": torch.get_rng_state().numpy()}
+    engine = trainer.engine
+    meta = {
+        "settings": settings.__dict__, "bundle_sha256": trainer.shipper.sha256,
+        "numpy_rng": trainer.rng.bit_generator.state, "last_pool": trainer._last_pool,
+        "method": method_meta, "bytes": engine.counters.snapshot(),
+        "missed": [m.__dict__ for m in engine.registry.missed],
+    }
+    save_checkpoint(directory, round_, meta, arrays, archive)
+
+
+def _restore(saved: Any, settings: Settings, trainer: Trainer, method: Any) -> None:
+    """Put a fresh trainer and method back into the checkpointed state."""
+    from server.checkpoint import CheckpointError
+    from server.registry import MissedStep
+
+    meta = saved.meta
+    before = meta.get("settings") or {}
+    changed = sorted(k for k, v in settings.__dict__.items()
+                     if k not in RESUMABLE_CHANGES and before.get(k) != v)
+    if changed:
+        raise CheckpointError(f"cannot resume: setting {changed[0]!r} was "
+                              f"{before.get(changed[0])!r}, now {getattr(settings, changed[0])!r}")
+    if meta.get("bundle_sha256") != trainer.shipper.sha256:
+        raise CheckpointError("cannot resume: the checkpoint's bundle does not match its hash")
+    try:
+        trainer.rng.bit_generator.state = meta["numpy_rng"]
+        torch.set_rng_state(torch.from_numpy(np.array(saved.arrays["trainer/torch_rng"])))
+        trainer._last_pool = int(meta.get("last_pool", 0))
+        engine = trainer.engine
+        engine.counters.load(meta.get("bytes", {}))
+        for miss in meta.get("missed", []):
+            engine.registry.missed.append(MissedStep(**miss))
+    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+        raise CheckpointError(f"checkpoint state is damaged: {exc}") from None
+    method.restore({k: v for k, v in saved.arrays.items() if not k.startswith("trainer/")},
+                   meta.get("method", {}))
+
+
+def _kept_rows(path: Path, count: int) -> list[dict[str, Any]]:
+    """The metrics rows of the checkpointed rounds (later ones, if any, are discarded)."""
+    rows: list[dict[str, Any]] = []
+    if path.is_file():
+        with path.open() as fh:
+            for line in fh:
+                if len(rows) == count:
+                    break
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    break  # a row cut short by the kill
+    if len(rows) < count:
+        log.warning("metrics.jsonl holds %d of the %d checkpointed rounds", len(rows), count)
+    return rows

@@ -38,6 +38,14 @@ class ByteCounters:
             out.setdefault(agent, {"up": {}, "down": {}})[direction][kind] = n
         return out
 
+    def load(self, snapshot: dict[str, dict[str, dict[str, int]]]) -> None:
+        """Add a `snapshot()`'s bytes (a resumed run continues its books)."""
+        with self._lock:
+            for agent, directions in snapshot.items():
+                for direction in ("up", "down"):
+                    for kind, n in directions.get(direction, {}).items():
+                        self._bytes[(str(agent), str(kind), direction)] += int(n)
+
     def by_kind(self) -> dict[str, dict[str, int]]:
         """``{"up": {kind: bytes}, "down": {kind: bytes}}`` summed over agents."""
         out: dict[str, dict[str, int]] = {"up": {}, "down": {}}

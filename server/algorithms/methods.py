@@ -24,6 +24,13 @@ from jetsplit.models.weights import from_arrays, load_strict, to_arrays
 from jetsplit.protocol import Kind
 from server.aggregation import fedavg
 from server.algorithms import gapsl_math, scala_math
+from server.checkpoint import (
+    CheckpointError,
+    load_optimizer_state,
+    optimizer_state,
+    save_arrays,
+    subset,
+)
 from server.engine import Command, Outcome
 from server.training import Arrays, Trainer
 
@@ -40,9 +47,7 @@ def _inputs(out: Outcome) -> tuple[list[str], list[torch.Tensor], list[torch.Ten
 
 
 def _save_arrays(arrays: Arrays, path: Path) -> None:
-    from safetensors.numpy import save_file
-
-    save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(path))
+    save_arrays(arrays, path)
 
 
 class Method(ABC):
@@ -64,6 +69,26 @@ class Method(ABC):
         """Final weights: the server block and the global client block."""
         _save_arrays(to_arrays(self.trainer.server, "server"), out_dir / "server.safetensors")
         _save_arrays(self.trainer.global_client, out_dir / "client.safetensors")
+
+    def checkpoint(self) -> tuple[Arrays, dict[str, Any]]:
+        """State that outlives a round: server block, its optimizer, the global client
+        block. Methods with more (GAPSL's ν range, PSL's per-agent blocks) extend it."""
+        t = self.trainer
+        opt_arrays, opt_meta = optimizer_state(t.optimizer, "optimizer")
+        return ({**to_arrays(t.server, "server"), **t.global_client, **opt_arrays},
+                {"optimizer": opt_meta})
+
+    def restore(self, arrays: Arrays, meta: dict[str, Any]) -> None:
+        """Inverse of `checkpoint` (the arrays are untrusted: names and shapes checked)."""
+        t = self.trainer
+        client = subset(arrays, "client")
+        problem = t._weights_problem(client, ("client",))
+        if problem is not None:
+            raise CheckpointError(f"checkpoint client block: {problem}")
+        load_strict(t.server, from_arrays(subset(arrays, "server"), "server"),
+                    "checkpoint server block", CheckpointError)
+        t.global_client = {k: np.array(v) for k, v in client.items()}
+        load_optimizer_state(t.optimizer, "optimizer", arrays, meta.get("optimizer", {}))
 
 
 class SplitMethod(Method):
@@ -163,13 +188,45 @@ class PSL(SplitMethod):
                                leaves, total / len(losses))
         return float(torch.stack(losses).mean().detach()), dict(zip(agents, grads, strict=True))
 
+    def __init__(self, trainer: Trainer) -> None:
+        super().__init__(trainer)
+        self.agent_blocks: dict[str, Arrays] = {}  # each agent's block as last evaluated
+        self.to_restore: dict[str, Arrays] = {}  # blocks to reinstall after a resume
+
+    def begin_round(self, selected: list[str]) -> None:
+        """After a resume, every agent gets its own checkpointed block back first (fresh
+        agents start from the bundle's; survivors may have trained past the checkpoint)."""
+        t = self.trainer
+        if self.to_restore:
+            for agent in t.live(sorted(self.to_restore)):
+                if t.push([agent], self.to_restore[agent]):
+                    del self.to_restore[agent]
+
     def evaluate(self) -> dict[str, Any]:
         """Each agent's own client block with the shared server block, mean and spread."""
         t = self.trainer
         agents = t.engine.registry.eligible()
         states = t.pull([a for a in agents if not t.shipper.needs(a)])
-        return t.evaluate_each({a: {k: v for k, v in s.items() if k.startswith("client/")}
-                                for a, s in states.items()})
+        self.agent_blocks = {a: {k: v for k, v in s.items() if k.startswith("client/")}
+                             for a, s in states.items()}
+        return t.evaluate_each(self.agent_blocks)
+
+    def checkpoint(self) -> tuple[Arrays, dict[str, Any]]:
+        arrays, meta = super().checkpoint()
+        blocks = {**self.agent_blocks, **self.to_restore}
+        for agent, state in blocks.items():
+            arrays.update({f"agents/{agent}/{k}": v for k, v in state.items()})
+        return arrays, {**meta, "agents": sorted(blocks)}
+
+    def restore(self, arrays: Arrays, meta: dict[str, Any]) -> None:
+        super().restore(arrays, meta)
+        t = self.trainer
+        for agent in meta.get("agents", []):
+            state = {k.split("/", 2)[2]: v for k, v in subset(arrays, f"agents/{agent}").items()}
+            problem = t._weights_problem(state, ("client",))
+            if problem is not None:
+                raise CheckpointError(f"checkpoint block of agent {agent}: {problem}")
+            self.to_restore[str(agent)] = state
 
     def save(self, out_dir: Path) -> None:
         _save_arrays(to_arrays(self.trainer.server, "server"), out_dir / "server.safetensors")
@@ -188,6 +245,17 @@ class GAPSL(PSL):
     def __init__(self, trainer: Trainer) -> None:
         super().__init__(trainer)
         self.tracker = gapsl_math.NuTracker()
+
+    def checkpoint(self) -> tuple[Arrays, dict[str, Any]]:
+        arrays, meta = super().checkpoint()
+        nu = (self.tracker.nu_min, self.tracker.nu_max)
+        return arrays, {**meta, "nu": [v if math.isfinite(v) else None for v in nu]}
+
+    def restore(self, arrays: Arrays, meta: dict[str, Any]) -> None:
+        super().restore(arrays, meta)
+        low, high = meta.get("nu") or [None, None]
+        self.tracker.nu_min = math.inf if low is None else float(low)
+        self.tracker.nu_max = -math.inf if high is None else float(high)
 
     def server_update(self, agents, acts, labels):  # noqa: ANN001, ANN201
         t, s = self.trainer, self.trainer.settings

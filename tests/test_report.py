@@ -1,0 +1,225 @@
+"""`jetsplit report` and trial progress: the report renders from synthetic trial rows (with
+and without the per-agent books, with gaps), from a real simulation's metrics, and without
+matplotlib; progress prints one plain line per round when stdout is not a terminal."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+from rich.console import Console
+from typer.testing import CliRunner
+
+from jetsplit.errors import ConfigError
+from server.progress import TrialProgress
+from server.report import render_plan, report_command, write_report
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+AGENTS = {"a0": "orin-nano-8gb", "a1": "jetson-nano-4gb"}
+
+
+def _agent(profile: str, round_: int, *, rich: bool) -> dict[str, Any]:
+    """One agent's per-round books; the 'poorer' agent reports less, as other hardware may."""
+    info: dict[str, Any] = {"profile": profile, "state": "online",
+                            "compute_s": 1.5 + 0.1 * round_, "transfer_s": 0.4,
+                            "wait_s": 0.2 * round_, "rss_mb": 900.0 + 10 * round_}
+    if rich:
+        info.update(available_mb=3000.0 - 50 * round_, cpu_percent=85.0,
+                    temperature_c=48.5 + round_)
+    else:
+        info.update(available_mb=None, temperature_c=None)
+    return info
+
+
+def _row(round_: int, *, agents: bool, accuracy: float | None) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "round": round_, "algorithm": "psl", "selected": ["a0", "a1"],
+        "missed": {"a1": "timeout"} if round_ == 2 else {},
+        "train_loss": 2.3 - 0.3 * round_, "accuracy": accuracy,
+        "balanced_accuracy": None if accuracy is None else accuracy - 0.02,
+        "accuracy_std": None if accuracy is None else 0.03,
+        "per_class_accuracy": [0.5, 0.6, None], "test_loss": 1.0,
+        "bytes_up": 1_200_000, "bytes_down": 800_000,
+        "bytes_by_kind": {"up": {"forward": 1_100_000, "get_weights": 100_000},
+                          "down": {"backward": 700_000, "set_weights": 100_000}},
+        "eval_bytes": {"up": {}, "down": {}}, "bundle_bytes": 5_000_000 if round_ == 0 else 0,
+        "bytes_up_total": 1_200_000 * (round_ + 1),
+        "bytes_down_total": 5_000_000 + 800_000 * (round_ + 1),
+        "device_gflops": {"a0": 0.5, "a1": 0.5},
+        "phases_s": {"forward": 0.5, "server": 0.3}, "seconds": 3.0 + round_,
+        "tier_bytes": {"device-edge": 1_500_000, "edge-cloud": 500_000},
+    }
+    if agents:
+        row["agents"] = {a: _agent(p, round_, rich=a == "a0") for a, p in AGENTS.items()}
+    return row
+
+
+def _synthetic_run(root: Path, *, agents: bool = True, missing_accuracy_round: int = -1,
+                   rounds: int = 4) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    rows = [_row(r, agents=agents,
+                 accuracy=None if r == missing_accuracy_round else 0.4 + 0.1 * r)
+            for r in range(rounds)]
+    (root / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (root / "summary.json").write_text(json.dumps({
+        "algorithm": "psl", "rounds": rounds, "run": "trial-test", "seconds": 20.5,
+        "bytes_up": 1_200_000 * rounds, "bytes_down": 800_000 * rounds,
+        "bundle_bytes": 5_000_000, "settings": {"algorithm": "psl", "rounds": rounds}}))
+    (root / "plan.json").write_text(json.dumps({
+        "model": "alexnet", "objective": "time",
+        "devices": {"orin-nano-8gb": {"k": 3, "est_ms": 41.5, "bytes": 1_048_576},
+                    "jetson-nano-4gb": {"k": 2, "est_ms": 97.0, "bytes": 2_097_152}}}))
+    (root / "config.toml").write_text('[train]\nalgorithm = "psl"\nrounds = 4\n')
+    return root
+
+
+def _image_links(report: str) -> list[str]:
+    return re.findall(r"!\[[^\]]*\]\(([^)]+)\)", report)
+
+
+def _assert_pngs(run_dir: Path, links: list[str]) -> None:
+    for link in links:
+        assert not Path(link).is_absolute() and "/" not in link, link
+        data = (run_dir / link).read_bytes()
+        assert len(data) > 1000 and data.startswith(PNG_MAGIC), link
+
+
+def test_report_with_agent_books(tmp_path: Path) -> None:
+    run = _synthetic_run(tmp_path / "run")
+    path = write_report(run, title="Trial of PSL")
+    text = path.read_text()
+    assert path == run / "report.md" and text.startswith("# Trial of PSL\n")
+    links = _image_links(text)
+    assert set(links) == {"accuracy.png", "bytes.png", "tier_bytes.png", "agent_time.png",
+                          "agent_memory.png"}
+    _assert_pngs(run, links)
+    assert "Skipped" not in text
+    # summary paragraph: algorithm, rounds, agents with profiles, accuracy, traffic, time
+    assert "**psl**, 4 rounds, 2 agents (a0 (orin-nano-8gb), a1 (jetson-nano-4gb))" in text
+    assert "final accuracy 70.00% (balanced 68.00%, ± 3.00 across clients)" in text
+    assert "4.80 MB up / 3.20 MB down (plus bundle 5.00 MB)" in text and "20.5 s" in text
+    # per-round table (1-based rounds), agent table with summed times, plan, config
+    assert "| round | selected | missed | train loss | accuracy % |" in text
+    assert "| 3 | 2 | a1 | 1.7000 | 60.00 |" in text
+    agent_line = next(line for line in text.splitlines() if line.startswith("| a0 |"))
+    assert "| orin-nano-8gb | 4 | 0 | 6.60 | 1.60 | 1.20 | 930 | 2.000 |" in agent_line
+    assert "mean CPU %" in text and "max °C" in text
+    assert "| name | k | est_ms | bytes |" in text and "| orin-nano-8gb | 3 | 41.5 |" in text
+    assert '```toml\n[train]\nalgorithm = "psl"' in text
+
+
+def test_report_without_agent_books_and_a_missing_accuracy(tmp_path: Path) -> None:
+    run = _synthetic_run(tmp_path / "run", agents=False, missing_accuracy_round=3)
+    text = write_report(run).read_text()
+    assert text.startswith("# jetsplit run trial-test\n")
+    links = _image_links(text)
+    assert set(links) == {"accuracy.png", "bytes.png", "tier_bytes.png"}
+    _assert_pngs(run, links)
+    assert text.count("_Skipped: the metrics rows carry no per-agent `agents` field") == 2
+    assert "no accuracy in the last round (last measured: 60.00% in round 3)" in text
+    assert "| 4 | 2 | none | 1.4000 | — | — |" in text
+    # the agent table still lists who took part, from `selected` and `device_gflops`
+    assert re.search(r"\| a1 \| — \| 4 \| 1 \| — \| — \| — \| — \| 2\.000 \|", text)
+
+
+def test_report_survives_sparse_and_torn_rows(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [{"round": 0}, {"round": 1, "accuracy": "bad", "agents": {"a0": None,
+                                                                      "a1": {"rss_mb": None}}},
+            {"round": 2, "bytes_up": 10, "selected": "a0", "missed": ["x"]}]
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + '\n{"round": 3')
+    text = write_report(run).read_text()
+    assert "1 unreadable line(s) of metrics.jsonl were skipped" in text
+    assert "_Skipped: no round reports an accuracy._" in text
+    assert "_No plan.json in this run folder._" in text and "No config.toml" in text
+    _assert_pngs(run, _image_links(text))
+    # an earlier report's plot that no longer has data is removed with its link
+    (run / "agent_time.png").write_bytes(PNG_MAGIC)
+    write_report(run)
+    assert not (run / "agent_time.png").exists()
+
+
+def test_report_without_matplotlib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = _synthetic_run(tmp_path / "run")
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    text = write_report(run).read_text()
+    assert "_Plots skipped: matplotlib is not installed" in text
+    assert _image_links(text) == [] and not list(run.glob("*.png"))
+    assert "| round |" in text and "| agent |" in text
+
+
+def test_report_command_and_missing_folder(tmp_path: Path) -> None:
+    run = _synthetic_run(tmp_path / "run", rounds=3)
+    app = typer.Typer()
+    app.command()(report_command)
+    result = CliRunner().invoke(app, [str(run), "--title", "CLI report"])
+    assert result.exit_code == 0, result.output
+    assert "report.md" in result.output
+    assert (run / "report.md").read_text().startswith("# CLI report\n")
+    with pytest.raises(ConfigError, match="metrics.jsonl"):
+        write_report(tmp_path / "nowhere")
+
+
+def test_render_plan_handles_nested_planner_output() -> None:
+    plan = {"model": "alexnet", "chosen": {"orin": 3, "nano": 2},
+            "devices": [{"profile": "orin", "best_k": 3,
+                         "rows": [{"k": 2, "total_ms": 12.5, "memory": {"peak_mb": 300}}]}]}
+    text = "\n".join(render_plan(plan))
+    assert "| model | alexnet |" in text and "**chosen**" in text and "| orin | 3 |" in text
+    assert "| profile | best_k |" in text and "**devices[orin].rows**" in text
+    assert "| k | total_ms | memory.peak_mb |" in text and "| 2 | 12.5 | 300 |" in text
+
+
+def test_progress_prints_one_line_per_round_without_a_tty(tmp_path: Path) -> None:
+    out = io.StringIO()
+    rows = [_row(r, agents=r == 0, accuracy=0.5 + 0.1 * r) for r in range(3)]
+    with TrialProgress(3, file=out) as progress:
+        assert not progress.live  # a StringIO is not a terminal
+        progress.agent_states({"a0": "online", "a1": "busy"})
+        for row in rows:
+            progress.update(row)
+            progress.agent_states({"a1": "offline"})  # shows in the next round's line
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 3
+    assert lines[0].startswith("trial psl: round 1/3; accuracy 50.00%")
+    assert "round 3/3" in lines[2] and "up 3.60 MB, down 7.40 MB so far" in lines[2]
+    assert "offline" not in lines[0] and all("offline: a1" in line for line in lines[1:])
+
+
+def test_progress_live_display_on_a_terminal() -> None:
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=150)
+    with TrialProgress(2, title="demo", console=console) as progress:
+        assert progress.live
+        progress.update(_row(0, agents=True, accuracy=None))
+        progress.agent_states({"a1": "offline", "a2": "busy"})
+        progress.update({"round": 1, "accuracy": 0.7})
+    shown = out.getvalue()
+    assert "round 2/2" in shown and "accuracy 70.00%" in shown
+    assert "orin-nano-8gb" in shown and "a2" in shown and "offline" in shown
+
+
+def test_report_of_a_real_simulation(tmp_path: Path) -> None:
+    from server.simulate import simulate
+    from server.training import Settings
+
+    run = tmp_path / "sim"
+    simulate(Settings(algorithm="splitfed-v1", rounds=2, local_steps=2, batch=16),
+             model="alexnet", split=2, dataset="digits", clients=2, partition_scheme="iid",
+             out_dir=run)
+    text = write_report(run).read_text()
+    links = _image_links(text)
+    assert {"accuracy.png", "bytes.png"} <= set(links)
+    _assert_pngs(run, links)
+    assert "**splitfed-v1**, 2 rounds, 2 agents (a0, a1)" in text
+    assert "| 1 | 2 | none |" in text and "| 2 | 2 | none |" in text
+    assert re.search(r"\| a0 \| — \| 2 \| 0 \|.*\| online \|", text)
+    assert "settings from summary.json" in text and '"algorithm": "splitfed-v1"' in text
