@@ -41,3 +41,14 @@ def run(
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     AgentDaemon(worker, address, cfg.fleet, options).run(stop)
+
+
+@app.command("install", add_help_option=False, context_settings={
+    "allow_extra_args": True, "ignore_unknown_options": True})
+def install(ctx: typer.Context) -> None:
+    """Install the agent as a systemd service: venv, user, /etc/jetsplit, unit (--help)."""
+    from edge_agent.install import main  # its flags are defined once, there
+
+    code = main(list(ctx.args))
+    if code:
+        raise typer.Exit(code)

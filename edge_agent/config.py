@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from edge_agent.emulation import EmulationSection
 from jetsplit.config_io import load_toml_model
 from jetsplit.transport.settings import MqttSection
 
@@ -46,6 +47,7 @@ class AgentConfig(BaseModel):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     mqtt: MqttSection = MqttSection()
     data: DataSection = DataSection()
+    emulation: EmulationSection | None = None  # trials only: act like a profiled device
 
     def state_path(self) -> Path:
         return Path(self.state_dir).expanduser() / self.fleet / self.agent

@@ -93,6 +93,7 @@ class AgentDaemon:
         if msg.kind == Kind.DISCOVER.value:
             self._register(msg.run)
             return
+        self.worker.clock.transfer(inbound.wire_bytes, "down")
         cmd = msg.meta.get("cmd", msg.seq)
         key = (msg.run, cmd if isinstance(cmd, int) else msg.seq)
         cached = self.cache.get(key)
@@ -104,8 +105,9 @@ class AgentDaemon:
                      msg.kind, msg.round, msg.step)
             old, codec, compression = cached
             reply = replace(old, seq=self.endpoint.next_seq())
-        self.endpoint.send(self.topics.up(self.agent), reply, codec=codec,
-                           compression=compression)
+        parts = self.endpoint.prepare(reply, codec=codec, compression=compression)
+        self.worker.clock.transfer(sum(len(p) for p in parts), "up")
+        self.endpoint.publish_parts(self.topics.up(self.agent), parts)
 
     def run(self, stop: threading.Event, notifier: SystemdNotifier | None = None) -> None:
         """Serve until `stop` is set; the endpoint retries the broker with backoff. Under

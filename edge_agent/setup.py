@@ -7,6 +7,8 @@ import logging
 import torch
 
 from edge_agent.config import AgentConfig
+from edge_agent.edge import no_data
+from edge_agent.emulation import DeviceClock
 from edge_agent.worker import AgentWorker
 from jetsplit.data import ArrayDataset, load_dataset_split, partition
 from jetsplit.errors import ConfigError
@@ -43,6 +45,7 @@ def build_worker(config: AgentConfig) -> AgentWorker:
         profile = resolve_profile(config.profile).model_dump(mode="json")
     state = config.state_path()
     state.mkdir(parents=True, exist_ok=True)
-    return AgentWorker(config.agent, local_dataset(config), role=config.role,
+    data = local_dataset(config) if config.role == "client" else no_data()
+    return AgentWorker(config.agent, data, role=config.role,
                        seed=config.seed, state_dir=state, device=pick_device(config.device),
-                       profile=profile)
+                       profile=profile, clock=DeviceClock(config.emulation))

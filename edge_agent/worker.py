@@ -22,6 +22,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from edge_agent.edge import EdgeRole, EdgeTier
+from edge_agent.emulation import DeviceClock
 from jetsplit import __version__
 from jetsplit.bundle import Bundle, load_bundle
 from jetsplit.data import ArrayDataset
@@ -92,8 +94,9 @@ def _sgd(params: list[nn.Parameter], opt: OptimizerArgs) -> torch.optim.Optimize
                            weight_decay=opt.weight_decay)
 
 
-class AgentWorker:
-    """One device's state: local data, the installed bundle, trainable blocks, optimizers."""
+class AgentWorker(EdgeRole):
+    """One device's state: local data, the installed bundle, trainable blocks, optimizers;
+    with role `edge`, SHeRL-FL's edge block (see `edge_agent.edge`)."""
 
     def __init__(
         self,
@@ -106,8 +109,9 @@ class AgentWorker:
         device: str = "cpu",
         profile: dict[str, Any] | None = None,
         bundle_cache: dict[str, Bundle] | None = None,
+        clock: DeviceClock | None = None,
     ) -> None:
-        if len(data) == 0:
+        if len(data) == 0 and role != "edge":  # an edge trains on its clients' activations
             raise JetsplitError(f"agent {agent_id}: its dataset is empty")
         self.agent_id, self.data, self.role, self.seed = agent_id, data, role, seed
         self.device = torch.device(device)
@@ -128,7 +132,9 @@ class AgentWorker:
         self._pending: OrderedDict[tuple[int, int], torch.Tensor] = OrderedDict()
         self._onnx_current = False
         self._onnx_block: Any = None
+        self.edge_tier: EdgeTier | None = None
         self.commands_done = 0
+        self.clock = clock or DeviceClock()  # time books; emulates a device in trials
 
     # ------------------------------------------------------------------ identity
 
@@ -182,7 +188,8 @@ class AgentWorker:
         """Execute one command; user-caused problems raise JetsplitError (→ ERROR reply)."""
         args = parse_args(kind, meta)
         handler = getattr(self, f"_do_{kind}")
-        result: Result = handler(args, round_, step, tensors)
+        with self.clock.compute():
+            result: Result = handler(args, round_, step, tensors)
         self.commands_done += 1
         return result
 
@@ -231,12 +238,18 @@ class AgentWorker:
             self.bundle_cache[digest] = bundle
         self.bundle, self.bundle_sha = bundle, digest
         self._modules.clear()
+        self.edge_tier = None
         self.optimizer_args = args.optimizer
         self._optimizers.clear()
         self._pending.clear()
         self._onnx_current, self._onnx_block = True, None
         return Result(meta={"model": bundle.spec.name, "split": bundle.split,
                             "sha256": digest, "verify_s": round(time.perf_counter() - started, 3)})
+
+    def _do_trained_bundle(self, args: BundleArgs, round_: int, step: int, tensors: Tensors
+                           ) -> Result:
+        """A bundle with trained weights (Ampere's phase 2): installed like any bundle."""
+        return self._do_bundle(args, round_, step, tensors)
 
     def _install(self, raw: np.ndarray, digest: str) -> Bundle:
         """Write the archive, verify every file (hashes, versions, safe paths), extract."""
@@ -254,6 +267,7 @@ class AgentWorker:
         """Drop blocks, optimizers and pending activations until the next command needs
         them (the coordinator then installs the weights it wants with set_weights)."""
         self._modules.clear()
+        self.edge_tier = None
         self._optimizers.clear()
         self._pending.clear()
         self._client_changed()
@@ -344,7 +358,7 @@ class AgentWorker:
         self._require_bundle()
         out: Tensors = {}
         for name in args.blocks:
-            module = self._blocks()[name]
+            module = self._edge().block if name == "edge" else self._blocks()[name]
             if module is None:
                 raise ProtocolError(f"this bundle has no {name} block")
             out.update(to_arrays(module, name))
@@ -374,32 +388,40 @@ class AgentWorker:
         bundle = self._require_bundle()
         assert self.client is not None
         started = time.perf_counter()
+        total = len(self.data)
+        if args.offset >= total:
+            raise ProtocolError(f"generate offset {args.offset} is past the {total} samples")
+        rows = slice(args.offset, total if args.limit is None else args.offset + args.limit)
+        inputs = self.data.x[rows]
         if self._onnx_current:
             if self._onnx_block is None:
                 from jetsplit.runtimes.onnx_runtime import OnnxBlock
 
                 self._onnx_block = OnnxBlock(bundle.client_onnx)
-            activations = self._onnx_block.run_batched(self.data.x, args.batch)
+            activations = self._onnx_block.run_batched(inputs, args.batch)
             backend = self._onnx_block.providers[0]
         elif args.allow_torch:
             parts = []
             with eval_mode(self.client), torch.no_grad():
-                for start in range(0, len(self.data), args.batch):
-                    x = torch.from_numpy(self.data.x[start:start + args.batch]).to(self.device)
+                for start in range(0, len(inputs), args.batch):
+                    x = torch.from_numpy(inputs[start:start + args.batch]).to(self.device)
                     parts.append(self.client(x).cpu().numpy())
             activations, backend = np.concatenate(parts), "torch"
         else:
             raise ProtocolError("client.onnx no longer matches the trained client block: "
                                 "send a fresh bundle (or allow_torch)")
-        return Result(meta={"backend": backend, "samples": len(self.data),
-                            "seconds": round(time.perf_counter() - started, 4)},
+        return Result(meta={"backend": backend, "samples": len(inputs), "offset": args.offset,
+                            "total": total, "seconds": round(time.perf_counter() - started, 4)},
                       tensors={"activations": np.ascontiguousarray(activations, np.float32),
-                               "labels": self.data.y},
+                               "labels": self.data.y[rows]},
                       codec=args.codec, compression=args.compression)
 
     def _do_status(self, args: Any, round_: int, step: int, tensors: Tensors) -> Result:
+        from edge_agent.telemetry import sample  # psutil is an agent extra; import on use
+
         return Result(meta={"bundle": self.bundle_sha, "commands": self.commands_done,
-                            "pending_forwards": len(self._pending)})
+                            "pending_forwards": len(self._pending), "telemetry": sample(),
+                            "time": self.clock.snapshot()})
 
 
 def respond(worker: AgentWorker, command: Message, seq: int) -> tuple[Message, str, str]:

@@ -498,6 +498,17 @@ def server_block(costs: ModelCosts, k: int, *, input_grad: bool = True) -> Block
     return _block(costs.layers[k:], input_grad=input_grad, saved="last")
 
 
+def edge_block(costs: ModelCosts, k1: int, k2: int) -> BlockCost:
+    """Layers [k1:k2] as a SHeRL-FL edge trains them: on its clients' activations, whose
+    gradient goes back to them (input_grad). Saved storage is attributed as for a server
+    block, which can miss a tensor layer k2 shares with k2-1 (a few bytes per sample)."""
+    costs.check_k(k1)
+    costs.check_k(k2, allow_whole=True)
+    if k2 <= k1:
+        raise ConfigError(f"edge block [{k1}:{k2}] of {costs.name} is empty")
+    return _block(costs.layers[k1:k2], input_grad=True, saved="last")
+
+
 def aux_block(costs: ModelCosts, k: int) -> BlockCost:
     aux = costs.aux_for(k)
     return BlockCost(aux.fwd_flops, aux.bwd_flops, aux.params, aux.param_bytes,

@@ -38,6 +38,7 @@ from export.cost_model import (
     aux_block,
     block_ms,
     client_block,
+    edge_block,
     flops_ms,
     predict_layer_times,
     runtime_context_bytes,
@@ -85,8 +86,8 @@ ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
               "activations uploaded once", per_iteration_exchange=False, aux_head=True,
               one_shot_activations=True),
 )}
-NOT_PLANNED = {"sherl-fl": "sherl-fl is not planned yet (its edge tier needs a three-tier "
-                           "cost model; a later issue)"}
+NOT_PLANNED = {"sherl": "sherl is planned over three tiers (client, edge, cloud) by "
+                        "plan_three_tier, which the coordinator runs on its agents' profiles"}
 
 
 def requires_common_split(algorithm: Algorithm) -> bool:
@@ -123,6 +124,11 @@ class PlanSettings:
 
     def validate(self) -> Algorithm:
         """Check every field users set; one ConfigError line naming the flag."""
+        self.check_fields()
+        return get_algorithm(self.algorithm)
+
+    def check_fields(self) -> None:
+        """Every field but the algorithm (the three-tier planner has its own)."""
         for flag, value in (("--batch", self.batch), ("--local-steps", self.local_steps),
                             ("--rounds", self.rounds)):
             if not isinstance(value, int) or value < 1:
@@ -141,7 +147,6 @@ class PlanSettings:
                                      ("--codec", self.codec, tuple(CODEC_BYTES))):
             if value not in allowed:
                 raise ConfigError(f"{flag} {value!r} is not one of {', '.join(allowed)}")
-        return get_algorithm(self.algorithm)
 
     def iterations_per_round(self, algorithm: Algorithm) -> int:
         if algorithm.one_shot_activations and self.dataset_size is not None:
@@ -353,3 +358,176 @@ def check_feasible(plan: FleetPlan) -> None:
     if any(k is None for k in plan.chosen.values()):
         raise InfeasiblePlan(f"no single split of {plan.model} fits on every device of the "
                              f"fleet; plan the devices in separate fleets")
+
+
+# --------------------------------------------------------------------------- three tiers
+
+CLASSIFIER_PREFIXES = ("fc", "head")  # zoo names of the task-head layers
+
+
+@dataclass(frozen=True)
+class TierRow:
+    """One SHeRL-FL candidate: clients train [:k1], edges [k1:k2], the cloud [k2:].
+
+    Times are per iteration of one edge group: the slowest client's compute, smashed-data
+    upload and gradient download, then the slowest edge's contrastive step on the group's
+    batch and its embedding upload; model exchanges (client blocks every τ1 iterations,
+    edge blocks every τ2) amortised over the iterations they serve. The cloud's head
+    training is off the critical path: nothing waits for it (no gradient comes back)."""
+
+    k1: int
+    k2: int
+    client_memory: MemoryEstimate  # the tightest client's
+    edge_memory: MemoryEstimate  # the tightest edge's
+    client_fits: bool
+    edge_fits: bool
+    client_ms: float
+    edge_ms: float
+    bytes_iter: float  # one edge group, all links, exchanges amortised
+    device_gflops: float  # one client, fwd+bwd of its batch
+    edge_gflops: float  # one edge, fwd+bwd of its group's batch
+    cloud_gflops: float  # the head on one group's embeddings
+
+    @property
+    def fits(self) -> bool:
+        return self.client_fits and self.edge_fits
+
+    @property
+    def total_ms(self) -> float:
+        return self.client_ms + self.edge_ms
+
+    def value(self, objective: str) -> float:
+        if objective == "time":
+            return self.total_ms
+        if objective == "bytes":
+            return self.bytes_iter
+        return self.device_gflops
+
+
+@dataclass(frozen=True)
+class ThreeTierPlan:
+    """Every costed (k1, k2) and the choice (None when nothing fits)."""
+
+    model: str
+    objective: str
+    rows: list[TierRow]
+    chosen: tuple[int, int] | None
+
+    @property
+    def k2(self) -> int | None:
+        return None if self.chosen is None else self.chosen[1]
+
+
+def classifier_start(costs: ModelCosts) -> int:
+    """Index of the first layer of the model's trailing classifier (fc…/head layers): the
+    role-aware cloud tier holds only task-head layers (sherl-fl.txt, Model Partitioning)."""
+    start = costs.num_layers - 1
+    while start > 0 and costs.layers[start - 1].name.startswith(CLASSIFIER_PREFIXES):
+        start -= 1
+    return start
+
+
+def _tier_client(costs: ModelCosts, profiles: list[DeviceProfile], k1: int,
+                 settings: PlanSettings, tau1: int) -> tuple[MemoryEstimate, bool, float]:
+    """(tightest memory, all fit, slowest ms per iteration) of the clients at k1."""
+    block, batch = client_block(costs, k1), settings.batch
+    act = activation_bytes(costs, k1, settings.codec, batch)
+    memories, times = [], []
+    for profile in profiles:
+        memory = training_memory(block, batch, settings.optimizer,
+                                 runtime_context_bytes(profile, settings.context_mb))
+        memories.append((memory.total - profile.usable_memory_bytes, memory))
+        up, down = _link(profile, settings.bandwidth_mbps)
+        compute = block_ms(predict_layer_times(costs, profile, batch), 0, k1, input_grad=False)
+        transfer = ((act + batch * LABEL_BYTES) / up + act / down) * 1e3
+        exchange = ((block.state_bytes / up + block.state_bytes / down) * 1e3
+                    + profile.network.rtt_ms) / tau1
+        times.append(compute + transfer + profile.network.rtt_ms + exchange)
+    worst = max(memories, key=lambda m: m[0])
+    return worst[1], all(m[0] <= 0 for m in memories), max(times)
+
+
+def _tier_edge(costs: ModelCosts, profiles: list[DeviceProfile], k1: int, k2: int,
+               batch: int, settings: PlanSettings, tau2: int
+               ) -> tuple[MemoryEstimate, bool, float]:
+    """(tightest memory, all fit, slowest ms per iteration) of the edges for [k1:k2]."""
+    block = edge_block(costs, k1, k2)
+    upload = activation_bytes(costs, k2, settings.codec, batch) + batch * LABEL_BYTES
+    memories, times = [], []
+    for profile in profiles:
+        memory = training_memory(block, batch, settings.optimizer,
+                                 runtime_context_bytes(profile, settings.context_mb))
+        memories.append((memory.total - profile.usable_memory_bytes, memory))
+        up, down = _link(profile, settings.bandwidth_mbps)
+        compute = block_ms(predict_layer_times(costs, profile, batch), k1, k2, input_grad=True)
+        exchange = ((block.state_bytes / up + block.state_bytes / down) * 1e3
+                    + profile.network.rtt_ms) / tau2
+        times.append(compute + upload / up * 1e3 + exchange)
+    worst = max(memories, key=lambda m: m[0])
+    return worst[1], all(m[0] <= 0 for m in memories), max(times)
+
+
+def tier_row(costs: ModelCosts, clients: list[DeviceProfile], edges: list[DeviceProfile],
+             k1: int, k2: int, settings: PlanSettings, *, clients_per_edge: int,
+             tau1: int, tau2: int) -> TierRow:
+    """Cost one (k1, k2) for edge groups of `clients_per_edge` clients of batch B each."""
+    batch, group = settings.batch, settings.batch * clients_per_edge
+    c_mem, c_fits, c_ms = _tier_client(costs, clients, k1, settings, tau1)
+    e_mem, e_fits, e_ms = _tier_edge(costs, edges, k1, k2, group, settings, tau2)
+    act = activation_bytes(costs, k1, settings.codec, batch)
+    client, edge = client_block(costs, k1), edge_block(costs, k1, k2)
+    bytes_iter = (clients_per_edge * (2 * act + batch * LABEL_BYTES
+                                      + 2 * client.state_bytes / tau1)
+                  + activation_bytes(costs, k2, settings.codec, group) + group * LABEL_BYTES
+                  + 2 * edge.state_bytes / tau2)
+    return TierRow(
+        k1=k1, k2=k2, client_memory=c_mem, edge_memory=e_mem, client_fits=c_fits,
+        edge_fits=e_fits, client_ms=c_ms, edge_ms=e_ms, bytes_iter=bytes_iter,
+        device_gflops=batch * client.train_flops / 1e9,
+        edge_gflops=group * edge.train_flops / 1e9,
+        cloud_gflops=group * server_block(costs, k2, input_grad=False).train_flops / 1e9)
+
+
+def plan_three_tier(costs: ModelCosts, clients: list[DeviceProfile],
+                    edges: list[DeviceProfile], settings: PlanSettings, *,
+                    clients_per_edge: int = 1, k1: int | None = None,
+                    tau1: int | None = None, tau2: int | None = None) -> ThreeTierPlan:
+    """Role-aware SHeRL-FL split: clients keep shallow layers, edges the deeper feature
+    layers, the cloud (part of) the classifier. Every k1 (or the given one, e.g. the
+    bundle's) and every k2 from the classifier's start to n-1 is costed; the argmin of the
+    objective over the pairs that fit on every client and edge wins, ties to smaller k."""
+    settings.check_fields()
+    if not clients or not edges:
+        raise ConfigError("a three-tier plan needs at least one client and one edge profile")
+    if clients_per_edge < 1:
+        raise ConfigError(f"clients per edge must be at least 1, got {clients_per_edge}")
+    n = costs.num_layers
+    if n < 3:
+        raise ConfigError(f"{costs.name} has {n} layers; three tiers need at least 3")
+    if k1 is not None and not 1 <= k1 <= n - 2:
+        raise ConfigError(f"client split {k1} leaves no edge and cloud layers of {costs.name}:"
+                          f" choose 1..{n - 2}")
+    tau1 = tau1 or settings.local_steps
+    tau2 = tau2 or settings.local_steps
+    rows = [tier_row(costs, clients, edges, a, b, settings, clients_per_edge=clients_per_edge,
+                     tau1=tau1, tau2=tau2)
+            for a in ([k1] if k1 is not None else range(1, n - 1))
+            for b in range(max(a + 1, classifier_start(costs)), n)]
+    feasible = [r for r in rows if r.fits]
+    chosen = None
+    if feasible:
+        low = min(r.value(settings.objective) for r in feasible)
+        chosen = min((r.k1, r.k2) for r in feasible
+                     if r.value(settings.objective) <= low + abs(low) * TIE_REL)
+    return ThreeTierPlan(costs.name, settings.objective, rows, chosen)
+
+
+def check_three_tier(plan: ThreeTierPlan) -> tuple[int, int]:
+    """The chosen (k1, k2), or InfeasiblePlan naming the tier that does not fit."""
+    if plan.chosen is not None:
+        return plan.chosen
+    client_ok = [r for r in plan.rows if r.client_fits]
+    tier, need = (("edge", min(r.edge_memory.total for r in client_ok)) if client_ok
+                  else ("client", min(r.client_memory.total for r in plan.rows)))
+    raise InfeasiblePlan(f"no three-tier split of {plan.model} fits: the {tier} needs at "
+                         f"least {need / 2**20:.0f} MiB; try a smaller batch")

@@ -45,7 +45,9 @@ def build_app() -> typer.Typer:
     from export.profile_cli import profile
     from server.broker_cli import broker
     from server.cli import app as server_app
+    from server.report import report_command
     from server.simulate import simulate_command
+    from server.trial import trial_command
 
     app.add_typer(export_app, name="export", help="Cost model, split planner, bundles, engines.")
     app.command("profile", help="Measure this machine: per-layer latency, memory, GFLOPS.")(
@@ -59,6 +61,9 @@ def build_app() -> typer.Typer:
     app.command("doctor", help="What this device has: JetPack, CUDA, TensorRT, ONNX Runtime, "
                 "memory, broker.")(doctor)
     app.command("broker", help="Run an embedded MQTT broker on loopback (amqtt).")(broker)
+    app.command("trial", help="Field trial on this machine: broker, coordinator, emulated "
+                "agents; report with plots.")(trial_command)
+    app.command("report", help="Write report.md with plots for a run folder.")(report_command)
     return app
 
 

@@ -29,15 +29,23 @@ class Kind(str, Enum):
     REGISTER = "register"  # agent → coordinator: who I am, what I have
     PRESENCE = "presence"  # agent, retained: online / offline (last will)
     BUNDLE = "bundle"  # install a model bundle (tar bytes, chunked)
+    # Install a bundle that carries trained weights (Ampere's phase 2): the same handling as
+    # `bundle`, but counted as training traffic, not setup.
+    TRAINED_BUNDLE = "trained_bundle"
     FORWARD = "forward"  # run the client block on a local batch, return activations
     BACKWARD = "backward"  # apply the returned gradient to the last forward, step
     TRAIN = "train"  # local training (client block + aux head, or the full model)
     EVAL = "eval"  # accuracy of client+aux or the full model on local data
     GET_WEIGHTS = "get_weights"  # upload block weights
     SET_WEIGHTS = "set_weights"  # replace block weights
-    GENERATE = "generate"  # forward-only over all local data (ONNX Runtime/TensorRT)
+    GENERATE = "generate"  # forward-only over local data (ONNX Runtime/TensorRT)
     STATUS = "status"  # health and counters
     RELEASE = "release"  # free blocks and optimizer state until needed again
+    # SHeRL-FL's edge tier (role `edge`): install the edge block, train it on relayed client
+    # activations with the contrastive loss, upload its detached embeddings to the cloud.
+    EDGE_LOAD = "edge_load"
+    EDGE_STEP = "edge_step"
+    EDGE_UPLOAD = "edge_upload"
 
 
 class ProtocolError(JetsplitError):
@@ -84,19 +92,45 @@ class EvalArgs(_Args):
 
 
 class WeightsArgs(_Args):
-    blocks: list[Literal["client", "aux", "server"]] = Field(default_factory=lambda: ["client"],
-                                                             min_length=1, max_length=3)
+    blocks: list[Literal["client", "aux", "server", "edge"]] = Field(
+        default_factory=lambda: ["client"], min_length=1, max_length=4)
 
 
 class GenerateArgs(_Args):
+    """Rows offset…offset+limit of the local data (all of it by default): a big upload goes
+    as several replies, so a device never holds the whole encoding at once."""
+
     batch: Batch = 256
     codec: CodecName = "fp32"
     compression: CompressionName = "none"
     allow_torch: bool = False
+    offset: Annotated[int, Field(ge=0)] = 0
+    limit: Annotated[int, Field(ge=1)] | None = None
+
+
+class EdgeLoadArgs(_Args):
+    """The edge block is the first `layers` layers of the bundle's server block."""
+
+    layers: Annotated[int, Field(ge=1, le=4096)]
+
+
+class EdgeStepArgs(_Args):
+    """Train the edge block on the relayed activations; `margin` of the cosine-distance
+    contrastive loss (distances lie in [0, 2])."""
+
+    margin: Annotated[float, Field(gt=0, le=2, allow_inf_nan=False)] = 0.5
+    codec: CodecName = "fp32"
+    compression: CompressionName = "none"
+
+
+class EdgeUploadArgs(_Args):
+    codec: CodecName = "fp32"
+    compression: CompressionName = "none"
 
 
 _ARGS: dict[str, type[_Args]] = {
     Kind.BUNDLE.value: BundleArgs,
+    Kind.TRAINED_BUNDLE.value: BundleArgs,
     Kind.FORWARD.value: ForwardArgs,
     Kind.BACKWARD.value: BackwardArgs,
     Kind.TRAIN.value: TrainArgs,
@@ -106,6 +140,9 @@ _ARGS: dict[str, type[_Args]] = {
     Kind.GENERATE.value: GenerateArgs,
     Kind.STATUS.value: _Args,
     Kind.RELEASE.value: _Args,
+    Kind.EDGE_LOAD.value: EdgeLoadArgs,
+    Kind.EDGE_STEP.value: EdgeStepArgs,
+    Kind.EDGE_UPLOAD.value: EdgeUploadArgs,
 }
 
 COMMAND_KINDS = tuple(_ARGS)

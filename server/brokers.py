@@ -48,6 +48,14 @@ def _quiet_loop_errors(loop: asyncio.AbstractEventLoop, context: dict) -> None:
     logging.getLogger("jetsplit.broker").debug("embedded broker: %s", context.get("message"))
 
 
+class _DroppedConnectionFilter(logging.Filter):
+    """Drops amqtt's ERROR for a client that connected and sent nothing (our own port probe
+    in `wait_for_port`, health checks); every other broker error still shows."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("No data from")
+
+
 class EmbeddedBroker:
     """amqtt running on its own event loop in a daemon thread of this process."""
 
@@ -78,6 +86,9 @@ class EmbeddedBroker:
         # amqtt logs every dropped connection (port probes, MQTT 5 CONNECTs it refuses) with
         # a traceback; the endpoint handles those cases, so keep only real errors.
         logging.getLogger("amqtt").setLevel(logging.ERROR)
+        broker_log = logging.getLogger("amqtt.broker")
+        if not any(isinstance(f, _DroppedConnectionFilter) for f in broker_log.filters):
+            broker_log.addFilter(_DroppedConnectionFilter())
 
         def serve() -> None:
             self._loop = asyncio.new_event_loop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -22,6 +23,14 @@ def run(
     agents: Annotated[int | None, typer.Option("--agents", help="Overrides agents.")] = None,
     out: Annotated[str | None, typer.Option("--out", help="Overrides out.")] = None,
     run_id: Annotated[str | None, typer.Option("--run", help="Overrides run.")] = None,
+    metrics_port: Annotated[int | None, typer.Option(
+        "--metrics-port", help="Serve Prometheus metrics at /metrics on this port (0: any "
+        "free port); off by default.")] = None,
+    metrics_host: Annotated[str, typer.Option(
+        "--metrics-host", help="Address the metrics endpoint binds to.")] = "127.0.0.1",
+    resume: Annotated[Path | None, typer.Option(
+        "--resume", help="Continue the run in DIR from its last checkpoint (same config).")
+    ] = None,
 ) -> None:
     """Wait for the fleet, ship the bundle, train, write metrics, summary and weights."""
     from jetsplit.config_io import model_from_dict
@@ -29,7 +38,9 @@ def run(
     from jetsplit.errors import ConfigError
     from server.config import ServerConfig, load_server_config
     from server.coordinator import prepare_bundle
+    from server.fleet_books import FleetBooks
     from server.mqtt_engine import MqttEngine
+    from server.prometheus import round_callback
     from server.training import run_training
 
     cfg = load_server_config(config)
@@ -43,21 +54,42 @@ def run(
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     run_name = cfg.run or time.strftime("run-%Y%m%d-%H%M%S", time.gmtime())
     out_dir = Path(cfg.out) / run_name
+    if resume is not None:
+        out_dir, run_name = resume, resume.name
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if resume is None:
+        shutil.copyfile(config, out_dir / "config.toml")  # what this run used, for its report
     engine = MqttEngine(cfg.mqtt.address(), cfg.fleet, run_id=run_name,
                         options=cfg.mqtt.endpoint_options()).start(cfg.mqtt.connect_wait_s)
+    exporter = None
     try:
+        if metrics_port is not None:
+            from server.prometheus import MetricsExporter
+
+            exporter = MetricsExporter(metrics_port, metrics_host).start()
+            typer.echo(f"metrics on http://{metrics_host}:{exporter.port}/metrics")
         online = engine.wait_for_agents(cfg.agents, cfg.wait_s)
         if len(online) < cfg.agents:
             raise ConfigError(f"only {len(online)} of {cfg.agents} agents registered within "
                               f"{cfg.wait_s:.0f}s ({', '.join(online) or 'none'})")
         _, test = load_dataset_split(cfg.data.dataset, cfg.data.test_fraction, cfg.data.seed)
         with tempfile.TemporaryDirectory(prefix="jetsplit-server-") as tmp:
-            archive = prepare_bundle(cfg, Path(tmp))
-            summary = run_training(engine, archive, cfg.settings(), test, out_dir)
+            archive = (out_dir / "checkpoint" / "bundle.tar.gz" if resume is not None
+                       else prepare_bundle(cfg, Path(tmp)))
+            books = FleetBooks(engine)  # per-agent time split and telemetry per round
+            on_round = None if exporter is None else round_callback(exporter, engine, books)
+            summary = run_training(engine, archive, cfg.settings(), test, out_dir,
+                                   on_round=on_round, row_extras=books.collect,
+                                   resume=resume is not None)
     finally:
         engine.close()
+        if exporter is not None:
+            exporter.close()
+    from server.report import write_report
+
+    report = write_report(out_dir, title=f"jetsplit run {run_name}: {summary['algorithm']}")
     accuracy = summary["final_accuracy"]
     typer.echo(f"{summary['algorithm']}: {summary['rounds']} rounds with {len(online)} agents "
                f"in {summary['seconds']:.1f}s, final accuracy "
                f"{'n/a' if accuracy is None else f'{accuracy:.4f}'}; "
-               f"metrics and summary in {out_dir}")
+               f"metrics and summary in {out_dir}; report: {report}")

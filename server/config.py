@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from jetsplit.config_io import load_toml_model
 from jetsplit.transport.settings import MqttSection
@@ -33,7 +33,8 @@ class TrainSection(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     algorithm: Literal["fedavg", "splitfed-v1", "splitfed-v2", "psl", "scala", "ca-sfl",
-                       "lla-sfl", "gapsl"] = "psl"
+                       "lla-sfl", "gapsl", "ampere", "ampere-noconsolidation", "sherl"
+                       ] = "psl"
     rounds: Annotated[int, Field(ge=1, le=100_000)] = 10
     local_steps: Annotated[int, Field(ge=1, le=1_000_000)] = 10
     batch: Annotated[int, Field(ge=1, le=1 << 20)] = 64  # B over all selected agents
@@ -47,6 +48,15 @@ class TrainSection(BaseModel):
     k_max: Annotated[float, Field(ge=0, le=1)] = 0.8
     lam: Annotated[float, Field(ge=0)] = 5e-4
     eta: Annotated[float, Field(ge=0)] = 1.0
+    patience: Annotated[int, Field(ge=1, le=100_000)] = 5  # Ampere
+    device_epochs: Annotated[int, Field(ge=1, le=100_000)] = 100
+    validation_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.2
+    upload_mb: Annotated[float, Field(gt=0, le=4096)] = 8.0
+    activation_dir: str | None = None
+    activation_gb: Annotated[float, Field(gt=0, le=1 << 20)] = 64.0
+    tau1: Annotated[int, Field(ge=1, le=1_000_000)] | None = None  # SHeRL-FL
+    tau2: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+    margin: Annotated[float, Field(gt=0, le=2)] = 0.5
 
 
 class DataSection(BaseModel):
@@ -58,6 +68,23 @@ class DataSection(BaseModel):
     dataset: str = "mnist"
     test_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.2
     seed: Annotated[int, Field(ge=0)] = 0
+
+
+class TopologySection(BaseModel):
+    """SHeRL-FL's tiers: which clients each edge agent serves (empty: round-robin over the
+    registered edges) and k2, the first layer the cloud keeps (unset: the planner's)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    edges: dict[_Id, list[_Id]] = Field(default_factory=dict)
+    edge_split: Annotated[int, Field(ge=2)] | None = None
+
+    @model_validator(mode="after")
+    def _shape(self) -> TopologySection:
+        from server.topology import check_shape
+
+        check_shape(self.edges)
+        return self
 
 
 class ServerConfig(BaseModel):
@@ -74,10 +101,12 @@ class ServerConfig(BaseModel):
     model: ModelSection = ModelSection()
     train: TrainSection = TrainSection()
     data: DataSection = DataSection()
+    topology: TopologySection = TopologySection()
 
     def settings(self) -> Settings:
         """The engine-neutral training settings this config describes."""
-        return Settings(seed=self.seed, **self.train.model_dump())
+        return Settings(seed=self.seed, edges=self.topology.edges,
+                        edge_split=self.topology.edge_split, **self.train.model_dump())
 
 
 def load_server_config(path: str | Path) -> ServerConfig:

@@ -36,8 +36,11 @@ def prepare_bundle(cfg: ServerConfig, workdir: Path) -> Path:
 class BundleShipper:
     """Installs the bundle on agents that lack it, including ones that restarted since."""
 
-    def __init__(self, engine: Engine, archive: Path, *, lr: float, deadline_s: float) -> None:
-        self.engine, self.lr, self.deadline_s = engine, lr, deadline_s
+    def __init__(self, engine: Engine, archive: Path, *, lr: float, deadline_s: float,
+                 kind: str = Kind.BUNDLE.value) -> None:
+        """`kind` BUNDLE is setup traffic; TRAINED_BUNDLE (a bundle carrying trained
+        weights, Ampere's phase 2) is counted as training traffic."""
+        self.engine, self.lr, self.deadline_s, self.kind = engine, lr, deadline_s, kind
         self.data = np.frombuffer(archive.read_bytes(), dtype=np.uint8)
         self.sha256 = hashlib.sha256(self.data).hexdigest()
 
@@ -50,7 +53,7 @@ class BundleShipper:
         """Ship to those that need it; returns the agents that now have it."""
         todo = [a for a in agents if self.needs(a)]
         if todo:
-            command = Command(Kind.BUNDLE.value,
+            command = Command(self.kind,
                               {"sha256": self.sha256, "optimizer": {"lr": self.lr}},
                               {"bundle": self.data})
             outcome = self.engine.broadcast(command, todo, round=round,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -85,6 +85,17 @@ class Engine(ABC):
         return self.send_and_receive(dict.fromkeys(agents, command), round=round, step=step,
                                      deadline_s=deadline_s)
 
+    def send_and_stream(self, commands: Mapping[str, Command], *, round: int = 0,
+                        step: int = 0, deadline_s: float = 60.0) -> Iterator[Outcome]:
+        """Like `send_and_receive`, but yields each agent's result (a one-agent Outcome: its
+        reply, or its miss with the reason) as soon as it is in, so the caller can work on
+        early replies while later ones still travel (Ampere trains on the first uploads).
+        Results come in agent-id order, as everywhere: an early reply waits only for the
+        agents before it, and runs stay reproducible. This fallback waits for all."""
+        out = self.send_and_receive(commands, round=round, step=step, deadline_s=deadline_s)
+        for agent in sorted(commands):
+            yield _single(agent, out.replies.get(agent), out.missed.get(agent, "deadline"))
+
     def close(self) -> None:  # noqa: B027 - engines without resources need nothing here
         """Release connections and processes."""
 
@@ -93,6 +104,11 @@ class Engine(ABC):
         for agent, reason in sorted(missed.items()):
             self.registry.record_missed(MissedStep(agent, round, step, kind, reason))
         return Outcome(dict(sorted(replies.items())), dict(sorted(missed.items())))
+
+
+def _single(agent: str, reply: Reply | None, reason: str) -> Outcome:
+    """One agent's result as an Outcome (what `send_and_stream` yields)."""
+    return Outcome({agent: reply}) if reply is not None else Outcome({}, {agent: reason})
 
 
 def command_message(run: str, seq: int, command: Command, *, round: int, step: int,
@@ -139,24 +155,37 @@ class InProcessEngine(Engine):
         replies: dict[str, Reply] = {}
         missed: dict[str, str] = {}
         for agent in sorted(commands):
-            command = commands[agent]
-            worker = self.workers.get(agent)
-            if worker is None or self.registry.state(agent) == "offline":
-                missed[agent] = "offline"
-                continue
-            msg = command_message(self.run_id, next(self._seq), command, round=round, step=step)
-            down = encode_message(msg, codec=command.codec, compression=command.compression)
-            self.counters.add(agent, command.kind, "down", len(down))
-            reply, codec, compression = self._respond(worker, decode_message(down),
-                                                      next(self._seq))
-            up = encode_message(reply, codec=codec, compression=compression)
-            self.counters.add(agent, reply.kind, "up", len(up))
-            decoded = decode_message(up)
-            if decoded.type == MessageType.ERROR:
-                missed[agent] = f"error: {decoded.meta.get('error', '?')}"
-                continue
-            replies[agent] = reply_from(agent, decoded, len(up))
-        holding = sum(1 for w in self.workers.values() if getattr(w, "holds_blocks", False))
-        self.peak_agents_holding_blocks = max(self.peak_agents_holding_blocks, holding)
+            result = self._run_one(agent, commands[agent], round, step)
+            if isinstance(result, Reply):
+                replies[agent] = result
+            else:
+                missed[agent] = result
         return self._finish(replies, missed, next(iter(commands.values())).kind
                             if commands else "", round, step)
+
+    def send_and_stream(self, commands: Mapping[str, Command], *, round: int = 0,
+                        step: int = 0, deadline_s: float = 60.0) -> Iterator[Outcome]:
+        """Each agent runs when the caller asks for the next result, in id order."""
+        for agent in sorted(commands):
+            result = self._run_one(agent, commands[agent], round, step)
+            reply, reason = (result, "") if isinstance(result, Reply) else (None, result)
+            out = _single(agent, reply, reason)
+            yield self._finish(out.replies, out.missed, commands[agent].kind, round, step)
+
+    def _run_one(self, agent: str, command: Command, round: int, step: int) -> Reply | str:
+        """One agent's command through the wire encoder; its reply or why it missed."""
+        worker = self.workers.get(agent)
+        if worker is None or self.registry.state(agent) == "offline":
+            return "offline"
+        msg = command_message(self.run_id, next(self._seq), command, round=round, step=step)
+        down = encode_message(msg, codec=command.codec, compression=command.compression)
+        self.counters.add(agent, command.kind, "down", len(down))
+        reply, codec, compression = self._respond(worker, decode_message(down), next(self._seq))
+        up = encode_message(reply, codec=codec, compression=compression)
+        self.counters.add(agent, reply.kind, "up", len(up))
+        holding = sum(1 for w in self.workers.values() if getattr(w, "holds_blocks", False))
+        self.peak_agents_holding_blocks = max(self.peak_agents_holding_blocks, holding)
+        decoded = decode_message(up)
+        if decoded.type == MessageType.ERROR:
+            return f"error: {decoded.meta.get('error', '?')}"
+        return reply_from(agent, decoded, len(up))

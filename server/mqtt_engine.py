@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from jetsplit.broker_url import BrokerAddress
@@ -38,6 +38,14 @@ class _Pending:
     sent_at: float = field(default_factory=time.monotonic)
     reply: Message | None = None
     wire_bytes: int = 0
+
+
+def _grouped(commands: Mapping[str, Command]) -> list[tuple[Command, list[str]]]:
+    """Agents that share one Command object get it in one publish."""
+    groups: dict[int, tuple[Command, list[str]]] = {}
+    for agent in sorted(commands):
+        groups.setdefault(id(commands[agent]), (commands[agent], []))[1].append(agent)
+    return list(groups.values())
 
 
 class MqttEngine(Engine):
@@ -182,10 +190,28 @@ class MqttEngine(Engine):
 
     def send_and_receive(self, commands: Mapping[str, Command], *, round: int = 0,
                          step: int = 0, deadline_s: float = 60.0) -> Outcome:
-        groups: dict[int, tuple[Command, list[str]]] = {}
-        for agent in sorted(commands):
-            groups.setdefault(id(commands[agent]), (commands[agent], []))[1].append(agent)
-        return self._exchange(list(groups.values()), round, step, deadline_s)
+        return self._exchange(_grouped(commands), round, step, deadline_s)
+
+    def send_and_stream(self, commands: Mapping[str, Command], *, round: int = 0,
+                        step: int = 0, deadline_s: float = 60.0) -> Iterator[Outcome]:
+        """Results as they land, released in agent-id order (see `Engine.send_and_stream`);
+        replies that land while the caller works are kept, not lost to the deadline."""
+        groups = _grouped(commands)
+        mine, missed = self._send(groups, round, step)
+        results: dict[str, Reply | str] = dict(missed)
+        arrivals = self._arrivals(mine, deadline_s)
+        try:
+            for agent in sorted(commands):
+                while agent not in results:
+                    landed, result = next(arrivals, (agent, "deadline"))
+                    results[landed] = result
+                result = results.pop(agent)
+                if isinstance(result, Reply):
+                    yield self._finish({agent: result}, {}, commands[agent].kind, round, step)
+                else:
+                    yield self._finish({}, {agent: result}, commands[agent].kind, round, step)
+        finally:
+            arrivals.close()
 
     def broadcast(self, command: Command, agents: list[str], *, round: int = 0, step: int = 0,
                   deadline_s: float = 60.0) -> Outcome:
@@ -194,10 +220,22 @@ class MqttEngine(Engine):
     def _exchange(self, groups: list[tuple[Command, list[str]]], round: int, step: int,
                   deadline_s: float) -> Outcome:
         """Send each group's command (once per group when it has several agents) and wait."""
+        kind = groups[0][0].kind if groups else ""
+        mine, missed = self._send(groups, round, step)
+        replies: dict[str, Reply] = {}
+        for agent, result in self._arrivals(mine, deadline_s):
+            if isinstance(result, Reply):
+                replies[agent] = result
+            else:
+                missed[agent] = result
+        return self._finish(replies, missed, kind, round, step)
+
+    def _send(self, groups: list[tuple[Command, list[str]]], round: int, step: int
+              ) -> tuple[list[_Pending], dict[str, str]]:
+        """Publish the commands; returns what is now pending and who was offline already."""
         missed: dict[str, str] = {}
         mine: list[_Pending] = []
         sends: list[tuple[str, Message, Command, list[str]]] = []
-        kind = groups[0][0].kind if groups else ""
         with self._cond:
             # Fresh commands go out now; older reconnect signals do not apply to them.
             self._resend_all = False
@@ -224,41 +262,45 @@ class MqttEngine(Engine):
                     sends.extend((self.topics.down(a), message, command, [a]) for a in live)
         for topic, message, command, recipients in sends:
             self._publish(topic, message, command, recipients)
-        replies = self._wait(mine, missed, deadline_s)
-        return self._finish(replies, missed, kind, round, step)
+        return mine, missed
 
-    def _wait(self, mine: list[_Pending], missed: dict[str, str], deadline_s: float
-              ) -> dict[str, Reply]:
+    def _arrivals(self, mine: list[_Pending], deadline_s: float
+                  ) -> Iterator[tuple[str, Reply | str]]:
+        """Each pending agent once, as it resolves: its reply, or why it missed (error,
+        offline, deadline). Retransmits on reconnects and silence; cleans up when done or
+        closed early."""
         deadline = time.monotonic() + deadline_s
         open_ = {p.agent: p for p in mine}
-        replies: dict[str, Reply] = {}
-        while True:
+        try:
+            while open_:
+                done: list[tuple[str, Reply | str]] = []
+                with self._cond:
+                    for agent, p in list(open_.items()):
+                        if p.reply is not None:
+                            done.append((agent, f"error: {p.reply.meta.get('error', '?')}"
+                                         if p.reply.type == MessageType.ERROR
+                                         else reply_from(agent, p.reply, p.wire_bytes)))
+                            del open_[agent]
+                        elif self.registry.state(agent) == "offline":
+                            done.append((agent, "offline"))
+                            del open_[agent]
+                    now = time.monotonic()
+                    if open_ and now >= deadline:
+                        done.extend((agent, "deadline") for agent in open_)
+                        open_.clear()
+                    again = [p for p in open_.values()
+                             if self._resend_all or p.agent in self._resend
+                             or now - p.sent_at > self.retry_s]
+                    self._resend.difference_update(open_)
+                    self._resend_all = False
+                    if open_ and not again and not done:
+                        self._cond.wait(min(deadline - now, 0.2))
+                if again:
+                    self._retransmit(again)
+                yield from done
+        finally:
             with self._cond:
-                for agent, p in list(open_.items()):
-                    if p.reply is not None:
-                        if p.reply.type == MessageType.ERROR:
-                            missed[agent] = f"error: {p.reply.meta.get('error', '?')}"
-                        else:
-                            replies[agent] = reply_from(agent, p.reply, p.wire_bytes)
-                        del open_[agent]
-                    elif self.registry.state(agent) == "offline":
-                        missed[agent] = "offline"
-                        del open_[agent]
-                now = time.monotonic()
-                if not open_ or now >= deadline:
-                    for agent in open_:
-                        missed[agent] = "deadline"
-                    for p in mine:
-                        self._pending.pop((p.agent, p.cmd), None)
-                        if self.registry.state(p.agent) == "busy":
-                            self.registry.set_state(p.agent, "online")
-                    return replies
-                again = [p for p in open_.values()
-                         if self._resend_all or p.agent in self._resend
-                         or now - p.sent_at > self.retry_s]
-                self._resend.difference_update(open_)
-                self._resend_all = False
-                if not again:
-                    self._cond.wait(min(deadline - now, 0.2))
-            if again:
-                self._retransmit(again)
+                for p in mine:
+                    self._pending.pop((p.agent, p.cmd), None)
+                    if self.registry.state(p.agent) == "busy":
+                        self.registry.set_state(p.agent, "online")

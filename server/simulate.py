@@ -19,7 +19,8 @@ import typer
 
 from server.training import Settings
 
-ALGORITHMS = "fedavg, splitfed-v1, splitfed-v2, psl, scala, ca-sfl, lla-sfl, gapsl"
+ALGORITHMS = ("fedavg, splitfed-v1, splitfed-v2, psl, scala, ca-sfl, lla-sfl, gapsl, "
+              "ampere, ampere-noconsolidation, sherl")
 
 
 def simulate(
@@ -36,7 +37,9 @@ def simulate(
     resume: bool = False,
 ) -> dict[str, Any]:
     """Partition `dataset` over `clients` in-process agents and train; returns the summary.
-    The arguments go to `out_dir/simulation.json`, so `--resume DIR` needs nothing else."""
+    The arguments go to `out_dir/simulation.json`, so `--resume DIR` needs nothing else.
+    The edges of `settings.edges` (SHeRL-FL) join as data-less agents with role `edge`."""
+    from edge_agent.edge import no_data
     from edge_agent.worker import AgentWorker
     from export.bundle_writer import write_bundle
     from jetsplit.bundle import Bundle
@@ -51,6 +54,8 @@ def simulate(
     workers = {agent_name(i): AgentWorker(agent_name(i), train.subset(shard),
                                           seed=settings.seed + i, bundle_cache=cache)
                for i, shard in enumerate(shards)}
+    workers.update({edge: AgentWorker(edge, no_data(), role="edge", seed=settings.seed,
+                                      bundle_cache=cache) for edge in sorted(settings.edges)})
     del train, shards  # from here on each client's shard is the only copy of its data
     spec = ModelSpec(model, test.input_shape, test.num_classes)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -98,6 +103,27 @@ def agent_name(index: int) -> str:
     return f"a{index}"
 
 
+def edge_name(index: int) -> str:
+    """Simulated edges (SHeRL-FL's tier 2): e0, e1, …"""
+    return f"e{index}"
+
+
+def sherl_topology(algorithm: str, edges: int, clients: int) -> dict[str, list[str]]:
+    """`--edges N`: N edge agents, clients dealt round-robin (sherl only, and needed)."""
+    from jetsplit.errors import ConfigError
+    from server.topology import round_robin
+
+    if algorithm != "sherl":
+        if edges:
+            raise ConfigError(f"--edges is for --algorithm sherl, not {algorithm}")
+        return {}
+    if not 1 <= edges <= clients:
+        raise ConfigError(f"--algorithm sherl needs 1..{clients} --edges (each edge serves "
+                          f"at least one client), got {edges}")
+    return round_robin([edge_name(j) for j in range(edges)],
+                       [agent_name(i) for i in range(clients)])
+
+
 def peak_rss_mb() -> float:
     """This process's peak resident set size (Linux reports KiB, macOS bytes)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -130,6 +156,17 @@ def simulate_command(
     resume: Annotated[Path | None, typer.Option(
         "--resume", help="Continue the run in DIR from its last checkpoint (other options "
         "come from DIR).")] = None,
+    edges: Annotated[int, typer.Option(
+        "--edges", help="sherl: edge agents; clients are dealt to them round-robin.")] = 0,
+    edge_split: Annotated[int | None, typer.Option(
+        "--edge-split", help="sherl: k2, the first cloud layer (default: the planner's).")
+    ] = None,
+    tau1: Annotated[int | None, typer.Option(
+        "--tau1", help="sherl: iterations between edge aggregations (default tau2).")] = None,
+    tau2: Annotated[int | None, typer.Option(
+        "--tau2", help="sherl: iterations between cloud aggregations (default T).")] = None,
+    margin: Annotated[float, typer.Option(
+        "--margin", help="sherl: contrastive margin m on the cosine distance.")] = 0.5,
 ) -> None:
     """Simulate a fleet in one process: same methods and metrics as over MQTT."""
     from jetsplit.config_io import model_from_dict
@@ -137,7 +174,8 @@ def simulate_command(
 
     train = model_from_dict(TrainSection, {
         "algorithm": algorithm, "rounds": rounds, "local_steps": local_steps,
-        "fraction": fraction, "batch": batch, "lr": lr, "codec": codec}, "option", "--")
+        "fraction": fraction, "batch": batch, "lr": lr, "codec": codec, "tau1": tau1,
+        "tau2": tau2, "margin": margin}, "option", "--")
     if clients < 1:
         from jetsplit.errors import ConfigError
 
@@ -150,8 +188,10 @@ def simulate_command(
         algorithm = summary["algorithm"]
     else:
         out_dir = out or Path("runs") / time.strftime("sim-%Y%m%d-%H%M%S", time.gmtime())
-        summary = simulate(Settings(seed=seed, **train.model_dump()), model=model,
-                           split=split, dataset=dataset, clients=clients,
+        topology = sherl_topology(algorithm, edges, clients)
+        settings = Settings(seed=seed, edges=topology, edge_split=edge_split,
+                            **train.model_dump())
+        summary = simulate(settings, model=model, split=split, dataset=dataset, clients=clients,
                            partition_scheme=partition, out_dir=out_dir)
     short = {k: summary[k] for k in ("algorithm", "rounds", "final_accuracy",
                                      "balanced_accuracy", "final_accuracy_std", "bytes_up",

@@ -17,7 +17,7 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +71,16 @@ class Settings:
     upload_mb: float = 8.0
     activation_dir: str | None = None
     activation_gb: float = 64.0
+    # SHeRL-FL (sherl-fl.txt): edges FedAvg their clients every `tau1` iterations and the
+    # cloud FedAvg-s the edge tier every `tau2` (None: once per round, after iteration T);
+    # `margin` m of the edge's contrastive loss; `edges` maps edge → clients (empty:
+    # round-robin over the registered edges); `edge_split` k2 is the first cloud layer
+    # (None: the planner picks it from the agents' profiles).
+    tau1: int | None = None
+    tau2: int | None = None
+    margin: float = 0.5
+    edges: dict[str, list[str]] = field(default_factory=dict)
+    edge_split: int | None = None
 
 
 class Trainer:
@@ -295,12 +305,14 @@ def run_training(
     bundle: Bundle | None = None,
     checkpoint: bool = True,
     resume: bool = False,
+    row_extras: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Train `settings.algorithm` for `settings.rounds` rounds; returns the summary.
 
     With `checkpoint`, the state after every round goes to `out_dir/checkpoint`; with
     `resume`, training continues after the last checkpointed round (its bundle is shipped,
-    its metrics rows are kept) and ends exactly where an uninterrupted run would."""
+    its metrics rows are kept) and ends exactly where an uninterrupted run would.
+    `row_extras(row)` may add fields to each metrics row before it is written."""
     from server.algorithms.methods import build_method
     from server.checkpoint import load_checkpoint
 
@@ -352,7 +364,10 @@ def run_training(
                 "device_gflops": trainer.device_gflops(),
                 "phases_s": {k: round(v, 4) for k, v in sorted(trainer.phases.items())},
                 "seconds": time.perf_counter() - round_started,
+                **getattr(method, "extra_metrics", {}),  # a method's own (sherl: tier_bytes)
             }
+            if row_extras is not None:  # e.g. a trial's per-agent time and telemetry
+                row.update(row_extras(row))
             rows.append(row)
             metrics.write(json.dumps(row) + "\n")
             metrics.flush()

@@ -349,16 +349,26 @@ class MqttEndpoint:
         """Encode, sign, chunk and publish (QoS 1); returns bytes put on the wire.
 
         paho queues QoS 1 messages while disconnected and sends them after reconnecting."""
-        if self._client is None:
-            raise ConfigError(f"not connected to broker {self.address.url()}")
+        return self.publish_parts(topic, self.prepare(message, codec=codec,
+                                                      compression=compression), retain=retain)
+
+    def prepare(self, message: Message, *, codec: str = "fp32", compression: str = "none"
+                ) -> list[bytes]:
+        """The signed chunks `send` would publish (a device emulator sizes its link wait
+        from them before they go out)."""
         encoded = encode_message(message, codec=codec, compression=compression,
                                  fleet_key=self.options.fleet_key)
         count = chunk_count(len(encoded), self.options.chunk_bytes)
-        parts = chunk_message(encoded, run=message.run, sender=message.sender,
-                              seq_start=self._seq.reserve(count) if count > 1 else 0,
-                              msg_id=f"{message.sender}.{message.seq}",
-                              chunk_bytes=self.options.chunk_bytes,
-                              fleet_key=self.options.fleet_key)
+        return chunk_message(encoded, run=message.run, sender=message.sender,
+                             seq_start=self._seq.reserve(count) if count > 1 else 0,
+                             msg_id=f"{message.sender}.{message.seq}",
+                             chunk_bytes=self.options.chunk_bytes,
+                             fleet_key=self.options.fleet_key)
+
+    def publish_parts(self, topic: str, parts: list[bytes], *, retain: bool = False) -> int:
+        """Publish prepared chunks (QoS 1); returns bytes put on the wire."""
+        if self._client is None:
+            raise ConfigError(f"not connected to broker {self.address.url()}")
         for part in parts:
             self._client.publish(topic, part, qos=1, retain=retain)
         return sum(len(p) for p in parts)

@@ -406,8 +406,12 @@ class FedAvg(Method):
         return float(np.mean(losses)) if losses else None
 
 
+from server.algorithms.ampere import Ampere, AmpereNoConsolidation  # noqa: E402 (subclasses)
+from server.algorithms.sherl import SHeRL  # noqa: E402 (subclass)
+
 METHODS: dict[str, type[Method]] = {m.name: m for m in (
-    FedAvg, SplitFedV1, SplitFedV2, PSL, SCALA, CASFL, LLASFL, GAPSL)}
+    FedAvg, SplitFedV1, SplitFedV2, PSL, SCALA, CASFL, LLASFL, GAPSL, Ampere,
+    AmpereNoConsolidation, SHeRL)}
 
 
 def build_method(name: str, trainer: Trainer) -> Method:

@@ -1,0 +1,91 @@
+"""Device emulation for field trials on one machine, and the agent's time books.
+
+A trial runs every agent on the build machine, yet each should behave like the device its
+profile describes: compute is stretched to the profile's speed relative to this machine's
+measured speed (`compute_slowdown`), and every message waits for the profile's link
+(`uplink_mbps` / `downlink_mbps`). Without emulation the same class just keeps the books:
+seconds computing and seconds transferring, which the coordinator turns into the per-agent
+compute / transfer / waiting split of its report.
+
+Under emulation an agent's compute time is its process CPU time × slowdown (torch runs one
+thread per trial agent), and it sleeps until its wall time reaches that: agents sharing a
+2-core machine are not charged for waiting on each other's CPU (that shows as waiting).
+Without emulation compute time is wall time, as on a real device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Direction = Literal["up", "down"]
+MAX_LINK_SLEEP_S = 600.0  # one message never blocks the agent longer (watchdog headroom)
+
+
+class EmulationSection(BaseModel):
+    """`[emulation]` in agent.toml: only trials set it; a real device leaves it out."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    profile: str | None = None  # what is emulated (for reports)
+    compute_slowdown: Annotated[float, Field(ge=1.0, le=10_000.0)] = 1.0
+    uplink_mbps: Annotated[float, Field(gt=0, le=1e6)] | None = None
+    downlink_mbps: Annotated[float, Field(gt=0, le=1e6)] | None = None
+
+
+class DeviceClock:
+    """Stretches compute and delays transfers per `EmulationSection`; counts both."""
+
+    def __init__(self, section: EmulationSection | None = None) -> None:
+        self.section = section or EmulationSection()
+        self.compute_s = 0.0
+        self.transfer_s = 0.0
+        self.started = time.monotonic()
+        self._lock = threading.Lock()
+
+    @property
+    def emulating(self) -> bool:
+        s = self.section
+        return s.compute_slowdown > 1.0 or s.uplink_mbps is not None \
+            or s.downlink_mbps is not None
+
+    @contextlib.contextmanager
+    def compute(self) -> Iterator[None]:
+        """Wrap one command's work; with a slowdown, wait until it took as long as the
+        emulated device would have."""
+        wall, cpu = time.perf_counter(), time.process_time()
+        try:
+            yield
+        finally:
+            spent = time.perf_counter() - wall
+            if self.emulating:  # the device's time: CPU work × slowdown
+                spent, late = (time.process_time() - cpu) * self.section.compute_slowdown, spent
+                if spent > late:
+                    time.sleep(spent - late)
+            with self._lock:
+                self.compute_s += spent
+
+    def transfer(self, nbytes: int, direction: Direction, spent_s: float = 0.0) -> None:
+        """Account one message; on an emulated link, wait for its bytes to pass."""
+        mbps = self.section.uplink_mbps if direction == "up" else self.section.downlink_mbps
+        if mbps is not None:
+            wait = min(nbytes * 8 / (mbps * 1e6), MAX_LINK_SLEEP_S) - spent_s
+            if wait > 0:
+                time.sleep(wait)
+                spent_s += wait
+        with self._lock:
+            self.transfer_s += spent_s
+
+    def snapshot(self) -> dict[str, float | str | None]:
+        """Cumulative books since start; the coordinator differences them per round."""
+        with self._lock:
+            return {"compute_s": round(self.compute_s, 4),
+                    "transfer_s": round(self.transfer_s, 4),
+                    "uptime_s": round(time.monotonic() - self.started, 4),
+                    "profile": self.section.profile,
+                    "compute_slowdown": self.section.compute_slowdown}

@@ -1,0 +1,532 @@
+"""`jetsplit agent install` (and `scripts/install-agent.sh`): put the agent on a device as a
+systemd service — venv, package, user, config, unit — in one idempotent run.
+
+The whole logic lives here. The module needs only the standard library at import time, so
+the shell script can run it with the system `python3` straight from a checkout, before any
+dependency is installed; checks that need the project's own code (config validation) run
+in-process where that code imports, else with the new venv's Python.
+
+On a Jetson the venv is made with `--system-site-packages` so NVIDIA's torch wheel (the only
+CUDA torch for aarch64) is reused, and pip is held to that torch by a constraint: it can
+never replace it with a CPU wheel from PyPI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import grp
+import json
+import os
+import pwd
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from jetsplit.errors import JetsplitError
+
+# Fixed paths: systemd/jetsplit-agent.service names the same ones (a test holds them equal).
+VENV = "/opt/jetsplit/venv"
+PROFILES_DIR = "/opt/jetsplit/profiles"
+CONFIG_DIR = "/etc/jetsplit"
+CONFIG = "/etc/jetsplit/agent.toml"
+ENV_FILE = "/etc/jetsplit/agent.env"
+STATE_DIR = "/var/lib/jetsplit"
+UNIT_NAME = "jetsplit-agent.service"
+UNIT = f"/etc/systemd/system/{UNIT_NAME}"
+USER = "jetsplit"
+PROFILES_ENV = "JETSPLIT_PROFILES_DIR"
+MIN_PYTHON = (3, 10)
+
+# L4T major.minor → NVIDIA's PyTorch wheel folder for that JetPack (Python of that JetPack).
+TORCH_WHEELS = {
+    (36, 4): "https://developer.download.nvidia.com/compute/redist/jp/v61/pytorch/",
+    (36, 3): "https://developer.download.nvidia.com/compute/redist/jp/v60/pytorch/",
+    (36, 2): "https://developer.download.nvidia.com/compute/redist/jp/v60/pytorch/",
+    (35, 4): "https://developer.download.nvidia.com/compute/redist/jp/v512/pytorch/",
+    (32, 7): "https://developer.download.nvidia.com/compute/redist/jp/v461/pytorch/",
+}
+JETPACK = {32: "JetPack 4", 34: "JetPack 5", 35: "JetPack 5", 36: "JetPack 6"}
+# Device-tree model text → bundled profile; first match wins (so "orin nano" before "nano").
+MODEL_PROFILES = (("agx orin", "agx-orin-64gb"), ("orin nx", "orin-nx-16gb"),
+                  ("orin nano", "orin-nano-8gb"), ("xavier nx", "xavier-nx-8gb"),
+                  ("agx xavier", "agx-xavier-32gb"), ("jetson-agx", "agx-xavier-32gb"),
+                  ("nano", "jetson-nano-4gb"))
+
+
+class InstallError(JetsplitError):
+    """A precondition or step failed; the message is one line saying what to do."""
+
+
+@dataclass(frozen=True)
+class Options:
+    agent: str
+    broker: str
+    fleet: str = "default"
+    profile: str | None = None
+    source: Path = Path(__file__).resolve().parents[1]
+    root: Path = Path("/")
+    dry_run: bool = False
+    enable: bool = True
+    user: bool = True
+    venv: bool = True
+    jetson_extra: bool = False
+
+
+@dataclass
+class Host:
+    """What the installer found; read-only probes, also done on --dry-run."""
+
+    l4t: tuple[int, int] | None  # (major, minor) of /etc/nv_tegra_release
+    l4t_text: str | None
+    model: str | None  # /proc/device-tree/model
+    python: str  # interpreter the venv is made from
+    python_version: tuple[int, int]
+    torch: str | None  # torch version that interpreter sees, None where absent
+    euid: int
+    groups: set[str] = field(default_factory=set)  # of video, jtop: those that exist
+    user_exists: bool = False
+
+    @property
+    def jetson(self) -> bool:
+        return self.l4t is not None
+
+
+@dataclass
+class Step:
+    title: str
+    action: Callable[[], str | None]  # performs the change; returns a short note
+
+
+def detect_host(root: Path) -> Host:
+    """Probe the machine (under `root` for the files a fake root can stand in for)."""
+    release = _read(root / "etc/nv_tegra_release")
+    l4t = None
+    if release:
+        match = re.search(r"R(\d+)\s*\(release\),\s*REVISION:\s*(\d+)", release)
+        l4t = (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+    model = _read(root / "proc/device-tree/model")
+    python = getattr(sys, "_base_executable", None) or sys.executable
+    probe = subprocess.run(
+        [python, "-c", "import importlib.metadata as m, sys\n"
+         "try: print(m.version('torch'))\nexcept m.PackageNotFoundError: pass\n"
+         "print('%d.%d' % sys.version_info[:2], file=sys.stderr)"],
+        capture_output=True, text=True, timeout=60)
+    if probe.returncode != 0 or not probe.stderr.strip():
+        raise InstallError(f"{python} does not run: {probe.stderr.strip()[-200:]}")
+    major, minor = (int(p) for p in probe.stderr.strip().splitlines()[-1].split("."))
+    groups = set()
+    for name in ("video", "jtop"):
+        try:
+            grp.getgrnam(name)
+            groups.add(name)
+        except KeyError:
+            pass
+    try:
+        pwd.getpwnam(USER)
+        user_exists = True
+    except KeyError:
+        user_exists = False
+    return Host(l4t=l4t, l4t_text=release.splitlines()[0].lstrip("# ")[:80] if release else None,
+                model=model.strip("\x00 \n") if model else None, python=python,
+                python_version=(major, minor), torch=probe.stdout.strip() or None,
+                euid=os.geteuid(), groups=groups, user_exists=user_exists)
+
+
+def preflight(opts: Options, host: Host) -> str | None:
+    """Refuse early, in one line, what would fail later; returns the chosen profile."""
+    fake_root = opts.root != Path("/")
+    if not (opts.dry_run or fake_root) and host.euid != 0:
+        raise InstallError("installing the agent needs root: run it with sudo (or --dry-run "
+                           "to see every step, or --root DIR to install into a directory)")
+    for name in ("pyproject.toml", "systemd/agent.toml", "systemd/agent.env",
+                 f"systemd/{UNIT_NAME}"):
+        if not (opts.source / name).is_file():
+            raise InstallError(f"--source {opts.source}: not a jetsplit checkout ({name} "
+                               "missing); pass the directory that holds pyproject.toml")
+    if opts.venv and host.python_version < MIN_PYTHON:
+        raise InstallError(f"jetsplit needs Python >= {'.'.join(map(str, MIN_PYTHON))} "
+                           f"(JetPack 6 ships 3.10); {host.python} is "
+                           f"{'.'.join(map(str, host.python_version))}")
+    if opts.venv and host.jetson and host.torch is None:
+        raise InstallError(_torch_hint(host))
+    profile = opts.profile or guess_profile(host.model)
+    if profile and "/" not in profile and not (opts.source / "profiles" /
+                                               f"{profile.removesuffix('.toml')}.toml").is_file():
+        known = ", ".join(sorted(p.stem for p in (opts.source / "profiles").glob("*.toml")))
+        raise InstallError(f"--profile {profile}: no such bundled profile (known: {known}); "
+                           "or pass a path to a measured profile")
+    return profile.removesuffix(".toml") if profile and "/" not in profile else profile
+
+
+def guess_profile(model: str | None) -> str | None:
+    text = (model or "").lower()
+    return next((name for key, name in MODEL_PROFILES if key in text), None)
+
+
+def _torch_hint(host: Host) -> str:
+    major, minor = host.l4t or (0, 0)
+    url = TORCH_WHEELS.get((major, minor)) or next(
+        (u for (ma, _), u in sorted(TORCH_WHEELS.items(), reverse=True) if ma == major), None)
+    where = f"L4T R{major}.{minor} ({JETPACK.get(major, 'JetPack ?')})"
+    if url is None:
+        return (f"torch is missing on this Jetson ({where}): install NVIDIA's PyTorch wheel "
+                f"for your JetPack into {host.python} first (see NVIDIA's 'Installing PyTorch "
+                "for Jetson Platform'), then re-run; never `pip install torch` from PyPI here")
+    return (f"torch is missing on this Jetson ({where}): install NVIDIA's wheel from {url} into "
+            f"{host.python} first (sudo {host.python} -m pip install <that .whl>), then "
+            "re-run; a PyPI torch would be CPU-only")
+
+
+# --------------------------------------------------------------------------------- rendering
+def render_agent_toml(template: str, opts: Options, profile: str | None, root: Path
+                      ) -> tuple[str, list[str]]:
+    """The example agent.toml with the flags' values filled in, and the keys commented out:
+    those naming files that do not exist yet (CA, fleet key) would stop the service from
+    starting; their comment says how to turn them back on."""
+    values = {("", "agent"): opts.agent, ("", "fleet"): opts.fleet,
+              ("", "state_dir"): STATE_DIR, ("", "profile"): profile,
+              ("mqtt", "broker"): opts.broker}
+    section, out, commented = "", [], []
+    for line in template.splitlines():
+        head = re.match(r"\s*\[([A-Za-z0-9_.]+)\]\s*(#.*)?$", line)
+        if head:
+            section = head.group(1)
+        match = re.match(r'(\s*)([A-Za-z_]+)(\s*=\s*)("[^"]*")(.*)$', line)
+        if match and (section, match.group(2)) in values:
+            value = values[(section, match.group(2))]
+            if value is None:
+                line = f"# {match.group(2)} = ...  # none chosen: set one with --profile"
+            else:
+                line = f"{match.group(1)}{match.group(2)}{match.group(3)}{json.dumps(value)}"
+                line += match.group(5) if match.group(5).strip().startswith("#") else ""
+        elif match and match.group(2) in ("tls_ca", "tls_cert", "tls_key", "fleet_key_file"):
+            path = json.loads(match.group(4))
+            if not (root / path.lstrip("/")).is_file():
+                line = (f"# {match.group(2)} = {match.group(4)}  # put the file there, then "
+                        "uncomment")
+                commented.append(match.group(2))
+        out.append(line)
+    return "\n".join(out) + "\n", commented
+
+
+def render_env(template: str, existing: str | None) -> str:
+    """agent.env: an existing file is kept as it is (it may hold the fleet key); only the
+    profiles directory is added where missing."""
+    text = existing if existing is not None else template
+    if not re.search(rf"^\s*{PROFILES_ENV}=", text, re.MULTILINE):
+        text = text.rstrip("\n") + ("\n" if text.strip() else "") + \
+            f"# Where bare profile names (profile = \"jetson-nano-4gb\") are looked up:\n" \
+            f"{PROFILES_ENV}={PROFILES_DIR}\n"
+    return text
+
+
+def check_config_text(text: str, source: str) -> str:
+    """Validate a rendered agent.toml with the project's own model (one-line errors)."""
+    from edge_agent.config import AgentConfig
+    from jetsplit.config_io import model_from_dict, tomllib
+
+    cfg = model_from_dict(AgentConfig, tomllib.loads(text), "agent config", source)
+    return cfg.mqtt.address().url()
+
+
+def _importable() -> bool:
+    try:
+        import edge_agent.config  # noqa: F401
+        import jetsplit.config_io  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# ------------------------------------------------------------------------------------ steps
+def plan(opts: Options, host: Host, profile: str | None) -> list[Step]:
+    """Every step, in order, each with a title that says exactly what it will change."""
+    root = opts.root
+    fake_root = root != Path("/")
+
+    def at(path: str) -> Path:
+        return root / path.lstrip("/")
+
+    steps: list[Step] = []
+    owner = None if fake_root or not (opts.user or host.user_exists) else USER
+    agent_text, commented = render_agent_toml(
+        (opts.source / "systemd/agent.toml").read_text(), opts, profile, root)
+    venv_python = at(VENV) / "bin/python"
+
+    if opts.venv:
+        if venv_python.exists():
+            steps.append(Step(f"reuse the venv {at(VENV)}", lambda: _check_venv(at(VENV))))
+        else:
+            steps.append(Step(
+                f"create the venv {at(VENV)} with --system-site-packages from {host.python}"
+                + (f" (reuses NVIDIA's torch {host.torch})" if host.torch else ""),
+                lambda: _run([host.python, "-m", "venv", "--system-site-packages",
+                              str(at(VENV))])))
+        extras = "agent,jetson" if opts.jetson_extra else "agent"
+        pin = f", torch held at {host.torch}" if host.torch else ""
+        steps.append(Step(f"pip install {opts.source}[{extras}] into the venv{pin}",
+                          lambda: _pip_install(venv_python, opts.source, extras, host.torch)))
+    steps.append(Step(f"copy the device profiles to {at(PROFILES_DIR)}",
+                      lambda: _copy_profiles(opts.source / "profiles", at(PROFILES_DIR))))
+    if opts.user and not fake_root:
+        groups = ",".join(g for g in ("video", "jtop") if g in host.groups)
+        if host.user_exists:
+            title = f"add the existing user {USER} to the groups {groups or '(none exist)'}"
+        else:
+            title = (f"create the system user {USER} (no login shell, home {STATE_DIR}, "
+                     f"groups {groups or '(none exist)'})")
+        steps.append(Step(title, lambda: _ensure_user(groups, host.user_exists)))
+    steps.append(Step(f"create {at(STATE_DIR)} (owner {owner or 'unchanged'}, mode 0750)",
+                      lambda: _ensure_dir(at(STATE_DIR), 0o750, owner, owner)))
+    steps.append(Step(f"create {at(CONFIG_DIR)} ("
+                      f"{'root:' + owner if owner else 'owner unchanged'}, mode 0750)",
+                      lambda: _ensure_dir(at(CONFIG_DIR), 0o750, "root" if owner else None,
+                                          owner)))
+    steps.append(Step(
+        f"write {at(CONFIG)} (agent {opts.agent}, fleet {opts.fleet}, broker "
+        f"{_safe_url(opts.broker)}, profile {profile or 'none'}; mode 0640)",
+        lambda: _write(at(CONFIG), agent_text, owner, backup=True) + (
+            f"; commented out until their files exist: {', '.join(commented)}"
+            if commented else "")))
+    existing_env = _read(at(ENV_FILE))
+    env_text = render_env((opts.source / "systemd/agent.env").read_text(), existing_env)
+    verb = ("write" if existing_env is None else
+            "keep" if existing_env == env_text else "add a line to")
+    steps.append(Step(
+        f"{verb} {at(ENV_FILE)} ({PROFILES_ENV}={PROFILES_DIR}; mode 0640)",
+        lambda: _write(at(ENV_FILE), env_text, owner, backup=False)))
+    if opts.venv or venv_python.exists():
+        steps.append(Step(f"check {at(CONFIG)} loads with the venv's jetsplit",
+                          lambda: _check_with(venv_python, at(CONFIG))))
+    elif _importable():
+        steps.append(Step(f"check {at(CONFIG)} loads with this jetsplit",
+                          lambda: "broker " + check_config_text(at(CONFIG).read_text(),
+                                                                str(at(CONFIG)))))
+    steps.append(Step(f"install {UNIT_NAME} into {at(UNIT).parent}",
+                      lambda: _write(at(UNIT), (opts.source / "systemd" / UNIT_NAME)
+                                     .read_text(), None, backup=False, mode=0o644)))
+    if opts.enable and not fake_root:
+        steps.append(Step("systemctl daemon-reload", lambda: _run(["systemctl",
+                                                                   "daemon-reload"])))
+        steps.append(Step(f"systemctl enable {UNIT_NAME} and (re)start it",
+                          lambda: _enable_now()))
+    return steps
+
+
+def _check_venv(venv: Path) -> str:
+    cfg = _read(venv / "pyvenv.cfg") or ""
+    if re.search(r"include-system-site-packages\s*=\s*false", cfg):
+        raise InstallError(f"{venv} was made without --system-site-packages, so NVIDIA's "
+                           "torch is invisible to it: remove it and re-run")
+    return "kept"
+
+
+def _pip_install(python: Path, source: Path, extras: str, torch: str | None) -> str:
+    with tempfile.TemporaryDirectory(prefix="jetsplit-install-") as tmp:
+        command = [str(python), "-m", "pip", "install", "--upgrade",
+                   f"{source}[{extras}]"]
+        if torch:  # never let pip swap NVIDIA's CUDA torch for a CPU wheel
+            constraints = Path(tmp) / "constraints.txt"
+            constraints.write_text(f"torch=={torch}\n")
+            command += ["--constraint", str(constraints)]
+        _run(command)
+    return "installed"
+
+
+def _copy_profiles(source: Path, target: Path) -> str:
+    target.mkdir(parents=True, exist_ok=True)
+    count = 0
+    for path in sorted(source.glob("*.toml")):
+        shutil.copyfile(path, target / path.name)
+        (target / path.name).chmod(0o644)
+        count += 1
+    return f"{count} profiles"
+
+
+def _ensure_user(groups: str, exists: bool) -> str:
+    if not exists:
+        nologin = shutil.which("nologin") or "/usr/sbin/nologin"
+        command = ["useradd", "--system", "--user-group", "--home-dir", STATE_DIR,
+                   "--no-create-home", "--shell", nologin]
+        _run(command + (["--groups", groups] if groups else []) + [USER])
+        return "created"
+    if groups:
+        _run(["usermod", "--append", "--groups", groups, USER])
+    return "groups ensured"
+
+
+def _ensure_dir(path: Path, mode: int, user: str | None, group: str | None) -> str:
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(mode)
+    if user or group:
+        shutil.chown(path, user, group)
+    return None if user or group else "ownership unchanged"
+
+
+def _write(path: Path, text: str, group: str | None, *, backup: bool, mode: int = 0o640
+           ) -> str:
+    """Write only when the content changed; root-owned, readable by `group`."""
+    old = _read(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    note = "unchanged"
+    if old != text:
+        if old is not None and backup:
+            shutil.copy2(path, path.with_name(path.name + ".bak"))
+            note = f"updated (previous in {path.name}.bak)"
+        else:
+            note = "written" if old is None else "updated"
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(text)
+        tmp.chmod(mode)
+        tmp.replace(path)
+    path.chmod(mode)
+    if group:
+        shutil.chown(path, "root", group)
+    return note
+
+
+def _check_with(python: Path, config: Path) -> str:
+    code = ("import sys\nfrom edge_agent.install import check_config_text\n"
+            "from jetsplit.errors import JetsplitError\n"
+            "p = sys.argv[1]\n"
+            "try: print('broker', check_config_text(open(p).read(), p))\n"
+            "except JetsplitError as e: sys.exit(f'error: {e}')\n")
+    done = subprocess.run([str(python), "-c", code, str(config)], capture_output=True,
+                          text=True, timeout=300)
+    if done.returncode != 0:
+        lines = (done.stderr or done.stdout).strip().splitlines()
+        raise InstallError(lines[-1].removeprefix("error: ") if lines else
+                           f"{config} does not load")
+    return done.stdout.strip()
+
+
+def _enable_now() -> str:
+    _run(["systemctl", "enable", UNIT_NAME])
+    _run(["systemctl", "restart", UNIT_NAME])  # starts it, or picks up changed files
+    return f"running; logs: journalctl -u {UNIT_NAME} -f"
+
+
+def _run(command: list[str]) -> str | None:
+    try:
+        done = subprocess.run(command, timeout=3600)
+    except FileNotFoundError:
+        raise InstallError(f"{command[0]}: command not found") from None
+    if done.returncode != 0:
+        raise InstallError(f"`{' '.join(command[:4])}…` failed with exit code "
+                           f"{done.returncode} (its output is above)")
+    return None
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return None
+
+
+def _safe_url(url: str) -> str:
+    """The broker URL without its password (titles are printed)."""
+    return re.sub(r"(://[^:@/]+):[^@/]*@", r"\1:***@", url)
+
+
+# ------------------------------------------------------------------------------------- run
+def install(opts: Options, host: Host | None = None, echo: Callable[[str], None] = print
+            ) -> int:
+    """Check, then run (or with --dry-run, list) every step; returns the exit code."""
+    host = host or detect_host(opts.root)
+    profile = preflight(opts, host)
+    if _importable():  # validate the flags before anything changes
+        text, _ = render_agent_toml((opts.source / "systemd/agent.toml").read_text(), opts,
+                                    profile, opts.root)
+        try:
+            check_config_text(text, "(from the install flags)")
+        except JetsplitError as exc:
+            raise InstallError(str(exc)) from None
+    where = (f"Jetson {host.model or ''} L4T R{host.l4t[0]}.{host.l4t[1]} "
+             f"({JETPACK.get(host.l4t[0], 'JetPack ?')})" if host.l4t else "not a Jetson")
+    echo(f"jetsplit agent install: {where.strip()}; torch "
+         f"{host.torch or 'absent (pip will install it)'}"
+         + (f"; profile {profile}" + ("" if opts.profile else " (guessed from the model)")
+            if profile else ""))
+    steps = plan(opts, host, profile)
+    for number, step in enumerate(steps, 1):
+        prefix = f"[{number}/{len(steps)}]"
+        if opts.dry_run:
+            echo(f"{prefix} would {step.title}")
+            continue
+        echo(f"{prefix} {step.title}")
+        note = step.action()
+        if note:
+            echo(f"      {note}")
+    if opts.dry_run:
+        echo("dry run: nothing was changed")
+    elif not opts.enable or opts.root != Path("/"):
+        echo(f"done; start it with: systemctl enable --now {UNIT_NAME}")
+    else:
+        echo(f"done; check the device with: sudo -u {USER} {VENV}/bin/jetsplit doctor "
+             f"--broker '{_safe_url(opts.broker)}'")
+    return 0
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        """One line instead of usage + error."""
+        self.exit(2, f"error: {message} (see --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="jetsplit agent install",
+        description="Install the edge agent as a systemd service on this device (Jetson or "
+                    "any Linux): venv, package, user, /etc/jetsplit config, unit. Idempotent.")
+    parser.add_argument("--agent", required=True, help="this device's agent id (unique)")
+    parser.add_argument("--broker", required=True,
+                        help="mqtt[s]://[user:pass@]host:port of the fleet's broker")
+    parser.add_argument("--fleet", default="default", help="fleet name (default: default)")
+    parser.add_argument("--profile", help="bundled profile name or a path (default: guessed "
+                        "from the Jetson model)")
+    parser.add_argument("--source", type=Path, default=Options.source,
+                        help="the jetsplit checkout to install (default: this one)")
+    parser.add_argument("--root", "--prefix", dest="root", type=Path, default=Path("/"),
+                        help="install under this directory instead of / (no users, no "
+                             "systemctl; for tests and images)")
+    parser.add_argument("--dry-run", action="store_true", help="print every step, change "
+                        "nothing")
+    parser.add_argument("--no-enable", dest="enable", action="store_false",
+                        help="do not enable or start the service")
+    parser.add_argument("--no-user", dest="user", action="store_false",
+                        help=f"do not create the {USER} user or change its groups")
+    parser.add_argument("--no-venv", dest="venv", action="store_false",
+                        help=f"leave {VENV} as it is (no venv, no pip)")
+    parser.add_argument("--jetson", dest="jetson_extra", action="store_true",
+                        help="also install the [jetson] extra (jetson-stats, AGPL-3.0)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `python -m edge_agent.install` and `jetsplit agent install`."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help, or a usage error already printed
+        return int(exc.code or 0)
+    opts = Options(**{**vars(args), "source": args.source.resolve(),
+                      "root": args.root.resolve()})
+    try:
+        return install(opts)
+    except JetsplitError as exc:
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return exc.exit_code
+    except OSError as exc:
+        print(f"error: {exc.filename or ''}: {exc.strerror or exc}".replace("error: : ",
+                                                                          "error: "),
+              file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,433 @@
+"""Ampere (ampere.txt §3, Algorithm 1, eqs 5–12) and its ablation without activation
+consolidation (§5.2.4), on the shared runtime.
+
+Phase 1 (device training, eqs 7–10): each round is one epoch. Selected agents train client
+block + auxiliary head on their local loss (`train target=aux`, ⌈|D_k|/B_k⌉ steps of B_k, so
+every agent makes one pass), upload both, and the coordinator FedAvg-s them (weights |D_k|)
+and sends the average back at the next epoch: two model exchanges per epoch, eq. 5. The
+coordinator then scores the averaged client∘aux on a validation part it carves from its
+held-out split; phase 1 ends after `patience` epochs without a better score, after N_d =
+`device_epochs` epochs, or when only one round is left, and keeps the best epoch's blocks.
+
+Why validate on the coordinator: the paper trains "until {θ(d), θ~(d)} converges" and does
+not say where convergence is measured. The agents hold only their training data (accuracy
+there measures fit, not generalisation, and would cost every device a pass over its data
+plus a round trip per epoch); the coordinator already holds held-out data, so it scores the
+one averaged model once per epoch at no device cost. The validation part is disjoint from
+the part `evaluate` reports on, so model selection never sees the test samples.
+
+Phase 2 (eqs 6, 11–12): the coordinator writes a fresh bundle holding the final client and
+aux weights (its bytes are training traffic, kind `trained_bundle`), every eligible agent
+installs it and runs its client block once over all its data in ONNX Runtime (TensorRT EP
+where present), uploading activations+labels in slices of at most `upload_mb` (several
+`generate` replies, so a device never holds the whole encoding twice). Each slice goes into
+the on-disk `ActivationStore` as it lands, and the single server block trains on shuffled
+batches of everything stored so far while later slices are still travelling (Algorithm 1's
+two server subprocesses). Each later round is one more shuffled epoch over the whole store;
+agents whose upload is incomplete (offline, restarted) are asked again for the rest.
+
+The ablation keeps phase 1 but, once all activations are in, trains one server-block copy
+per agent on that agent's activations alone and FedAvg-s the copies (weights |A_k|) every
+epoch, as the SFL baselines do.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import nn
+
+from jetsplit.data import ArrayDataset
+from jetsplit.errors import ConfigError
+from jetsplit.models import ZOO_VERSION
+from jetsplit.models.weights import from_arrays, load_strict, to_arrays
+from jetsplit.protocol import Kind
+from server.activation_store import ActivationStore, StoreError
+from server.aggregation import fedavg
+from server.algorithms.methods import Method, _save_arrays
+from server.checkpoint import CheckpointError, strip, subset
+from server.coordinator import BundleShipper
+from server.engine import Command, Outcome
+from server.evaluation import evaluate
+from server.training import Arrays, Trainer
+
+log = logging.getLogger("jetsplit.coordinator")
+
+
+def carve_validation(held_out: ArrayDataset, fraction: float, seed: int
+                     ) -> tuple[ArrayDataset | None, ArrayDataset]:
+    """(validation, test): a seeded `fraction` of the held-out split for early stopping,
+    the rest for reporting; no validation part when `fraction` is 0."""
+    n = len(held_out)
+    count = min(n - 1, max(1, round(fraction * n))) if fraction > 0 else 0
+    if count <= 0:
+        return None, held_out
+    order = np.random.default_rng([seed, 0xA3]).permutation(n)
+    return held_out.subset(np.sort(order[:count])), held_out.subset(np.sort(order[count:]))
+
+
+class Ampere(Method):
+    """Ampere: unidirectional inter-block training with activation consolidation."""
+
+    name = "ampere"
+    consolidate: ClassVar[bool] = True
+
+    def __init__(self, trainer: Trainer) -> None:
+        super().__init__(trainer)
+        t, s = trainer, trainer.settings
+        if not t.bundle.has_aux:
+            raise ConfigError(f"{self.name} needs a bundle with an auxiliary head "
+                              "(set model.aux_ratio)")
+        if s.rounds < 2:
+            raise ConfigError(f"{self.name} needs at least 2 rounds (device epochs, then "
+                              f"server training), got rounds = {s.rounds}")
+        self.global_aux: Arrays = to_arrays(t.bundle.aux_module(), "aux")
+        # Aux blocks come back from agents too: validate them like the other blocks.
+        t.weight_template = {**t.weight_template, **self.global_aux}
+        self.validation, self.test = carve_validation(t.test, s.validation_fraction, s.seed)
+        self.phase = 1
+        self.epoch = 0  # phase-1 epochs done
+        self.best: Arrays = {**t.global_client, **self.global_aux}
+        self.best_accuracy: float | None = None
+        self.stale = 0  # epochs since the best validation accuracy
+        self.last_validation: float | None = None
+        self.server_epochs = 0
+        self.workdir: Path | None = None  # the store and the trained bundle
+        self.own_workdir = False  # a temp folder of ours, removed when the run ends
+        self.store: ActivationStore | None = None
+        self.shipper: BundleShipper | None = None
+
+    def run_round(self, selected: list[str]) -> float | None:
+        if self.phase == 1:
+            return self._device_epoch(selected)
+        self._prepare_phase2()
+        t = self.trainer
+        owing = [a for a in t.engine.registry.eligible(zoo_version=ZOO_VERSION)
+                 if not self._store().complete(a)]
+        assert self.shipper is not None
+        ready = self.shipper.ensure(owing, t.round) if owing else []
+        loss = self._server_epoch(ready)
+        self.server_epochs += 1
+        return loss
+
+    # ------------------------------------------------------------------ phase 1
+
+    def _device_epoch(self, selected: list[str]) -> float | None:
+        """One epoch of eqs 8–10: local client+aux training, FedAvg, validation."""
+        t, s = self.trainer, self.trainer.settings
+        live = t.live(selected)
+        if self.epoch > 0:
+            live = t.push(live, {**t.global_client, **self.global_aux})
+        batches, sizes = t.batches(live), t.sizes(live)
+        commands = {a: Command(Kind.TRAIN.value, {
+            "target": "aux", "batch": batches[a], "lr": s.lr,
+            "steps": math.ceil(sizes[a] / batches[a])}) for a in live}
+        with t.timed("local_train"):
+            out = t.note(t.engine.send_and_receive(commands, round=t.round,
+                                                    deadline_s=s.deadline_s))
+        loss = self._train_loss(out, commands)
+        states = t.pull(out.agents, ("client", "aux"))
+        t.release(out.agents)
+        if states:
+            with t.timed("aggregate"):
+                merged = fedavg(states, t.sizes(sorted(states)))
+            t.global_client = subset(merged, "client")
+            self.global_aux = subset(merged, "aux")
+            self.epoch += 1
+            with t.timed("validate"):
+                self._validate()
+        if self._device_training_done():
+            self._end_phase1()
+        return loss
+
+    def _train_loss(self, out: Outcome, commands: dict[str, Command]) -> float | None:
+        """Sample-weighted mean of the agents' reported losses (untrusted: checked)."""
+        t = self.trainer
+        total, seen = 0.0, 0
+        for agent, reply in out.replies.items():
+            samples, loss = reply.meta.get("samples"), reply.meta.get("loss")
+            limit = commands[agent].meta["steps"] * commands[agent].meta["batch"]
+            if not (isinstance(samples, int) and 0 < samples <= limit
+                    and isinstance(loss, float) and math.isfinite(loss)):
+                continue
+            t.fwd_samples[agent] += samples  # client forward and backward on device
+            t.bwd_samples[agent] += samples
+            total, seen = total + loss * samples, seen + samples
+        return total / seen if seen else None
+
+    def _device_model(self) -> nn.Module:
+        """client∘aux with the global weights (what phase 1 trains)."""
+        t = self.trainer
+        client = t.bundle.client_module()
+        load_strict(client, from_arrays(t.global_client, "client"), "client weights")
+        aux = t.bundle.aux_module()
+        load_strict(aux, from_arrays(self.global_aux, "aux"), "aux weights")
+        return nn.Sequential(*client.children(), aux)
+
+    def _validate(self) -> None:
+        """Early-stopping bookkeeping; without a validation part the latest epoch is best."""
+        current = {**self.trainer.global_client, **self.global_aux}
+        if self.validation is None:
+            self.best, self.stale = current, 0
+            return
+        accuracy = evaluate(self._device_model(), self.validation).accuracy
+        self.last_validation = accuracy
+        if self.best_accuracy is None or accuracy > self.best_accuracy:
+            self.best, self.best_accuracy, self.stale = current, accuracy, 0
+        else:
+            self.stale += 1
+
+    def _device_training_done(self) -> bool:
+        t, s = self.trainer, self.trainer.settings
+        last_round_next = t.round + 2 >= s.rounds  # phase 2 needs at least one round
+        return (self.stale >= s.patience or self.epoch >= s.device_epochs
+                or last_round_next)
+
+    def _end_phase1(self) -> None:
+        t = self.trainer
+        t.global_client = subset(self.best, "client")
+        self.global_aux = subset(self.best, "aux")
+        self.phase = 2
+        log.info("%s: device training ends after %d epochs (best validation accuracy %s)",
+                 self.name, self.epoch, self.best_accuracy)
+
+    # ------------------------------------------------------------------ phase 2 setup
+
+    def _store(self) -> ActivationStore:
+        assert self.store is not None
+        return self.store
+
+    def _prepare_phase2(self) -> None:
+        """The work folder, the trained bundle and the store (once; again after a resume)."""
+        t, s = self.trainer, self.trainer.settings
+        if self.workdir is None:
+            if s.activation_dir:
+                self.workdir = Path(s.activation_dir)
+            else:
+                self.workdir = Path(tempfile.gettempdir()) / f"jetsplit-ampere-{t.engine.run_id}"
+                self.own_workdir = True
+        archive = self.workdir / "bundle.tar.gz"
+        if self.shipper is None:
+            if not archive.is_file():
+                with t.timed("export"):
+                    self._write_trained_bundle()
+            self.shipper = BundleShipper(t.engine, archive, lr=s.lr,
+                                         deadline_s=s.bundle_deadline_s,
+                                         kind=Kind.TRAINED_BUNDLE.value)
+        if self.store is None:
+            # The store is tied to the trained bundle: activations of another client block
+            # (an earlier run in the same folder) are refused, never mixed in.
+            self.store = ActivationStore(
+                self.workdir / "store", t.activation_shape, self.num_classes,
+                max_bytes=int(s.activation_gb * 2**30), tag=self.shipper.sha256)
+
+    def _write_trained_bundle(self) -> None:
+        """A bundle like the shipped one, with the final client and aux weights: its ONNX
+        client block is what the agents run to generate activations."""
+        from export.bundle_writer import write_bundle
+
+        t = self.trainer
+        assert self.workdir is not None
+        weights = {**from_arrays(t.global_client, "client"),
+                   **{k: v.detach().clone() for k, v in t.server.state_dict().items()},
+                   **{f"aux.{k}": v for k, v in from_arrays(self.global_aux, "aux").items()}}
+        write_bundle(t.bundle.spec, t.bundle.split, self.workdir / "bundle",
+                     aux_ratio=t.bundle.manifest.aux_ratio, seed=t.settings.seed,
+                     weights=weights, tar=True)
+
+    # ------------------------------------------------------------------ phase 2 uploads
+
+    def _rows_per_reply(self) -> int:
+        row = 4 * math.prod(self.trainer.activation_shape)
+        return max(1, int(self.trainer.settings.upload_mb * 2**20) // row)
+
+    def _collect(self, agents: list[str]) -> Iterator[np.ndarray]:
+        """Ask `agents` for the rest of their activations, one slice per agent per wave;
+        store each slice as it lands and yield the store rows it added. An agent that
+        misses a wave (or sends a bad slice) is asked again next round."""
+        t, s, store = self.trainer, self.trainer.settings, self._store()
+        sizes = t.sizes(agents)
+        active, wave, limit = list(agents), 0, self._rows_per_reply()
+        while active:
+            offsets = {a: store.received(a) for a in active}
+            commands = {a: Command(Kind.GENERATE.value, {
+                "offset": offsets[a], "limit": limit, "codec": s.codec,
+                "compression": s.compression}) for a in active}
+            stream = t.engine.send_and_stream(commands, round=t.round, step=wave,
+                                              deadline_s=s.deadline_s)
+            while True:
+                with t.timed("upload"):
+                    out = next(stream, None)
+                if out is None:
+                    break
+                rows = self._accept(t.note(out), offsets, sizes)
+                if rows is not None:
+                    yield rows
+            active = [a for a in active if a not in t.missed and not store.complete(a)]
+            wave += 1
+
+    def _accept(self, out: Outcome, offsets: dict[str, int], sizes: dict[str, int]
+                ) -> np.ndarray | None:
+        """Store a one-agent outcome's slice; a refused slice becomes a recorded miss."""
+        t, store = self.trainer, self._store()
+        for agent, reply in list(out.replies.items()):
+            acts, labels = reply.tensors.get("activations"), reply.tensors.get("labels")
+            try:
+                if acts is None or labels is None or reply.meta.get("total") != sizes[agent]:
+                    raise StoreError(f"upload from {agent} refused: reply lacks activations "
+                                     "or labels, or its dataset size differs from the "
+                                     "registered one")
+                with t.timed("store"):
+                    n = store.append(agent, offsets[agent], sizes[agent], acts, labels)
+            except StoreError as exc:
+                log.warning("%s", exc)
+                del out.replies[agent]
+                out.missed[agent] = t.missed[agent] = f"error: bad reply: {exc}"
+                continue
+            t.fwd_samples[agent] += n  # the client block's forward pass on the device
+            return store.rows_of(agent)[offsets[agent]:offsets[agent] + n]
+        return None
+
+    # ------------------------------------------------------------------ phase 2 training
+
+    def _server_epoch(self, owing: list[str]) -> float | None:
+        """One shuffled epoch over the store, started on the first slice that lands: each
+        arrival joins the pool of rows not yet trained on this epoch, and the server takes
+        batches from the shuffled pool whenever a full one is there (eqs 11–12)."""
+        t = self.trainer
+        rng = np.random.default_rng([t.settings.seed, t.round])
+        pool = self._stored_rows()
+        rng.shuffle(pool)
+        batch, losses = t.settings.batch, []
+
+        def train_while(full: bool) -> np.ndarray:
+            rest = pool
+            while len(rest) >= (batch if full else 2):  # one row cannot train batch norm
+                losses.append(self._step(t.server, t.optimizer, rest[:batch]))
+                rest = rest[batch:]
+            return rest
+
+        pool = train_while(full=True)
+        for rows in self._collect(owing):
+            pool = np.concatenate([pool, rows])
+            rng.shuffle(pool)
+            pool = train_while(full=True)
+        train_while(full=False)
+        return float(np.mean(losses)) if losses else None
+
+    def _stored_rows(self) -> np.ndarray:
+        store = self._store()
+        parts = [store.rows_of(a) for a in store.agents()]
+        return np.concatenate(parts) if parts else np.arange(0)
+
+    def _step(self, server: nn.Module, optimizer: torch.optim.Optimizer, rows: np.ndarray
+              ) -> float:
+        """One SGD step of the server block on stored rows (eq. 12)."""
+        with self.trainer.timed("load"):
+            acts, labels = self._store().take(np.sort(rows))
+        with self.trainer.timed("server"):
+            server.train()
+            optimizer.zero_grad(set_to_none=True)
+            loss = nn.functional.cross_entropy(server(torch.from_numpy(acts)),
+                                               torch.from_numpy(labels))
+            loss.backward()
+            optimizer.step()
+        return float(loss.detach())
+
+    # ------------------------------------------------------------------ results and state
+
+    def evaluate(self) -> dict[str, Any]:
+        """client∘server on the test part (the held-out split minus the validation part),
+        plus the phase and the latest validation accuracy of client∘aux."""
+        t = self.trainer
+        scores = evaluate(t.composed(t.global_client), self.test).as_dict()
+        return {**scores, "phase": self.phase, "validation_accuracy": self.last_validation}
+
+    def save(self, out_dir: Path) -> None:
+        """Final weights (the aux head too); a temp work folder of ours goes away."""
+        super().save(out_dir)
+        _save_arrays(self.global_aux, out_dir / "aux.safetensors")
+        if self.own_workdir and self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def checkpoint(self) -> tuple[Arrays, dict[str, Any]]:
+        arrays, meta = super().checkpoint()
+        arrays = {**arrays, **self.global_aux,
+                  **{f"best/{k}": v for k, v in self.best.items()}}
+        return arrays, {**meta, "ampere": {
+            "phase": self.phase, "epoch": self.epoch, "best_accuracy": self.best_accuracy,
+            "stale": self.stale, "last_validation": self.last_validation,
+            "server_epochs": self.server_epochs,
+            "workdir": None if self.workdir is None else str(self.workdir),
+            "own_workdir": self.own_workdir}}
+
+    def restore(self, arrays: Arrays, meta: dict[str, Any]) -> None:
+        super().restore(arrays, meta)
+        t = self.trainer
+        aux, best = subset(arrays, "aux"), strip(arrays, "best")
+        for what, state, blocks in (("aux head", aux, ("aux",)),
+                                    ("best blocks", best, ("client", "aux"))):
+            problem = t._weights_problem(state, blocks)
+            if problem is not None:
+                raise CheckpointError(f"checkpoint {what}: {problem}")
+        state = meta.get("ampere") or {}
+        try:
+            self.phase, self.epoch = int(state["phase"]), int(state["epoch"])
+            self.stale, self.server_epochs = int(state["stale"]), int(state["server_epochs"])
+            self.best_accuracy = _float_or_none(state["best_accuracy"])
+            self.last_validation = _float_or_none(state["last_validation"])
+            self.workdir = None if state["workdir"] is None else Path(str(state["workdir"]))
+            self.own_workdir = bool(state["own_workdir"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"checkpoint Ampere state is damaged: {exc}") from None
+        if self.phase not in (1, 2):
+            raise CheckpointError(f"checkpoint Ampere phase {self.phase} is not 1 or 2")
+        self.global_aux = {k: np.array(v) for k, v in aux.items()}
+        self.best = {k: np.array(v) for k, v in best.items()}
+        self.store = self.shipper = None  # reopened from the work folder when needed
+
+
+def _float_or_none(value: object) -> float | None:
+    return None if value is None else float(value)  # type: ignore[arg-type]
+
+
+class AmpereNoConsolidation(Ampere):
+    """§5.2.4's ablation: after all uploads are in, one server-block copy per agent trains
+    on that agent's activations only; the copies are FedAvg-ed every epoch."""
+
+    name = "ampere-noconsolidation"
+    consolidate = False
+
+    def _server_epoch(self, owing: list[str]) -> float | None:
+        t, s, store = self.trainer, self.trainer.settings, self._store()
+        for _ in self._collect(owing):
+            pass  # the ablation trains only once the activations are collected
+        counts = {a: n for a, n in store.counts().items() if n}
+        if not counts:
+            return None
+        total = sum(counts.values())
+        rng = np.random.default_rng([s.seed, t.round])
+        states, losses = {}, []
+        for agent in sorted(counts):
+            server = copy.deepcopy(t.server)
+            optimizer = torch.optim.SGD(server.parameters(), lr=s.lr)
+            batch = max(2, round(s.batch * counts[agent] / total))  # B_k ∝ |A_k|
+            order = store.rows_of(agent)[rng.permutation(counts[agent])]
+            for start in range(0, len(order), batch):
+                rows = order[start:start + batch]
+                if len(rows) > 1:
+                    losses.append(self._step(server, optimizer, rows))
+            states[agent] = to_arrays(server, "server")
+        with t.timed("aggregate"):
+            merged = fedavg(states, counts)
+        load_strict(t.server, from_arrays(merged, "server"), "server average")
+        return float(np.mean(losses)) if losses else None

@@ -1,0 +1,472 @@
+"""SHeRL-FL (sherl-fl.txt): split learning in a client / edge / cloud hierarchy, with
+representation learning at the edge.
+
+Clients run the bundle's client block [:k1] and send smashed data toward their edge; the
+edge runs layers [k1:k2], trains them on the cosine-distance contrastive loss of its batch's
+pairs and returns activation gradients to its clients; it sends its detached embeddings
+and labels to the cloud (this coordinator), which trains the task head [k2:] with
+cross-entropy and sends nothing back but aggregated models. Edges FedAvg their clients'
+blocks every τ1 iterations; the cloud FedAvg-s the edge tier (edge blocks, and the edges'
+client averages) every τ2.
+
+How it maps onto this runtime:
+
+* Agents only talk to the coordinator, so client↔edge traffic is relayed through it: a
+  client's activations come up in its `forward` reply and go down to its edge in
+  `edge_step`; the gradients come up in the `edge_step` reply and go down in `backward`.
+  The coordinator also averages each edge's client blocks on that edge's behalf (the
+  weights only pass through; averaging is arithmetic, the edge's real work is its block).
+* Bytes per tier, from the engine's per-agent × kind counters (`tier_bytes` in each
+  metrics row): `client_to_edge` (smashed data + labels, counted once, on the client's
+  link), `edge_to_client` (gradients, on the client's link), `edge_to_cloud` (embeddings +
+  labels), `model_client_edge` and `model_edge_cloud` (model exchange per tier), `relay`
+  (the second leg of relayed client↔edge traffic, which a direct link would not carry),
+  `control` (the rest). They add up to the row's bytes up + down.
+* A round is T = local_steps iterations; τ1 divides τ2 and τ2 divides T, so every round
+  ends with a cloud aggregation and is evaluated as client∘edge∘head of one global model.
+* k2 (`edge_split`) is configured or chosen by `export.planner.plan_three_tier` from the
+  clients' and edges' registered profiles, with k1 fixed by the bundle.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from jetsplit.errors import ConfigError, JetsplitError
+from jetsplit.models.split import eval_mode
+from jetsplit.models.weights import from_arrays, load_strict, to_arrays
+from jetsplit.protocol import Kind
+from jetsplit.tiers import carve, check_edge_layers
+from server.aggregation import fedavg
+from server.algorithms.methods import Method
+from server.checkpoint import CheckpointError
+from server.engine import Command, Outcome
+from server.topology import Topology, resolve
+from server.training import Arrays, Settings, Trainer
+
+log = logging.getLogger("jetsplit.coordinator")
+FALLBACK_PROFILE = "x86-cpu"  # for agents that announce no profile (simulations)
+
+# (role, direction, kind) → tier; anything else is control traffic.
+TIERS: dict[tuple[str, str, str], str] = {
+    ("client", "up", Kind.FORWARD.value): "client_to_edge",
+    ("client", "down", Kind.BACKWARD.value): "edge_to_client",
+    ("edge", "down", Kind.EDGE_STEP.value): "relay",
+    ("edge", "up", Kind.EDGE_STEP.value): "relay",
+    ("edge", "up", Kind.EDGE_UPLOAD.value): "edge_to_cloud",
+    ("client", "up", Kind.GET_WEIGHTS.value): "model_client_edge",
+    ("client", "down", Kind.SET_WEIGHTS.value): "model_client_edge",
+    ("edge", "up", Kind.GET_WEIGHTS.value): "model_edge_cloud",
+    ("edge", "down", Kind.EDGE_LOAD.value): "model_edge_cloud",
+}
+TIER_NAMES = ("client_to_edge", "edge_to_client", "edge_to_cloud", "model_client_edge",
+              "model_edge_cloud", "relay", "control")
+Snapshot = dict[str, dict[str, dict[str, int]]]
+
+
+def periods(settings: Settings) -> tuple[int, int]:
+    """(τ1, τ2) in iterations: τ2 defaults to T, τ1 to τ2; τ1 | τ2 | T."""
+    steps = settings.local_steps
+    tau2 = settings.tau2 or steps
+    tau1 = settings.tau1 or tau2
+    if tau2 % tau1:
+        raise ConfigError(f"train.tau2 ({tau2}) must be a multiple of train.tau1 ({tau1}): "
+                          f"the cloud aggregates what the edges have just aggregated")
+    if steps % tau2:
+        raise ConfigError(f"train.local_steps ({steps}) must be a multiple of train.tau2 "
+                          f"({tau2}): every round ends with a cloud aggregation")
+    return tau1, tau2
+
+
+def tier_bytes(before: Snapshot, after: Snapshot, edges: set[str]) -> dict[str, int]:
+    """Bytes moved between two counter snapshots, by tier (bundle installs excluded: the
+    metrics report them as setup)."""
+    out = dict.fromkeys(TIER_NAMES, 0)
+    for agent, directions in after.items():
+        role = "edge" if agent in edges else "client"
+        for direction, kinds in directions.items():
+            for kind, total in kinds.items():
+                moved = total - before.get(agent, {}).get(direction, {}).get(kind, 0)
+                if moved and kind != Kind.BUNDLE.value:
+                    out[TIERS.get((role, direction, kind), "control")] += moved
+    return out
+
+
+@dataclass
+class _Period:
+    """Who did what since the last edge (τ1) and cloud (τ2) aggregation."""
+
+    trained: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+    served: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+    edge_clients: dict[str, Arrays] = field(default_factory=dict)  # edge → client average
+    edge_weight: dict[str, int] = field(default_factory=dict)  # Σ|D_k| behind that average
+
+
+class SHeRL(Method):
+    """SHeRL-FL over edge agents (role `edge`); see the module docstring."""
+
+    name = "sherl"
+
+    def __init__(self, trainer: Trainer) -> None:
+        super().__init__(trainer)
+        s = trainer.settings
+        self.tau1, self.tau2 = periods(s)
+        self.topology: Topology = resolve(s.edges, trainer.engine.registry)
+        self.edges = set(self.topology.edges)
+        planned = s.edge_split is None
+        self.edge_split = self._plan_edge_split() if planned else s.edge_split
+        self._carve(self.edge_split, "the planned edge split" if planned else "edge_split")
+        self.ready: set[str] = set()  # edges holding this round's edge model
+        self.groups: dict[str, list[str]] = {}
+        self.steps_done = 0
+        self.aggregations = {"edge": 0, "cloud": 0}
+        self.extra_metrics: dict[str, Any] = {}
+        log.info("sherl: %d edges, clients [:%d], edges [%d:%d], cloud [%d:], tau1 %d, "
+                 "tau2 %d", len(self.edges), trainer.bundle.split, trainer.bundle.split,
+                 self.edge_split, self.edge_split, self.tau1, self.tau2)
+
+    # ------------------------------------------------------------------ tiers
+
+    def _carve(self, k2: int, where: str) -> None:
+        """Edge block and cloud head as views of the trainer's server block (which thus
+        stays the global edge model ∘ head: evaluation, saving, checkpoints see both)."""
+        t = self.trainer
+        k1, layers = t.bundle.split, len(t.server)
+        try:
+            check_edge_layers(layers, k2 - k1)
+        except JetsplitError:
+            raise ConfigError(f"{where} {k2} must lie in {k1 + 1}..{k1 + layers - 1} for "
+                              f"{t.bundle.spec.name} split at {k1}") from None
+        self.edge_split = k2
+        self.edge_view, self.head = carve(t.server, k2 - k1)
+        self.edge_names = sorted(to_arrays(self.edge_view, "edge"))
+        with eval_mode(self.edge_view), torch.no_grad():
+            probe = self.edge_view(torch.zeros(1, *t.activation_shape))
+        self.embedding_shape = tuple(probe.shape[1:])
+        from export.cost_model import edge_block, get_costs
+
+        spec = t.bundle.spec
+        costs = get_costs(spec.name, spec.input_shape, spec.num_classes)
+        self.edge_flops = edge_block(costs, k1, k2).train_flops
+
+    def _plan_edge_split(self) -> int:
+        """k2 from the three-tier planner on the registered profiles (k1 is the bundle's)."""
+        from export.cost_model import get_costs
+        from export.planner import PlanSettings, check_three_tier, plan_three_tier
+
+        t, s = self.trainer, self.trainer.settings
+        clients = [c for cs in self.topology.edges.values() for c in cs]
+        spec = t.bundle.spec
+        plan = plan_three_tier(
+            get_costs(spec.name, spec.input_shape, spec.num_classes),
+            self._profiles(clients), self._profiles(sorted(self.edges)),
+            PlanSettings(batch=max(1, round(s.batch / max(1, len(clients)))),
+                         local_steps=s.local_steps, codec=s.codec),
+            clients_per_edge=max(len(cs) for cs in self.topology.edges.values()),
+            k1=t.bundle.split, tau1=self.tau1, tau2=self.tau2)
+        return check_three_tier(plan)[1]
+
+    def _profiles(self, agents: list[str]) -> list[Any]:
+        """Distinct device profiles the agents registered (a fallback for those with none
+        or a malformed one: registrations are untrusted)."""
+        from jetsplit.profiles import profile_from_dict, resolve_profile
+
+        out: dict[str, Any] = {}
+        for agent in agents:
+            data = self.trainer.engine.registry.registration(agent).get("profile")
+            try:
+                profile = profile_from_dict(data, agent) if data else None
+            except JetsplitError as exc:
+                log.warning("agent %s: unusable profile (%s); planning with %s", agent, exc,
+                            FALLBACK_PROFILE)
+                profile = None
+            profile = profile or resolve_profile(FALLBACK_PROFILE)
+            out.setdefault(profile.name, profile)
+        return list(out.values())
+
+    # ------------------------------------------------------------------ round
+
+    def run_round(self, selected: list[str]) -> float | None:
+        t = self.trainer
+        before = t.engine.counters.snapshot()
+        self.groups = self.topology.groups(selected)
+        self._load_edges()
+        if t.round > 0:
+            t.push(t.live(self._clients()), t.global_client)
+        period = _Period()
+        cloud_losses: list[float] = []
+        edge_losses: list[float] = []
+        self.edge_samples: dict[str, int] = defaultdict(int)
+        for step in range(t.settings.local_steps):
+            losses = self._iterate(step, period)
+            if losses is None:
+                break
+            cloud_loss, step_edge_losses = losses
+            if cloud_loss is not None:
+                cloud_losses.append(cloud_loss)
+            edge_losses += step_edge_losses
+            self.steps_done += 1
+            more = step + 1 < t.settings.local_steps
+            if more and (step + 1) % self.tau1 == 0:
+                self._edge_aggregate(period, push=True)
+            if more and (step + 1) % self.tau2 == 0:
+                self._cloud_aggregate(period, push=True)
+        self._edge_aggregate(period, push=False)  # the round ends globally aggregated
+        self._cloud_aggregate(period, push=False)
+        t.release(self._clients())
+        self.extra_metrics = {
+            "tier_bytes": tier_bytes(before, t.engine.counters.snapshot(), self.edges),
+            "edge_loss": float(np.mean(edge_losses)) if edge_losses else None,
+            "edge_gflops": {e: n * self.edge_flops / 1e9
+                            for e, n in sorted(self.edge_samples.items())},
+            "edge_split": self.edge_split, "aggregations": dict(self.aggregations),
+        }
+        return float(np.mean(cloud_losses)) if cloud_losses else None
+
+    def _clients(self) -> list[str]:
+        return [c for e in sorted(self.groups) for c in self.groups[e]]
+
+    def _load_edges(self) -> None:
+        """The cloud's edge-tier model to this round's edges (after each cloud
+        aggregation too): their edge blocks start every period from it."""
+        t = self.trainer
+        edges = t.live(sorted(self.groups))
+        self.ready = set()
+        if not edges:
+            return
+        command = Command(Kind.EDGE_LOAD.value, {"layers": len(self.edge_view)},
+                          to_arrays(self.edge_view, "edge"))
+        with t.timed("distribute"):
+            out = t.note(t.engine.broadcast(command, edges, round=t.round,
+                                            deadline_s=t.settings.deadline_s))
+        self.ready = set(out.agents)
+
+    def _iterate(self, step: int, period: _Period) -> tuple[float | None, list[float]] | None:
+        """One iteration: client forward → edge step → client backward + edge upload →
+        cloud step. Returns (cloud loss, edge losses), or None when nobody can train."""
+        t = self.trainer
+        clients = t.live([c for e in sorted(self.ready) for c in self.groups.get(e, [])])
+        if not clients:
+            return None
+        forward = t.forward(t.batches(clients), step)
+        batches = self._by_edge(forward)
+        stepped = self._edge_step(batches, step)
+        grads: dict[str, np.ndarray] = {}
+        for edge, reply in stepped.replies.items():
+            members = batches[edge][0]
+            sizes = [len(forward[c].tensors["labels"]) for c in members]
+            parts = np.split(reply.tensors["grad"], np.cumsum(sizes)[:-1])
+            grads.update(zip(members, parts, strict=True))
+            self.edge_samples[edge] += int(sum(sizes))
+        uploads = self._backward_and_upload(grads, stepped.agents, batches, step)
+        for edge in stepped.agents:
+            done = [c for c in batches[edge][0] if c in uploads.replies]
+            period.trained[edge].update(done)
+            period.served[edge].update(batches[edge][0])
+        edge_losses = [float(r.meta["loss"]) for r in stepped.replies.values()]
+        embeddings = {e: uploads[e].tensors["embeddings"] for e in stepped.agents
+                      if e in uploads.replies}
+        with t.timed("cloud"):
+            loss = self._cloud_step(embeddings, {e: batches[e][2] for e in embeddings})
+        return loss, edge_losses
+
+    def _by_edge(self, forward: Outcome) -> dict[str, tuple[list[str], np.ndarray, np.ndarray]]:
+        """Each edge's clients that replied, their concatenated activations and labels."""
+        members: dict[str, list[str]] = defaultdict(list)
+        for client in forward.agents:
+            edge = self.topology.edge_of(client)
+            if edge is not None:
+                members[edge].append(client)
+        return {e: (cs, np.concatenate([forward[c].tensors["activations"] for c in cs]),
+                    np.concatenate([forward[c].tensors["labels"].astype(np.int64)
+                                    for c in cs]))
+                for e, cs in sorted(members.items())}
+
+    def _edge_step(self, batches: dict[str, tuple[list[str], np.ndarray, np.ndarray]],
+                   step: int) -> Outcome:
+        """Relay each edge its clients' smashed data; edges that fail sit out the rest of
+        the round (their clients' forwards would be wasted)."""
+        t, s = self.trainer, self.trainer.settings
+        commands = {e: Command(Kind.EDGE_STEP.value,
+                               {"margin": s.margin, "codec": s.codec,
+                                "compression": s.compression},
+                               {"activations": acts, "labels": labels}, codec=s.codec,
+                               compression=s.compression)
+                    for e, (_, acts, labels) in batches.items()}
+        with t.timed("edge"):
+            out = t.note(t._checked(
+                t.engine.send_and_receive(commands, round=t.round, step=step,
+                                          deadline_s=s.deadline_s),
+                lambda e, x: self._grad_problem(x, len(batches[e][2]))))
+        for edge in out.missed:
+            self.ready.discard(edge)
+        for edge in list(out.replies):
+            loss = out[edge].meta.get("loss")
+            if not isinstance(loss, float) or not np.isfinite(loss):
+                log.warning("dropped %s's edge step: loss %r", edge, loss)
+                del out.replies[edge]
+                self.ready.discard(edge)
+        return out
+
+    def _backward_and_upload(self, grads: dict[str, np.ndarray], edges: list[str],
+                             batches: dict[str, tuple[list[str], np.ndarray, np.ndarray]],
+                             step: int) -> Outcome:
+        """Clients apply their edge's gradients while the edges upload their embeddings:
+        one exchange, nothing from the cloud reaches the clients or the edges."""
+        t, s = self.trainer, self.trainer.settings
+        commands = {c: Command(Kind.BACKWARD.value, {}, {"grad": g}, codec=s.codec,
+                               compression=s.compression) for c, g in grads.items()}
+        upload = Command(Kind.EDGE_UPLOAD.value, {"codec": s.codec,
+                                                  "compression": s.compression})
+        commands.update(dict.fromkeys(edges, upload))
+        with t.timed("backward"):
+            out = t.note(t._checked(
+                t.engine.send_and_receive(commands, round=t.round, step=step,
+                                          deadline_s=s.deadline_s),
+                lambda a, x: self._upload_problem(x, batches[a][2]) if a in self.edges
+                else None))
+        for client in grads:
+            if client in out.replies:
+                t.bwd_samples[client] += int(grads[client].shape[0])
+        return out
+
+    def _cloud_step(self, embeddings: dict[str, np.ndarray], labels: dict[str, np.ndarray]
+                    ) -> float | None:
+        """One cross-entropy step of the head on every edge's detached embeddings."""
+        if not embeddings:
+            return None
+        t = self.trainer
+        x = torch.from_numpy(np.concatenate([embeddings[e] for e in sorted(embeddings)]))
+        y = torch.from_numpy(np.concatenate([labels[e] for e in sorted(embeddings)]))
+        self.head.train()
+        t.optimizer.zero_grad(set_to_none=True)
+        loss = nn.functional.cross_entropy(self.head(x), y)
+        loss.backward()  # the edge block's parameters get no gradient: x is detached
+        t.optimizer.step()
+        return float(loss.detach())
+
+    # ------------------------------------------------------------------ aggregation
+
+    def _edge_aggregate(self, period: _Period, *, push: bool) -> None:
+        """τ1: each edge's trained clients FedAvg-ed (weights |D_k|) into that edge's
+        client block; pushed back to the edge's clients when iterations follow."""
+        t = self.trainer
+        trained = sorted(c for cs in period.trained.values() for c in cs)
+        if not trained:
+            return
+        states = t.pull(trained)
+        for edge, clients in sorted(period.trained.items()):
+            mine = {c: states[c] for c in sorted(clients) if c in states}
+            if not mine:
+                continue
+            sizes = t.sizes(sorted(mine))
+            with t.timed("aggregate"):
+                period.edge_clients[edge] = fedavg(mine, sizes)
+            period.edge_weight[edge] = sum(sizes.values())
+            if push:
+                t.push(t.live(self.groups.get(edge, [])), period.edge_clients[edge])
+        period.trained.clear()
+        self.aggregations["edge"] += 1
+
+    def _cloud_aggregate(self, period: _Period, *, push: bool) -> None:
+        """τ2: the edges' blocks FedAvg-ed into the global edge model and their client
+        averages into the global client block (weights: Σ|D_k| behind each edge)."""
+        t = self.trainer
+        served = {e: sorted(cs) for e, cs in sorted(period.served.items()) if cs}
+        if not served:
+            return
+        states = self._pull_edges(sorted(served))
+        weights = {e: sum(t.sizes(cs).values()) for e, cs in served.items()}
+        with t.timed("aggregate"):
+            if states:
+                merged = fedavg(states, {e: weights[e] for e in states})
+                load_strict(self.edge_view, from_arrays(merged, "edge"), "edge average")
+            if period.edge_clients:
+                t.global_client = fedavg(period.edge_clients, period.edge_weight)
+        period.served.clear()
+        period.edge_clients.clear()
+        period.edge_weight.clear()
+        self.aggregations["cloud"] += 1
+        if push:
+            self._load_edges()
+            t.push(t.live(self._clients()), t.global_client)
+
+    def _pull_edges(self, edges: list[str]) -> dict[str, Arrays]:
+        t = self.trainer
+        command = Command(Kind.GET_WEIGHTS.value, {"blocks": ["edge"]})
+        with t.timed("collect"):
+            out = t.note(t._checked(
+                t.engine.broadcast(command, t.live(edges), round=t.round,
+                                   deadline_s=t.settings.deadline_s),
+                lambda e, x: self._edge_weights_problem(x)))
+        return {e: r.tensors for e, r in out.replies.items()}
+
+    # ------------------------------------------------------------------ validation
+
+    def _grad_problem(self, tensors: Arrays, n: int) -> str | None:
+        grad = tensors.get("grad")
+        want = (n, *self.trainer.activation_shape)
+        if grad is None or grad.dtype != np.float32 or tuple(grad.shape) != want:
+            got = None if grad is None else f"{grad.dtype} {list(grad.shape)}"
+            return f"gradient is {got}, expected float32 {list(want)}"
+        if not np.isfinite(grad).all():
+            return "gradient contains NaN or infinity"
+        return None
+
+    def _upload_problem(self, tensors: Arrays, labels: np.ndarray) -> str | None:
+        emb, got = tensors.get("embeddings"), tensors.get("labels")
+        want = (len(labels), *self.embedding_shape)
+        if emb is None or emb.dtype != np.float32 or tuple(emb.shape) != want:
+            shape = None if emb is None else f"{emb.dtype} {list(emb.shape)}"
+            return f"embeddings are {shape}, expected float32 {list(want)}"
+        if not np.isfinite(emb).all():
+            return "embeddings contain NaN or infinity"
+        if got is None or got.shape != labels.shape or not np.array_equal(got, labels):
+            return "labels differ from those relayed to the edge"
+        return None
+
+    def _edge_weights_problem(self, tensors: Arrays) -> str | None:
+        if sorted(tensors) != self.edge_names:
+            return "edge weights do not match the edge block's tensors"
+        state = self.edge_view.state_dict()
+        for name, value in tensors.items():
+            want = state[name.split("/", 1)[1]]
+            if tuple(value.shape) != tuple(want.shape) or str(value.dtype) != \
+                    str(want.dtype).removeprefix("torch."):
+                return f"tensor {name} is {value.dtype} {list(value.shape)}"
+            if value.dtype.kind == "f" and not np.isfinite(value).all():
+                return f"tensor {name} contains NaN or infinity"
+        return None
+
+    # ------------------------------------------------------------------ checkpoint
+
+    def checkpoint(self) -> tuple[Arrays, dict[str, Any]]:
+        """Rounds end globally aggregated, so the base state (server block = global edge
+        block ∘ cloud head, its optimizer, the global client block) is the model; the
+        tiers' cut and the step counters come along."""
+        arrays, meta = super().checkpoint()
+        return arrays, {**meta, "sherl": {"edge_split": self.edge_split,
+                                          "steps": self.steps_done,
+                                          "aggregations": dict(self.aggregations)}}
+
+    def restore(self, arrays: Arrays, meta: dict[str, Any]) -> None:
+        super().restore(arrays, meta)
+        state = meta.get("sherl")
+        try:
+            k2, steps = int(state["edge_split"]), int(state["steps"])
+            aggregations = {k: int(state["aggregations"][k]) for k in ("edge", "cloud")}
+        except (KeyError, TypeError, ValueError):
+            raise CheckpointError("checkpoint lacks SHeRL-FL's tier state") from None
+        if k2 != self.edge_split:  # the checkpointed model's tiers win over a new plan
+            try:
+                self._carve(k2, "checkpoint edge_split")
+            except ConfigError as exc:
+                raise CheckpointError(str(exc)) from None
+        self.steps_done, self.aggregations = steps, aggregations

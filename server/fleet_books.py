@@ -1,0 +1,74 @@
+"""Per-round books of every agent: where its time went (compute / transfer / waiting) and
+its telemetry (memory, CPU, temperature), from one `status` poll after each round.
+
+Agents keep cumulative books (`edge_agent.emulation.DeviceClock`); the coordinator takes
+differences per round, so a missed poll only merges two rounds. Replies are untrusted:
+numbers are range-checked and anything else is left out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from server.engine import Command, Engine
+
+STATUS_DEADLINE_S = 15.0
+
+
+def _number(value: Any, low: float = 0.0, high: float = 1e12) -> float | None:
+    """A number in range from an agent's reply, else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    value = float(value)
+    return value if low <= value <= high else None
+
+
+class FleetBooks:
+    """`collect(row)` is run_training's `row_extras`: it adds `agents` to each metrics row."""
+
+    def __init__(self, engine: Engine, deadline_s: float = STATUS_DEADLINE_S) -> None:
+        self.engine, self.deadline_s = engine, deadline_s
+        self.last: dict[str, dict[str, float]] = {}
+        self.telemetry: dict[str, dict[str, Any]] = {}
+
+    def collect(self, row: dict[str, Any]) -> dict[str, Any]:
+        registry = self.engine.registry
+        online = registry.online()
+        out = self.engine.broadcast(Command("status"), online, round=int(row["round"]),
+                                    deadline_s=self.deadline_s) if online else None
+        agents: dict[str, dict[str, Any]] = {}
+        for agent in registry.registered():
+            info: dict[str, Any] = {"state": registry.state(agent) or "unknown"}
+            profile = (registry.registration(agent).get("profile") or {})
+            name = (profile.get("device") or {}).get("name") if isinstance(profile, dict) else None
+            if isinstance(name, str):
+                info["profile"] = name[:64]
+            reply = out.replies.get(agent) if out is not None else None
+            if reply is not None:
+                info.update(self._books(agent, reply.meta.get("time")))
+                info.update(self._memory(agent, reply.meta.get("telemetry")))
+            agents[agent] = info
+        return {"agents": agents}
+
+    def _books(self, agent: str, books: Any) -> dict[str, float]:
+        if not isinstance(books, dict):
+            return {}
+        now = {k: _number(books.get(k)) for k in ("compute_s", "transfer_s", "uptime_s")}
+        if any(v is None for v in now.values()):
+            return {}
+        before = self.last.get(agent, {"compute_s": 0.0, "transfer_s": 0.0, "uptime_s": 0.0})
+        self.last[agent] = now  # type: ignore[assignment]
+        delta = {k: max(0.0, now[k] - before[k]) for k in now}  # type: ignore[operator]
+        wait = max(0.0, delta["uptime_s"] - delta["compute_s"] - delta["transfer_s"])
+        return {"compute_s": round(delta["compute_s"], 4),
+                "transfer_s": round(delta["transfer_s"], 4), "wait_s": round(wait, 4)}
+
+    def _memory(self, agent: str, telemetry: Any) -> dict[str, Any]:
+        if not isinstance(telemetry, dict):
+            return {}
+        self.telemetry[agent] = telemetry
+        out = {"rss_mb": _number(telemetry.get("rss_mb")),
+               "available_mb": _number(telemetry.get("mem_available_mb")),
+               "cpu_percent": _number(telemetry.get("cpu_process_pct"), 0, 1e5),
+               "temperature_c": _number(telemetry.get("temp_c"), -100, 200)}
+        return {k: v for k, v in out.items() if v is not None}

@@ -1,0 +1,383 @@
+"""`jetsplit trial`: a field trial on one machine, the README's main job.
+
+It starts a broker (the embedded one unless `--broker` names one), N agent processes that
+each emulate a device profile, and the coordinator; the planner picks the split from the
+profiles; training runs over MQTT exactly as in the field, with live progress; the run
+folder gets `metrics.jsonl`, `summary.json`, `plan.json`, `trial.json` (the settings) and
+`report.md` with plots.
+
+Emulation. This machine measures its own training throughput once (one torch thread, the
+trial's model). A profile slower than the fastest one in the trial has its compute
+stretched by their speed ratio; the fastest runs at this machine's speed (a CPU cannot run
+faster than it does, so the whole trial's compute clock is dilated by one factor, and the
+ratios between devices hold). Links run at the profiles' own bandwidths.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from edge_agent.emulation import EmulationSection
+from jetsplit.errors import ConfigError, JetsplitError
+
+log = logging.getLogger("jetsplit.trial")
+
+DEFAULT_PROFILES = ["jetson-nano-4gb", "orin-nx-16gb"]
+SPEC_FILE = "trial.json"
+# The planner's cost model knows these algorithms by a sibling with the same traffic.
+PLANNER_PROXY = {"ca-sfl": "scala", "lla-sfl": "scala", "ampere-noconsolidation": "ampere"}
+
+
+@dataclass
+class TrialSpec:
+    """Everything a trial depends on; saved as trial.json so `--resume` needs nothing else."""
+
+    algorithm: str = "scala"
+    agents: int = 4
+    rounds: int = 10
+    profiles: list[str] = field(default_factory=lambda: list(DEFAULT_PROFILES))
+    model: str = "alexnet"
+    dataset: str = "mnist"
+    partition: str = "dirichlet:0.5"
+    local_steps: int = 10
+    batch: int = 64
+    lr: float = 0.01
+    fraction: float = 1.0
+    seed: int = 0
+    codec: str = "fp32"
+    test_fraction: float = 0.2
+    broker: str | None = None
+    emulate: bool = True
+    server_profile: str = "x86-cpu"
+    split: int | None = None  # None: the planner's choice
+
+    def device_profiles(self) -> list[str]:
+        """Profile of each agent: the given list, repeated to cover every agent."""
+        return [self.profiles[i % len(self.profiles)] for i in range(self.agents)]
+
+
+# --------------------------------------------------------------------------- planning
+
+
+def host_gflops(model: str, input_shape: tuple[int, int, int], classes: int,
+                batch: int) -> float:
+    """This machine's training throughput on the trial's model with one torch thread, as
+    each trial agent runs (counted FLOPs / measured time)."""
+    import torch
+
+    from export.cost_model import get_costs
+    from export.profiler import achieved_gflops, measure_layers
+    from jetsplit.models import ModelSpec, build_model
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        spec = ModelSpec(model, input_shape, classes)
+        layers = measure_layers(build_model(spec, seed=0), batch, repeats=3, warmup=1,
+                                device="cpu")
+        return achieved_gflops(get_costs(model, input_shape, classes), layers, batch)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def emulations(profiles: dict[str, Any], host: float, enabled: bool
+               ) -> tuple[dict[str, EmulationSection], float]:
+    """Per profile name: the emulation section, and the trial's compute dilation (how much
+    slower than the fastest profile this machine is; 1 if it is faster)."""
+    speeds = {name: p.effective_gflops() for name, p in profiles.items()}
+    fastest = max(speeds.values())
+    dilation = max(1.0, fastest / host)
+    out = {}
+    for name, profile in profiles.items():
+        if not enabled:
+            out[name] = EmulationSection(profile=name)
+            continue
+        out[name] = EmulationSection(
+            profile=name, compute_slowdown=max(1.0, host * dilation / speeds[name]),
+            uplink_mbps=profile.network.uplink_mbps,
+            downlink_mbps=profile.network.downlink_mbps)
+    return out, dilation
+
+
+def plan_split(spec: TrialSpec, input_shape: tuple[int, int, int], classes: int,
+               per_agent_batch: int, dataset_size: int) -> tuple[int, dict[str, Any]]:
+    """The split the planner picks for this fleet of profiles (one common split: every
+    method here shares a server block or averages client blocks)."""
+    from export.cost_model import get_costs
+    from export.plan_cli import plan_to_dict
+    from export.planner import PlanSettings, check_feasible, plan_fleet
+    from jetsplit.profiles import resolve_profile
+
+    algorithm = PLANNER_PROXY.get(spec.algorithm, spec.algorithm)
+    from export.planner import ALGORITHMS
+
+    if algorithm not in ALGORITHMS:
+        algorithm = "splitfed-v1"
+    settings = PlanSettings(algorithm=algorithm, batch=per_agent_batch,
+                            local_steps=spec.local_steps, rounds=spec.rounds,
+                            dataset_size=dataset_size, codec=spec.codec)
+    costs = get_costs(spec.model, input_shape, classes)
+    devices = [resolve_profile(p) for p in sorted(set(spec.profiles))]
+    plan = plan_fleet(costs, devices, resolve_profile(spec.server_profile), settings)
+    check_feasible(plan)
+    chosen = plan.common_k if plan.common_k is not None else min(plan.chosen.values())
+    k = spec.split or chosen
+    if k is None:
+        raise ConfigError("the planner found no split for this fleet")
+    return k, {**plan_to_dict(plan), "planned_as": algorithm, "used_split": k}
+
+
+# --------------------------------------------------------------------------- agents
+
+
+def _toml(value: Any) -> str:
+    return json.dumps(value)  # strings, numbers, booleans: JSON spelling is valid TOML
+
+
+def agent_config(spec: TrialSpec, index: int, broker_url: str, state_dir: Path,
+                 emulation: EmulationSection) -> str:
+    """agent.toml for trial agent `index` (its shard of the dataset, its emulated device)."""
+    protocol = "3.1.1" if spec.broker is None else "auto"  # amqtt speaks 3.1.1 only
+    lines = [
+        f"fleet = {_toml('trial')}", f"agent = {_toml(agent_id(index))}",
+        f"profile = {_toml(emulation.profile)}", f"state_dir = {_toml(str(state_dir))}",
+        'device = "cpu"', "threads = 1", f"seed = {spec.seed + index}", 'log_level = "info"',
+        "", "[mqtt]", f"broker = {_toml(broker_url)}", f"protocol = {_toml(protocol)}",
+        "", "[data]", f"dataset = {_toml(spec.dataset)}",
+        f"partition = {_toml(spec.partition)}", f"clients = {spec.agents}",
+        f"index = {index}", f"seed = {spec.seed}", f"test_fraction = {spec.test_fraction}",
+        "", "[emulation]",
+    ]
+    for key, value in emulation.model_dump().items():
+        if value is not None:
+            lines.append(f"{key} = {_toml(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def agent_id(index: int) -> str:
+    return f"a{index}"
+
+
+class AgentProcesses:
+    """The trial's agent daemons: `jetsplit agent run` processes, logs in DIR/agents."""
+
+    def __init__(self, configs: list[Path]) -> None:
+        self.configs = configs
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self) -> AgentProcesses:
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        for path in self.configs:
+            log_file = path.with_suffix(".log").open("ab")
+            self.procs.append(subprocess.Popen(
+                [sys.executable, "-m", "jetsplit.cli", "agent", "run", "--config", str(path)],
+                stdout=log_file, stderr=subprocess.STDOUT, env=env))
+            log_file.close()
+        return self
+
+    def dead(self) -> list[str]:
+        return [p.stem for p, proc in zip(self.configs, self.procs, strict=False)
+                if proc.poll() is not None]
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+# --------------------------------------------------------------------------- the trial
+
+
+def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
+              metrics_port: int | None = None, live: bool | None = None) -> dict[str, Any]:
+    """Run (or resume) a whole trial; returns the training summary plus the report path."""
+    from jetsplit.broker_url import parse_broker_url
+    from jetsplit.data import load_dataset_split
+    from jetsplit.profiles import resolve_profile
+    from jetsplit.transport.mqtt import EndpointOptions
+    from server.brokers import EmbeddedBroker
+    from server.config import ModelSection, ServerConfig, TrainSection
+    from server.coordinator import prepare_bundle
+    from server.fleet_books import FleetBooks
+    from server.mqtt_engine import MqttEngine
+    from server.progress import TrialProgress
+    from server.prometheus import MetricsExporter, round_callback
+    from server.report import write_report
+    from server.training import Settings, run_training
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    train = TrainSection.model_validate({
+        "algorithm": spec.algorithm, "rounds": spec.rounds, "local_steps": spec.local_steps,
+        "batch": spec.batch, "lr": spec.lr, "fraction": spec.fraction, "codec": spec.codec})
+    if spec.agents < 1:
+        raise ConfigError(f"--agents must be at least 1, got {spec.agents}")
+    profiles = {name: resolve_profile(name) for name in sorted(set(spec.profiles))}
+    (out_dir / SPEC_FILE).write_text(json.dumps(asdict(spec), indent=2))
+
+    _, test = load_dataset_split(spec.dataset, spec.test_fraction, spec.seed)
+    per_agent = max(1, spec.batch // max(1, round(spec.agents * spec.fraction)))
+    dataset_size = int(len(test) / spec.test_fraction * (1 - spec.test_fraction)) // spec.agents
+    split, plan = plan_split(spec, test.input_shape, test.num_classes, per_agent, dataset_size)
+    host = host_gflops(spec.model, test.input_shape, test.num_classes, per_agent)
+    sections, dilation = emulations(profiles, host, spec.emulate)
+    plan["emulation"] = {"host_gflops_1_thread": round(host, 2),
+                         "compute_dilation": round(dilation, 3),
+                         "profiles": {n: s.model_dump() for n, s in sections.items()}}
+    (out_dir / "plan.json").write_text(json.dumps(plan, indent=2))
+    log.info("split %d (planner); this machine %.1f GFLOPS on one thread; compute dilated "
+             "%.2f× so the fastest profile runs at this machine's speed", split, host, dilation)
+
+    broker = None
+    if spec.broker is None:
+        broker = EmbeddedBroker().start()
+        address = broker.address
+    else:
+        address = parse_broker_url(spec.broker)
+    agent_dir = out_dir / "agents"
+    agent_dir.mkdir(exist_ok=True)
+    device_profiles = spec.device_profiles()
+    configs = []
+    for i, name in enumerate(device_profiles):
+        path = agent_dir / f"{agent_id(i)}.toml"
+        path.write_text(agent_config(spec, i, address.url(), agent_dir / "state", sections[name]))
+        configs.append(path)
+    cfg = ServerConfig(fleet="trial", agents=spec.agents, seed=spec.seed,
+                       model=ModelSection(name=spec.model, input_shape=list(test.input_shape),
+                                          classes=test.num_classes, split=split),
+                       train=train)
+    (out_dir / "config.toml").write_text(_server_toml(cfg, address.url()))
+    agents = AgentProcesses(configs).start()
+    engine = MqttEngine(address, "trial", run_id=out_dir.name or "trial",
+                        options=EndpointOptions(protocol="3.1.1" if broker else "auto"))
+    exporter = None
+    try:
+        engine.start(10.0)
+        online = engine.wait_for_agents(spec.agents, 60.0 + 10.0 * spec.agents)
+        if len(online) < spec.agents:
+            raise JetsplitError(f"only {len(online)} of {spec.agents} agents registered "
+                                f"(dead: {', '.join(agents.dead()) or 'none'}; logs in "
+                                f"{agent_dir})")
+        books = FleetBooks(engine)
+        if metrics_port is not None:
+            exporter = MetricsExporter(metrics_port).start()
+        settings = Settings(seed=spec.seed, **train.model_dump())
+        with TrialProgress(spec.rounds, title="jetsplit trial", live=live) as progress:
+            to_exporter = None if exporter is None else round_callback(exporter, engine, books)
+
+            def on_round(row: dict[str, Any]) -> None:
+                progress.update(row)
+                if to_exporter is not None:
+                    to_exporter(row)
+
+            archive = out_dir / "checkpoint" / "bundle.tar.gz"
+            if not resume:
+                archive = prepare_bundle(cfg, out_dir / "build")
+            summary = run_training(engine, archive, settings, test, out_dir,
+                                   on_round=on_round, resume=resume, row_extras=books.collect)
+    finally:
+        if exporter is not None:
+            exporter.close()
+        engine.close()
+        agents.stop()
+        if broker is not None:
+            broker.stop()
+    summary["report"] = str(write_report(out_dir, title=f"jetsplit trial: {spec.algorithm}"))
+    return summary
+
+
+def _server_toml(cfg: Any, broker_url: str) -> str:
+    """The coordinator config this trial ran with, as a server.toml users can reuse."""
+    m, t = cfg.model, cfg.train
+    lines = [f"fleet = {_toml(cfg.fleet)}", f"agents = {cfg.agents}", f"seed = {cfg.seed}",
+             "", "[mqtt]", f"broker = {_toml(broker_url)}", "", "[model]",
+             f"name = {_toml(m.name)}", f"input_shape = {_toml(m.input_shape)}",
+             f"classes = {m.classes}", f"split = {m.split}", "", "[train]"]
+    lines += [f"{k} = {_toml(v)}" for k, v in t.model_dump().items()]
+    return "\n".join(lines) + "\n"
+
+
+def load_spec(run_dir: Path) -> TrialSpec:
+    """The spec a trial in `run_dir` started with (for --resume)."""
+    path = run_dir / SPEC_FILE
+    try:
+        return TrialSpec(**json.loads(path.read_text()))
+    except FileNotFoundError:
+        raise ConfigError(f"--resume {run_dir}: no {SPEC_FILE} there (not a trial folder)"
+                          ) from None
+    except (json.JSONDecodeError, TypeError) as exc:
+        raise ConfigError(f"--resume {run_dir}: {SPEC_FILE} is damaged ({exc})") from None
+
+
+def trial_command(
+    algorithm: Annotated[str, typer.Option("--algorithm", help="Training method.")] = "scala",
+    agents: Annotated[int, typer.Option("--agents", help="Agent processes to start.")] = 4,
+    rounds: Annotated[int, typer.Option("--rounds", help="Training rounds.")] = 10,
+    broker: Annotated[str | None, typer.Option(
+        "--broker", help="mqtt[s]://host:port; default: start the embedded broker.")] = None,
+    profiles: Annotated[list[str] | None, typer.Option(
+        "--profiles", help="Device profile per agent (repeat; cycled over the agents).")
+    ] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Run folder (default "
+                                             "runs/trial-<UTC time>).")] = None,
+    model: Annotated[str, typer.Option("--model", help="Zoo model id.")] = "alexnet",
+    dataset: Annotated[str, typer.Option("--dataset", help="mnist | digits | npz:PATH | "
+                                         "cifar10:DIR | folder:DIR")] = "mnist",
+    partition: Annotated[str, typer.Option(
+        "--partition", help="iid | quantity:A | dirichlet:B | ampere:A (label skew by "
+        "default)")] = "dirichlet:0.5",
+    local_steps: Annotated[int, typer.Option("--local-steps", help="T per round.")] = 10,
+    batch: Annotated[int, typer.Option("--batch", help="B per iteration over all agents.")
+                     ] = 64,
+    lr: Annotated[float, typer.Option("--lr", help="SGD learning rate.")] = 0.01,
+    fraction: Annotated[float, typer.Option("--fraction", help="Share selected per round.")
+                        ] = 1.0,
+    seed: Annotated[int, typer.Option("--seed", help="Seeds data, selection, weights.")] = 0,
+    split: Annotated[int | None, typer.Option(
+        "--split", help="Override the planner's split.")] = None,
+    no_emulation: Annotated[bool, typer.Option(
+        "--no-emulation", help="Run agents at this machine's speed, links unlimited.")
+    ] = False,
+    metrics_port: Annotated[int | None, typer.Option(
+        "--metrics-port", help="Serve Prometheus metrics on 127.0.0.1:PORT.")] = None,
+    resume: Annotated[Path | None, typer.Option(
+        "--resume", help="Continue the trial in DIR from its last checkpoint.")] = None,
+) -> None:
+    """Field trial on this machine: broker, coordinator and emulated agents; report."""
+    logging.basicConfig(level=logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("jetsplit.trial").setLevel(logging.INFO)
+    if resume is not None:
+        spec, out_dir = load_spec(resume), resume
+    else:
+        spec = TrialSpec(algorithm=algorithm, agents=agents, rounds=rounds,
+                         profiles=profiles or list(DEFAULT_PROFILES), model=model,
+                         dataset=dataset, partition=partition, local_steps=local_steps,
+                         batch=batch, lr=lr, fraction=fraction, seed=seed, broker=broker,
+                         emulate=not no_emulation, split=split)
+        out_dir = out or Path("runs") / time.strftime("trial-%Y%m%d-%H%M%S", time.gmtime())
+    summary = run_trial(spec, out_dir, resume=resume is not None, metrics_port=metrics_port)
+    accuracy = summary["final_accuracy"]
+    typer.echo(f"{spec.algorithm}: {spec.rounds} rounds with {spec.agents} agents in "
+               f"{summary['seconds']:.0f}s, final accuracy "
+               f"{'n/a' if accuracy is None else f'{accuracy:.4f}'}, "
+               f"up {summary['bytes_up'] / 1e6:.1f} MB, down {summary['bytes_down'] / 1e6:.1f}"
+               f" MB")
+    typer.echo(f"report: {summary['report']}")

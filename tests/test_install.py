@@ -1,0 +1,173 @@
+"""`jetsplit agent install` / scripts/install-agent.sh: every step listed on --dry-run and
+nothing changed; into a fake root it writes config files the agent loads; re-runs are
+idempotent; user mistakes end in one line. Nothing here touches the real system."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from edge_agent import install as inst
+from edge_agent.config import load_agent_config
+from jetsplit.cli import main as cli
+
+ROOT = Path(__file__).resolve().parents[1]
+FLAGS = ["--agent", "orin-07", "--broker", "mqtts://orin-07:s3cret@broker.lab:8883",
+         "--fleet", "lab"]
+
+
+def _host(**changes: object) -> inst.Host:
+    base = dict(l4t=None, l4t_text=None, model=None, python=sys.executable,
+                python_version=(3, 10), torch=None, euid=0, groups={"video"},
+                user_exists=False)
+    return inst.Host(**{**base, **changes})  # type: ignore[arg-type]
+
+
+def _opts(**changes: object) -> inst.Options:
+    base = dict(agent="orin-07", broker="mqtt://10.0.0.2:1883", fleet="lab", source=ROOT)
+    return inst.Options(**{**base, **changes})  # type: ignore[arg-type]
+
+
+def test_dry_run_lists_every_step_and_changes_nothing(capsys: pytest.CaptureFixture[str]
+                                                      ) -> None:
+    watched = [Path(p) for p in (inst.CONFIG, inst.ENV_FILE, inst.UNIT, inst.VENV)]
+    before = [p.exists() for p in watched]
+    assert cli(["agent", "install", *FLAGS, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    steps = [line for line in out.splitlines() if line.startswith("[")]
+    expected = ["venv /opt/jetsplit/venv", "pip install", "profiles to /opt/jetsplit/profiles",
+                "user jetsplit", "/var/lib/jetsplit", "create /etc/jetsplit ",
+                "/etc/jetsplit/agent.toml (agent orin-07, fleet lab", "/etc/jetsplit/agent.env",
+                "check /etc/jetsplit/agent.toml", "jetsplit-agent.service into "
+                "/etc/systemd/system", "systemctl daemon-reload", "systemctl enable"]
+    assert len(steps) == len(expected), out
+    for step, text in zip(steps, expected, strict=True):
+        assert " would " in step and text in step, (step, text)
+    assert "s3cret" not in out and "orin-07:***@broker.lab" in out
+    assert out.rstrip().endswith("dry run: nothing was changed")
+    assert [p.exists() for p in watched] == before
+
+
+def test_dry_run_on_a_jetson_holds_nvidias_torch(capsys: pytest.CaptureFixture[str]) -> None:
+    host = _host(l4t=(36, 4), model="NVIDIA Jetson Orin Nano Developer Kit",
+                 torch="2.4.0a0+3bcc3cddb5.nv24.07", groups={"video", "jtop"})
+    assert inst.install(_opts(dry_run=True, jetson_extra=True), host) == 0
+    out = capsys.readouterr().out
+    assert "L4T R36.4 (JetPack 6)" in out and "profile orin-nano-8gb (guessed" in out
+    assert "--system-site-packages" in out and "reuses NVIDIA's torch 2.4.0a0" in out
+    assert "[agent,jetson] into the venv, torch held at 2.4.0a0+3bcc3cddb5.nv24.07" in out
+    assert "groups video,jtop" in out
+
+
+@pytest.mark.parametrize("host, opts, message", [
+    (_host(l4t=(36, 4)), _opts(), "compute/redist/jp/v61/pytorch/"),
+    (_host(l4t=(36, 3)), _opts(), "compute/redist/jp/v60/pytorch/"),
+    (_host(python_version=(3, 8)), _opts(), "needs Python >= 3.10"),
+    (_host(euid=1000), _opts(), "needs root: run it with sudo"),
+    (_host(), _opts(profile="jetson-tx9"), "--profile jetson-tx9: no such bundled profile"),
+    (_host(), _opts(source=ROOT / "tests"), "not a jetsplit checkout"),
+])
+def test_preconditions_fail_in_one_line(host: inst.Host, opts: inst.Options, message: str,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # These run against the real root: make sure no step could ever run.
+    monkeypatch.setattr(inst, "plan", lambda *_: pytest.fail("preflight let it through"))
+    with pytest.raises(inst.InstallError) as info:
+        inst.install(opts, host)
+    text = str(info.value)
+    assert message in text and "\n" not in text
+
+
+def test_fake_root_install_writes_loadable_config_and_is_idempotent(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    flags = ["agent", "install", "--agent", "nano-03", "--broker", "mqtt://10.1.2.3:1884",
+             "--fleet", "field-a", "--profile", "jetson-nano-4gb", "--root", str(tmp_path),
+             "--no-enable", "--no-user", "--no-venv"]
+    assert cli(flags) == 0
+    first = capsys.readouterr().out
+    config = tmp_path / inst.CONFIG.lstrip("/")
+    env = tmp_path / inst.ENV_FILE.lstrip("/")
+    cfg = load_agent_config(config)
+    assert (cfg.agent, cfg.fleet, cfg.profile) == ("nano-03", "field-a", "jetson-nano-4gb")
+    assert cfg.mqtt.address().url() == "mqtt://10.1.2.3:1884"
+    assert cfg.state_dir == inst.STATE_DIR
+    assert cfg.mqtt.tls_ca is None and cfg.mqtt.fleet_key_file is None  # files absent
+    assert "commented out until their files exist: tls_ca, fleet_key_file" in first
+    for path in (config, env):
+        assert path.stat().st_mode & 0o777 == 0o640
+    env_text = env.read_text()
+    assert f"{inst.PROFILES_ENV}={inst.PROFILES_DIR}" in env_text and "OMP_NUM_THREADS" in env_text
+    unit = tmp_path / inst.UNIT.lstrip("/")
+    assert unit.read_text() == (ROOT / "systemd" / inst.UNIT_NAME).read_text()
+    # the bare profile name resolves on the device through the copied profiles
+    from jetsplit.profiles import resolve_profile
+
+    monkeypatch.setenv(inst.PROFILES_ENV, str(tmp_path / inst.PROFILES_DIR.lstrip("/")))
+    assert resolve_profile(cfg.profile).name
+
+    # re-run: nothing changes; a local edit of agent.env survives later runs
+    env.write_text(env_text + "JETSPLIT_FLEET_KEY=0123456789abcdef0123\n")
+    assert cli(flags) == 0
+    second = capsys.readouterr().out
+    assert "unchanged" in second and "written" not in second
+    assert not config.with_name("agent.toml.bak").exists()
+    assert cli([*flags[:5], "mqtt://10.9.9.9", *flags[6:]]) == 0
+    assert load_agent_config(config).mqtt.address().url() == "mqtt://10.9.9.9:1883"
+    assert "10.1.2.3" in config.with_name("agent.toml.bak").read_text()
+    assert "JETSPLIT_FLEET_KEY=0123456789abcdef0123" in env.read_text()
+
+
+def test_existing_ca_keeps_tls_ca(tmp_path: Path) -> None:
+    (tmp_path / "etc/jetsplit").mkdir(parents=True)
+    (tmp_path / "etc/jetsplit/ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
+    text, commented = inst.render_agent_toml((ROOT / "systemd/agent.toml").read_text(),
+                                             _opts(), None, tmp_path)
+    assert 'tls_ca = "/etc/jetsplit/ca.crt"' in text and commented == ["fleet_key_file"]
+    assert "# profile = ..." in text  # no profile chosen: the key is left out
+
+
+def test_bad_agent_id_is_one_line_and_changes_nothing(tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]
+                                                      ) -> None:
+    code = cli(["agent", "install", "--agent", "bad id!", "--broker", "mqtt://h",
+                "--root", str(tmp_path), "--no-venv", "--no-user", "--no-enable"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1
+    assert "agent:" in err and "'bad id!'" in err
+    assert list(tmp_path.iterdir()) == []
+    assert cli(["agent", "install", "--broker", "mqtt://h"]) == 2
+    assert capsys.readouterr().err == ("error: the following arguments are required: "
+                                       "--agent (see --help)\n")
+
+
+def test_shell_script_parses_and_runs_the_python_installer(tmp_path: Path) -> None:
+    script = ROOT / "scripts" / "install-agent.sh"
+    assert subprocess.run(["bash", "-n", str(script)], timeout=30).returncode == 0
+    done = subprocess.run(["bash", str(script), "--agent", "a1", "--broker", "mqtt://h",
+                           "--root", str(tmp_path), "--dry-run", "--no-user"],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHON": sys.executable}, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "would write" in done.stdout and list(tmp_path.iterdir()) == []
+
+
+def test_unit_matches_installer_paths_and_field_notes_hardening() -> None:
+    unit = (ROOT / "systemd" / inst.UNIT_NAME).read_text()
+    lines = {line.split("=", 1)[0]: line.split("=", 1)[1] for line in unit.splitlines()
+             if "=" in line and not line.startswith("#")}
+    assert lines["ExecStart"] == f"{inst.VENV}/bin/jetsplit agent run --config {inst.CONFIG}"
+    assert lines["EnvironmentFile"].lstrip("-") == inst.ENV_FILE
+    assert inst.STATE_DIR in lines["ReadWritePaths"].split()
+    assert lines["StateDirectory"] == Path(inst.STATE_DIR).name
+    assert lines["User"] == inst.USER and "video" in lines["SupplementaryGroups"].split()
+    for key, value in (("NoNewPrivileges", "yes"), ("ProtectSystem", "strict"),
+                       ("ProtectHome", "yes"), ("PrivateTmp", "yes"),
+                       ("Restart", "on-failure"), ("Type", "notify")):
+        assert lines[key] == value, key
+    assert "PrivateDevices" not in lines  # would hide the GPU's device nodes
+    template = (ROOT / "systemd" / "agent.toml").read_text()
+    assert f'state_dir = "{inst.STATE_DIR}"' in template

@@ -1,0 +1,95 @@
+"""`jetsplit trial`: a short field trial (embedded broker, 2 emulated agent processes,
+2 rounds) writes its report with non-empty PNG plots; device emulation keeps its books."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from edge_agent.emulation import DeviceClock, EmulationSection
+from jetsplit.profiles import resolve_profile
+from server.trial import TrialSpec, agent_config, emulations
+
+ROOT = Path(__file__).resolve().parents[1]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_short_trial_writes_report_with_plots(tmp_path: Path) -> None:
+    out = tmp_path / "trial"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "jetsplit.cli", "trial", "--agents", "2", "--rounds", "2",
+         "--local-steps", "3", "--model", "mobilenetv3-small", "--dataset", "digits",
+         "--batch", "32", "--out", str(out)],
+        capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert f"report: {out / 'report.md'}" in done.stdout
+    report = (out / "report.md").read_text()
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", report)
+    assert {"accuracy.png", "bytes.png", "agent_time.png", "agent_memory.png"} <= set(images)
+    for name in images:
+        data = (out / name).read_bytes()
+        assert data.startswith(PNG) and len(data) > 1000, name
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [0, 1]
+    for row in rows:
+        assert set(row["agents"]) == {"a0", "a1"}
+        for info in row["agents"].values():
+            assert info["compute_s"] > 0 and info["rss_mb"] > 0 and info["state"] == "online"
+    assert rows[0]["agents"]["a0"]["profile"] == "jetson-nano-4gb"
+    assert rows[0]["agents"]["a1"]["profile"] == "orin-nx-16gb"
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["used_split"] >= 1 and plan["emulation"]["host_gflops_1_thread"] > 0
+    assert json.loads((out / "trial.json").read_text())["agents"] == 2
+    assert (out / "config.toml").is_file() and (out / "checkpoint" / "state.json").is_file()
+
+
+def test_emulation_keeps_profile_speed_ratios() -> None:
+    nano, orin = resolve_profile("jetson-nano-4gb"), resolve_profile("orin-nx-16gb")
+    sections, dilation = emulations({"n": nano, "o": orin}, host=10.0, enabled=True)
+    ratio = orin.effective_gflops() / nano.effective_gflops()
+    assert sections["o"].compute_slowdown == pytest.approx(1.0)  # fastest: this machine
+    assert sections["n"].compute_slowdown == pytest.approx(ratio)
+    assert dilation == pytest.approx(orin.effective_gflops() / 10.0)
+    assert sections["n"].uplink_mbps == nano.network.uplink_mbps
+    fast_host, _ = emulations({"n": nano}, host=1e4, enabled=True)  # faster than a Nano
+    assert fast_host["n"].compute_slowdown == pytest.approx(1e4 / nano.effective_gflops())
+    off, _ = emulations({"n": nano}, host=10.0, enabled=False)
+    assert off["n"].compute_slowdown == 1.0 and off["n"].uplink_mbps is None
+
+
+def test_device_clock_books_emulated_time() -> None:
+    clock = DeviceClock(EmulationSection(compute_slowdown=3.0, uplink_mbps=80.0))
+    cpu = time.process_time()
+    with clock.compute():
+        sum(i * i for i in range(200_000))
+    spent_cpu = time.process_time() - cpu
+    assert clock.compute_s == pytest.approx(spent_cpu * 3.0, rel=0.2, abs=0.02)
+    clock.transfer(100_000, "up")  # 0.8 Mbit at 80 Mbit/s
+    assert clock.transfer_s == pytest.approx(0.01, abs=1e-6)
+    clock.transfer(100_000, "down")  # downlink not limited: nothing to wait for
+    assert clock.transfer_s == pytest.approx(0.01, abs=1e-6)
+    books = clock.snapshot()
+    assert books["compute_slowdown"] == 3.0 and books["uptime_s"] >= 0
+
+
+def test_agent_config_is_valid_toml_for_the_agent(tmp_path: Path) -> None:
+    from edge_agent.config import load_agent_config
+
+    spec = TrialSpec(agents=3, partition="quantity:2")
+    path = tmp_path / "a1.toml"
+    path.write_text(agent_config(spec, 1, "mqtt://127.0.0.1:1883", tmp_path / "state",
+                                 EmulationSection(profile="orin-nx-16gb", compute_slowdown=2.5,
+                                                  uplink_mbps=100.0)))
+    cfg = load_agent_config(path)
+    assert cfg.agent == "a1" and cfg.data.index == 1 and cfg.data.clients == 3
+    assert cfg.data.partition == "quantity:2" and cfg.threads == 1
+    assert cfg.emulation is not None and cfg.emulation.compute_slowdown == 2.5
+    assert cfg.mqtt.protocol == "3.1.1"  # the embedded broker speaks 3.1.1 only
