@@ -44,6 +44,7 @@ class DeviceClock:
     def __init__(self, section: EmulationSection | None = None) -> None:
         self.section = section or EmulationSection()
         self.compute_s = 0.0
+        self.compute_wall_s = 0.0  # what compute really took here (emulation fidelity)
         self.transfer_s = 0.0
         self.started = time.monotonic()
         self._lock = threading.Lock()
@@ -69,6 +70,7 @@ class DeviceClock:
                     time.sleep(spent - late)
             with self._lock:
                 self.compute_s += spent
+                self.compute_wall_s += time.perf_counter() - wall
 
     def transfer(self, nbytes: int, direction: Direction, spent_s: float = 0.0) -> None:
         """Account one message; on an emulated link, wait for its bytes to pass."""
@@ -85,6 +87,7 @@ class DeviceClock:
         """Cumulative books since start; the coordinator differences them per round."""
         with self._lock:
             return {"compute_s": round(self.compute_s, 4),
+                    "compute_wall_s": round(self.compute_wall_s, 4),
                     "transfer_s": round(self.transfer_s, 4),
                     "uptime_s": round(time.monotonic() - self.started, 4),
                     "profile": self.section.profile,

@@ -57,6 +57,7 @@ class TrainSection(BaseModel):
     tau1: Annotated[int, Field(ge=1, le=1_000_000)] | None = None  # SHeRL-FL
     tau2: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
     margin: Annotated[float, Field(gt=0, le=2)] = 0.5
+    cloud_lr: Annotated[float, Field(gt=0, le=10)] = 1e-3
 
 
 class DataSection(BaseModel):

@@ -29,6 +29,7 @@ class FleetBooks:
     def __init__(self, engine: Engine, deadline_s: float = STATUS_DEADLINE_S) -> None:
         self.engine, self.deadline_s = engine, deadline_s
         self.last: dict[str, dict[str, float]] = {}
+        self.walls: dict[str, float] = {}
         self.telemetry: dict[str, dict[str, Any]] = {}
 
     def collect(self, row: dict[str, Any]) -> dict[str, Any]:
@@ -60,8 +61,13 @@ class FleetBooks:
         self.last[agent] = now  # type: ignore[assignment]
         delta = {k: max(0.0, now[k] - before[k]) for k in now}  # type: ignore[operator]
         wait = max(0.0, delta["uptime_s"] - delta["compute_s"] - delta["transfer_s"])
-        return {"compute_s": round(delta["compute_s"], 4),
-                "transfer_s": round(delta["transfer_s"], 4), "wait_s": round(wait, 4)}
+        out = {"compute_s": round(delta["compute_s"], 4),
+               "transfer_s": round(delta["transfer_s"], 4), "wait_s": round(wait, 4)}
+        wall = _number(books.get("compute_wall_s"))
+        if wall is not None:  # emulation fidelity: what the compute really took here
+            out["compute_wall_s"] = round(max(0.0, wall - self.walls.get(agent, 0.0)), 4)
+            self.walls[agent] = wall
+        return out
 
     def _memory(self, agent: str, telemetry: Any) -> dict[str, Any]:
         if not isinstance(telemetry, dict):

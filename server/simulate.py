@@ -167,6 +167,13 @@ def simulate_command(
         "--tau2", help="sherl: iterations between cloud aggregations (default T).")] = None,
     margin: Annotated[float, typer.Option(
         "--margin", help="sherl: contrastive margin m on the cosine distance.")] = 0.5,
+    cloud_lr: Annotated[float, typer.Option(
+        "--cloud-lr", help="sherl: learning rate of the cloud head's Adam.")] = 1e-3,
+    patience: Annotated[int, typer.Option(
+        "--patience", help="ampere: device epochs without a better validation accuracy "
+        "before phase 2.")] = 5,
+    device_epochs: Annotated[int, typer.Option(
+        "--device-epochs", help="ampere: at most this many device epochs (N_d).")] = 100,
 ) -> None:
     """Simulate a fleet in one process: same methods and metrics as over MQTT."""
     from jetsplit.config_io import model_from_dict
@@ -175,7 +182,8 @@ def simulate_command(
     train = model_from_dict(TrainSection, {
         "algorithm": algorithm, "rounds": rounds, "local_steps": local_steps,
         "fraction": fraction, "batch": batch, "lr": lr, "codec": codec, "tau1": tau1,
-        "tau2": tau2, "margin": margin}, "option", "--")
+        "tau2": tau2, "margin": margin, "cloud_lr": cloud_lr, "patience": patience,
+        "device_epochs": device_epochs}, "option", "--")
     if clients < 1:
         from jetsplit.errors import ConfigError
 

@@ -79,6 +79,7 @@ class Settings:
     tau1: int | None = None
     tau2: int | None = None
     margin: float = 0.5
+    cloud_lr: float = 1e-3  # the cloud's Adam on the task head (see server/algorithms/sherl)
     edges: dict[str, list[str]] = field(default_factory=dict)
     edge_split: int | None = None
 

@@ -8,9 +8,10 @@ folder gets `metrics.jsonl`, `summary.json`, `plan.json`, `trial.json` (the sett
 
 Emulation. This machine measures its own training throughput once (one torch thread, the
 trial's model). A profile slower than the fastest one in the trial has its compute
-stretched by their speed ratio; the fastest runs at this machine's speed (a CPU cannot run
-faster than it does, so the whole trial's compute clock is dilated by one factor, and the
-ratios between devices hold). Links run at the profiles' own bandwidths.
+stretched by their speed ratio; the fastest runs at half this machine's speed (a CPU
+cannot run faster than it does, so the whole trial's compute clock is dilated by one
+factor and the ratios between devices hold; the half leaves room for the agents sharing
+this machine's cores). Links run at the profiles' own bandwidths.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from jetsplit.errors import ConfigError, JetsplitError
 log = logging.getLogger("jetsplit.trial")
 
 DEFAULT_PROFILES = ["jetson-nano-4gb", "orin-nx-16gb"]
+EMULATION_HEADROOM = 2.0  # the fastest emulated device runs at half this machine's speed
 SPEC_FILE = "trial.json"
 # The planner's cost model knows these algorithms by a sibling with the same traffic.
 PLANNER_PROXY = {"ca-sfl": "scala", "lla-sfl": "scala", "ampere-noconsolidation": "ampere"}
@@ -91,13 +93,16 @@ def host_gflops(model: str, input_shape: tuple[int, int, int], classes: int,
         torch.set_num_threads(threads)
 
 
-def emulations(profiles: dict[str, Any], host: float, enabled: bool
+def emulations(profiles: dict[str, Any], host: float, enabled: bool,
+               headroom: float = EMULATION_HEADROOM
                ) -> tuple[dict[str, EmulationSection], float]:
-    """Per profile name: the emulation section, and the trial's compute dilation (how much
-    slower than the fastest profile this machine is; 1 if it is faster)."""
+    """Per profile name: the emulation section, and the trial's compute dilation: how much
+    slower than the fastest profile this machine is (at least 1), times `headroom` so that
+    even the fastest device's compute is stretched and absorbs CPU contention between the
+    agents sharing this machine (it sleeps less instead of running late)."""
     speeds = {name: p.effective_gflops() for name, p in profiles.items()}
     fastest = max(speeds.values())
-    dilation = max(1.0, fastest / host)
+    dilation = max(1.0, fastest / host) * headroom
     out = {}
     for name, profile in profiles.items():
         if not enabled:
@@ -242,8 +247,9 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
                          "compute_dilation": round(dilation, 3),
                          "profiles": {n: s.model_dump() for n, s in sections.items()}}
     (out_dir / "plan.json").write_text(json.dumps(plan, indent=2))
-    log.info("split %d (planner); this machine %.1f GFLOPS on one thread; compute dilated "
-             "%.2f× so the fastest profile runs at this machine's speed", split, host, dilation)
+    log.info("split %d (planner); this machine %.1f GFLOPS on one thread; emulated compute "
+             "runs %.2f× slower than the profiles say (the fastest at half this machine's "
+             "speed)", split, host, dilation)
 
     broker = None
     if spec.broker is None:

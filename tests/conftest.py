@@ -20,11 +20,12 @@ def mosquitto() -> Iterator[MosquittoProcess]:
 
 
 class AgentFleet:
-    """Agent daemons as real processes (`jetsplit agent run`), one config file each."""
+    """Agent daemons as real processes (`jetsplit agent run`), one config file each:
+    clients a0…, and with `edges` also data-less edge agents e0… (role `edge`)."""
 
     def __init__(self, root: Path, broker_url: str, fleet: str, count: int, *,
-                 dataset: str = "digits", threads: int = 1, fleet_key_file: Path | None = None
-                 ) -> None:
+                 dataset: str = "digits", threads: int = 1, fleet_key_file: Path | None = None,
+                 edges: int = 0) -> None:
         self.root, self.broker_url, self.fleet = root, broker_url, fleet
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.configs: dict[str, Path] = {}
@@ -38,6 +39,15 @@ class AgentFleet:
                 f'[mqtt]\nbroker = "{broker_url}"\n{key}'
                 f'[data]\ndataset = "{dataset}"\npartition = "iid"\nclients = {count}\n'
                 f"index = {i}\n")
+            self.configs[agent] = path
+        for j in range(edges):
+            agent = f"e{j}"
+            path = root / f"{agent}.toml"
+            path.write_text(
+                f'fleet = "{fleet}"\nagent = "{agent}"\nrole = "edge"\n'
+                f'state_dir = "{root / "state"}"\nthreads = {threads}\n'
+                f'[mqtt]\nbroker = "{broker_url}"\n'
+                + (f'fleet_key_file = "{fleet_key_file}"\n' if fleet_key_file else ""))
             self.configs[agent] = path
 
     def start(self) -> AgentFleet:

@@ -94,7 +94,7 @@ class Ampere(Method):
         # Aux blocks come back from agents too: validate them like the other blocks.
         t.weight_template = {**t.weight_template, **self.global_aux}
         self.validation, self.test = carve_validation(t.test, s.validation_fraction, s.seed)
-        self.phase = 1
+        self.phase = self.round_phase = 1
         self.epoch = 0  # phase-1 epochs done
         self.best: Arrays = {**t.global_client, **self.global_aux}
         self.best_accuracy: float | None = None
@@ -107,6 +107,7 @@ class Ampere(Method):
         self.shipper: BundleShipper | None = None
 
     def run_round(self, selected: list[str]) -> float | None:
+        self.round_phase = self.phase  # what this round's metrics row reports
         if self.phase == 1:
             return self._device_epoch(selected)
         self._prepare_phase2()
@@ -212,8 +213,8 @@ class Ampere(Method):
         if self.workdir is None:
             if s.activation_dir:
                 self.workdir = Path(s.activation_dir)
-            else:
-                self.workdir = Path(tempfile.gettempdir()) / f"jetsplit-ampere-{t.engine.run_id}"
+            else:  # a fresh folder; a checkpoint records it, so a resumed run finds it
+                self.workdir = Path(tempfile.mkdtemp(prefix=f"jetsplit-ampere-{t.engine.run_id}-"))
                 self.own_workdir = True
         archive = self.workdir / "bundle.tar.gz"
         if self.shipper is None:
@@ -309,19 +310,18 @@ class Ampere(Method):
         rng.shuffle(pool)
         batch, losses = t.settings.batch, []
 
-        def train_while(full: bool) -> np.ndarray:
-            rest = pool
-            while len(rest) >= (batch if full else 2):  # one row cannot train batch norm
+        def train_on(rest: np.ndarray, smallest: int) -> np.ndarray:
+            while len(rest) >= smallest:
                 losses.append(self._step(t.server, t.optimizer, rest[:batch]))
                 rest = rest[batch:]
-            return rest
+            return rest  # rows left for the next arrival
 
-        pool = train_while(full=True)
+        pool = train_on(pool, batch)  # rows stored before this round (after a resume)
         for rows in self._collect(owing):
             pool = np.concatenate([pool, rows])
             rng.shuffle(pool)
-            pool = train_while(full=True)
-        train_while(full=False)
+            pool = train_on(pool, batch)
+        train_on(pool, 2)  # the last partial batch (one row cannot train batch norm)
         return float(np.mean(losses)) if losses else None
 
     def _stored_rows(self) -> np.ndarray:
@@ -347,10 +347,10 @@ class Ampere(Method):
 
     def evaluate(self) -> dict[str, Any]:
         """client∘server on the test part (the held-out split minus the validation part),
-        plus the phase and the latest validation accuracy of client∘aux."""
+        plus the round's phase and the latest validation accuracy of client∘aux."""
         t = self.trainer
         scores = evaluate(t.composed(t.global_client), self.test).as_dict()
-        return {**scores, "phase": self.phase, "validation_accuracy": self.last_validation}
+        return {**scores, "phase": self.round_phase, "validation_accuracy": self.last_validation}
 
     def save(self, out_dir: Path) -> None:
         """Final weights (the aux head too); a temp work folder of ours goes away."""

@@ -1,0 +1,329 @@
+"""Ampere (ampere.txt §3, Algorithm 1) and its no-consolidation ablation: the trained bundle's
+ONNX client block, the on-disk activation store (restart, refusals), streaming replies,
+early stopping, a simulation that learns, and a run over MQTT that matches the in-process
+run bit for bit."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from safetensors.numpy import load_file
+
+from edge_agent.worker import AgentWorker, Result
+from export.bundle_writer import write_bundle
+from jetsplit.data import load_dataset_split, partition
+from jetsplit.models import ModelSpec
+from jetsplit.models.split import eval_mode
+from jetsplit.models.weights import from_arrays, load_strict
+from jetsplit.protocol import Kind
+from server.activation_store import ActivationStore, StoreError
+from server.algorithms.ampere import Ampere
+from server.algorithms.methods import build_method
+from server.brokers import MosquittoProcess
+from server.engine import Command, InProcessEngine
+from server.simulate import simulate
+from server.training import Settings, Trainer
+
+SPEC = ModelSpec("mobilenetv3-small", (1, 8, 8), 10)
+SPLIT = 2
+SHAPE = (16, 4, 4)  # mobilenetv3-small's activation at split 2 for 8×8 inputs
+
+
+@pytest.fixture(scope="module")
+def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    report = write_bundle(SPEC, SPLIT, tmp_path_factory.mktemp("b") / "bundle", seed=0, tar=True)
+    assert report.tar_path is not None
+    return report.tar_path
+
+
+def fleet(agents: int, worker: type[AgentWorker] = AgentWorker) -> InProcessEngine:
+    train, _ = load_dataset_split("digits", 0.2, 0)
+    shards = partition(train.y, agents, "iid", 0, train.num_classes)
+    return InProcessEngine({f"a{i}": worker(f"a{i}", train.subset(s), seed=i)
+                            for i, s in enumerate(shards)})
+
+
+def ampere(engine: InProcessEngine, archive: Path, workdir: Path, **settings: Any) -> Ampere:
+    _, test = load_dataset_split("digits", 0.2, 0)
+    merged: dict[str, Any] = {"algorithm": "ampere", "rounds": 4, "batch": 48, "lr": 0.1,
+                              "device_epochs": 1, "activation_dir": str(workdir), **settings}
+    method = build_method(merged["algorithm"], Trainer(engine, archive, Settings(**merged), test))
+    assert isinstance(method, Ampere)
+    return method
+
+
+def play(method: Ampere, round_: int) -> float | None:
+    """One round as `run_training` drives it (every agent selected)."""
+    t = method.trainer
+    t.round, t.missed = round_, {}
+    return method.run_round(t.engine.registry.eligible())
+
+
+def rows(n: int, first: int = 0, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((n, *SHAPE)).astype(np.float32),
+            (np.arange(first, first + n) % 10).astype(np.int64))
+
+
+# --------------------------------------------------------------------------- trained bundle
+
+
+def test_trained_bundle_generates_in_onnx_runtime_as_pytorch(archive: Path, tmp_path: Path
+                                                             ) -> None:
+    """After phase 1 the agents get a fresh bundle with the averaged client block, and its
+    ONNX Runtime activations equal PyTorch's for those weights (not the initial ones)."""
+    engine = fleet(2)
+    method = ampere(engine, archive, tmp_path / "work")
+    play(method, 0)  # one device epoch (N_d = 1): phase 1 is done
+    assert method.phase == 2
+    method._prepare_phase2()
+    assert method.shipper is not None and method.shipper.ensure(engine.online()) == ["a0", "a1"]
+    assert engine.counters.by_kind()["down"][Kind.TRAINED_BUNDLE.value] > 0  # training bytes
+
+    out = engine.send_and_receive({"a1": Command(Kind.GENERATE.value,
+                                                 {"offset": 5, "limit": 100})})
+    reply, data = out["a1"], engine.workers["a1"].data
+    assert reply.meta["backend"].endswith("ExecutionProvider")  # ONNX Runtime, not torch
+    assert (reply.meta["offset"], reply.meta["samples"], reply.meta["total"]) == (
+        5, 100, len(data))
+    t = method.trainer
+    trained, initial = t.bundle.client_module(), t.bundle.client_module()
+    load_strict(trained, from_arrays(t.global_client, "client"), "client")
+    x = torch.from_numpy(data.x[5:105])
+    with torch.no_grad(), eval_mode(trained), eval_mode(initial):
+        want, before = trained(x).numpy(), initial(x).numpy()
+    assert np.abs(reply.tensors["activations"] - want).max() <= 1e-4
+    assert np.abs(before - want).max() > 1e-2  # the fresh weights, not the first bundle's
+    assert np.array_equal(reply.tensors["labels"], data.y[5:105])
+
+
+# --------------------------------------------------------------------------- store
+
+
+def test_store_survives_a_restart_and_cuts_a_torn_append(tmp_path: Path) -> None:
+    store = ActivationStore(tmp_path, SHAPE, 10, max_bytes=1 << 26, tag="run-1")
+    a0, y0 = rows(30)
+    a1, y1 = rows(40, seed=1)
+    store.append("a0", 0, 30, a0[:20], y0[:20])
+    store.append("a1", 0, 40, a1[:25], y1[:25])
+    store.append("a0", 20, 30, a0[20:], y0[20:])
+    with open(tmp_path / "a1.act", "ab") as fh:  # killed mid-append: bytes, no commit
+        fh.write(b"\0" * 1000)
+
+    again = ActivationStore(tmp_path, SHAPE, 10, max_bytes=1 << 26, tag="run-1")
+    assert again.completed() == ["a0"] and again.received("a1") == 25 and len(again) == 55
+    acts, labels = again.take(np.concatenate([again.rows_of("a1"), again.rows_of("a0")]))
+    assert np.array_equal(acts, np.concatenate([a1[:25], a0]))
+    assert np.array_equal(labels, np.concatenate([y1[:25], y0]))
+    again.append("a1", 25, 40, a1[25:], y1[25:])  # the upload goes on where it stopped
+    assert again.completed() == ["a0", "a1"]
+    assert np.array_equal(again.take(again.rows_of("a1"))[0], a1)
+    with pytest.raises(StoreError, match="another model"):
+        ActivationStore(tmp_path, SHAPE, 10, max_bytes=1 << 26, tag="run-2")
+    with pytest.raises(StoreError, match="this run needs"):
+        ActivationStore(tmp_path, (8, 2, 2), 10, max_bytes=1 << 26, tag="run-1")
+
+
+def _bad(kind: str) -> tuple[str, int, int, np.ndarray, np.ndarray]:
+    acts, labels = rows(8)
+    if kind == "shape":
+        acts = acts[:, :, :2]
+    elif kind == "dtype":
+        acts = acts.astype(np.float64)
+    elif kind == "nan":
+        acts[3, 0, 0, 0] = np.nan
+    elif kind == "label":
+        labels[2] = 10
+    elif kind == "negative":
+        labels[0] = -1
+    elif kind == "label-dtype":
+        labels = labels.astype(np.float32)  # type: ignore[assignment]
+    elif kind == "count":
+        labels = labels[:5]
+    elif kind == "offset":
+        return "a0", 3, 8, acts, labels
+    elif kind == "total":
+        return "a0", 0, 5, acts, labels
+    elif kind == "name":
+        return "../a0", 0, 8, acts, labels
+    return "a0", 0, 8, acts, labels
+
+
+@pytest.mark.parametrize(("kind", "says"), [
+    ("shape", "expected float32 [8, 16, 4, 4]"), ("dtype", "float64"), ("nan", "NaN"),
+    ("label", "out of range"), ("negative", "out of range"), ("label-dtype", "int64"),
+    ("count", "expected float32 [5,"), ("offset", "expects row 0"), ("total", "labels must"),
+    ("name", "not allowed")])
+def test_store_refuses_bad_uploads_in_one_line(tmp_path: Path, kind: str, says: str) -> None:
+    store = ActivationStore(tmp_path, SHAPE, 10, max_bytes=1 << 26)
+    with pytest.raises(StoreError) as info:
+        store.append(*_bad(kind))
+    message = str(info.value)
+    assert says in message and "\n" not in message and message.startswith("upload from")
+    assert len(store) == 0 and not (tmp_path / "a0.act").exists()
+
+
+def test_store_is_bounded(tmp_path: Path) -> None:
+    row = 4 * 16 * 4 * 4 + 8
+    store = ActivationStore(tmp_path, SHAPE, 10, max_bytes=10 * row)
+    acts, labels = rows(8)
+    store.append("a0", 0, 16, acts, labels)
+    with pytest.raises(StoreError, match="exceed its"):
+        store.append("a0", 8, 16, acts, labels)
+    assert len(store) == 8
+
+
+# --------------------------------------------------------------------------- engine
+
+
+def test_in_process_stream_yields_each_agent_in_id_order_as_it_runs() -> None:
+    engine = fleet(3)
+    engine.registry.set_state("a1", "offline")
+    stream = engine.send_and_stream({a: Command(Kind.STATUS.value) for a in ("a2", "a0", "a1")})
+    first = next(stream)
+    assert first.agents == ["a0"] and engine.workers["a2"].commands_done == 0  # not yet run
+    rest = list(stream)
+    assert [o.missed for o in rest] == [{"a1": "offline"}, {}]
+    assert rest[1].agents == ["a2"] and engine.workers["a2"].commands_done == 1
+
+
+# --------------------------------------------------------------------------- the method
+
+
+class NaNWorker(AgentWorker):
+    """A device whose uploads are poisoned."""
+
+    def _do_generate(self, args: Any, round_: int, step: int, tensors: Any) -> Result:
+        result = super()._do_generate(args, round_, step, tensors)
+        result.tensors["activations"][0, 0, 0, 0] = np.nan
+        return result
+
+
+def test_coordinator_restart_between_upload_and_server_training(archive: Path,
+                                                                tmp_path: Path) -> None:
+    """Phase 2 with one agent away: the other two upload (in several slices each) and the
+    server trains. The coordinator restarts from the checkpoint hooks: it knows whose
+    uploads are complete, asks only the missing agent, and trains on the stored rows."""
+    engine = fleet(3)
+    method = ampere(engine, archive, tmp_path / "work", upload_mb=0.1)
+    assert method._rows_per_reply() < len(engine.workers["a0"].data)  # several replies
+    play(method, 0)
+    engine.registry.set_state("a2", "offline")
+    assert play(method, 1) is not None
+    store = method.store
+    assert store is not None and store.completed() == ["a0", "a1"]
+    arrays, meta = method.checkpoint()
+    json.dumps(meta)  # JSON-serialisable
+    assert all(isinstance(v, np.ndarray) for v in arrays.values())
+    before = engine.counters.snapshot()
+
+    restarted = ampere(engine, archive, tmp_path / "elsewhere")  # the folder comes from meta
+    restarted.restore(arrays, meta)
+    assert restarted.phase == 2 and restarted.server_epochs == 1
+    engine.registry.set_state("a2", "online")
+    assert play(restarted, 2) is not None
+    after = engine.counters.snapshot()
+    generated = {a: after[a]["up"].get("generate", 0) - before[a]["up"].get("generate", 0)
+                 for a in ("a0", "a1", "a2")}
+    assert generated["a0"] == generated["a1"] == 0 and generated["a2"] > 0
+    assert restarted.store is not None and restarted.store.completed() == ["a0", "a1", "a2"]
+    assert not (tmp_path / "elsewhere").exists()
+
+
+def test_a_poisoned_upload_is_a_recorded_miss(archive: Path, tmp_path: Path) -> None:
+    engine = fleet(2)
+    engine.workers["a1"] = NaNWorker("a1", engine.workers["a1"].data, seed=1)
+    method = ampere(engine, archive, tmp_path / "work")
+    play(method, 0)
+    assert play(method, 1) is not None  # the server trains on a0's rows
+    t = method.trainer
+    assert "NaN" in t.missed["a1"] and t.missed["a1"].startswith("error: bad reply")
+    assert method.store is not None and method.store.agents() == ["a0"]
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+@pytest.mark.parametrize("algorithm", ["ampere", "ampere-noconsolidation"])
+def test_simulation_stops_early_then_trains_the_server_block(algorithm: str, tmp_path: Path
+                                                             ) -> None:
+    settings = Settings(algorithm=algorithm, rounds=10, batch=32, lr=0.1, patience=1,
+                        device_epochs=20)
+    summary = simulate(settings, model="mobilenetv3-small", split=2, dataset="digits",
+                       clients=3, partition_scheme="iid", out_dir=tmp_path / "run")
+    got = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    phases = [r["phase"] for r in got]
+    device = phases.count(1)
+    assert phases == [1] * device + [2] * (10 - device)
+    # Early stopping: the last device epoch did not beat the best validation accuracy,
+    # before N_d and before the round budget forced phase 2.
+    validation = [r["validation_accuracy"] for r in got[:device]]
+    assert validation[-1] <= max(validation[:-1]) and device < 9
+    assert {"train", "get_weights", "set_weights"} <= set(got[1]["bytes_by_kind"]["down"])
+    first = got[device]["bytes_by_kind"]
+    assert set(first["up"]) == {"trained_bundle", "generate"}
+    assert first["down"]["trained_bundle"] > 0 and got[device]["bundle_bytes"] == 0
+    assert all("generate" not in r["bytes_by_kind"]["up"] for r in got[device + 1:])
+    assert all(r["train_loss"] is not None for r in got)
+    assert summary["final_accuracy"] > 0.6  # chance is 0.1
+    assert (tmp_path / "run" / "aux.safetensors").exists()
+
+
+def test_mqtt_run_through_phase_two_matches_in_process(
+        mosquitto: MosquittoProcess, agent_fleet: Any, tmp_path: Path) -> None:
+    """Agent processes behind a real broker, `jetsplit server run`: phase 1, the trained
+    bundle, sliced uploads streamed into the store, server epochs; the in-process engine
+    on the same agents and config ends with the same weights, bit for bit."""
+    from edge_agent.config import load_agent_config
+    from edge_agent.setup import build_worker
+    from server.config import load_server_config
+    from server.coordinator import prepare_bundle
+    from server.training import run_training
+
+    url = f"mqtt://127.0.0.1:{mosquitto.port}"
+    fleet_ = agent_fleet(url, "amp", 2).start()
+    config = tmp_path / "server.toml"
+    config.write_text(
+        f'fleet = "amp"\nagents = 2\nwait_s = 120\nout = "{tmp_path / "runs"}"\nrun = "mqtt"\n'
+        '[model]\nname = "mobilenetv3-small"\ninput_shape = [1, 8, 8]\nsplit = 2\n'
+        '[data]\ndataset = "digits"\n[train]\nalgorithm = "ampere"\nrounds = 4\nbatch = 48\n'
+        f'lr = 0.1\ndevice_epochs = 2\nupload_mb = 0.1\nactivation_dir = "{tmp_path / "a"}"\n')
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "jetsplit.cli", "server", "run",
+                           "--config", str(config), "--broker", url],
+                          capture_output=True, text=True, env=env, timeout=400)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        workers = {a: build_worker(load_agent_config(p)) for a, p in fleet_.configs.items()}
+        cfg = load_server_config(config)
+        settings = replace(cfg.settings(), activation_dir=str(tmp_path / "b"))
+        _, test = load_dataset_split("digits", 0.2, 0)
+        run_training(InProcessEngine(workers, run_id="local"),
+                     prepare_bundle(cfg, tmp_path / "local-bundle"), settings, test,
+                     tmp_path / "runs" / "local")
+    finally:
+        torch.set_num_threads(threads)
+
+    runs = [tmp_path / "runs" / name for name in ("mqtt", "local")]
+    got = [[json.loads(line) for line in (run / "metrics.jsonl").open()] for run in runs]
+    assert [r["phase"] for r in got[0]] == [1, 1, 2, 2]
+    assert got[0][2]["bytes_by_kind"]["up"]["generate"] > 0
+    assert got[0][-1]["accuracy"] > 0.3  # two short server epochs; chance is 0.1
+    assert json.loads((runs[0] / "summary.json").read_text())["missed"] == []
+    for key in ("train_loss", "accuracy", "validation_accuracy"):
+        assert [r[key] for r in got[0]] == [r[key] for r in got[1]], key
+    for name in ("client", "aux", "server"):
+        a, b = (load_file(str(run / f"{name}.safetensors")) for run in runs)
+        assert a.keys() == b.keys() and all(a[k].tobytes() == b[k].tobytes() for k in a), name

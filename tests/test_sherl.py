@@ -1,0 +1,368 @@
+"""SHeRL-FL: the edge's contrastive loss by hand, the three-tier carving of every zoo model,
+topology checks, the three-tier planner, the edge commands, and whole runs in process and
+over MQTT (client, edge and coordinator processes behind a real Mosquitto)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from edge_agent.edge import no_data
+from edge_agent.worker import AgentWorker
+from jetsplit.data import load_dataset_split
+from jetsplit.errors import ConfigError, JetsplitError
+from jetsplit.models import MODEL_NAMES, activation_shape, build_aux_head, build_model, split
+from jetsplit.protocol import Kind
+from jetsplit.tiers import carve, contrastive_loss, pair_distances
+from server.brokers import MosquittoProcess
+from server.registry import FleetRegistry
+from server.simulate import sherl_topology, simulate
+from server.topology import check_shape, resolve, round_robin
+from server.training import Settings
+
+# ---------------------------------------------------------------- contrastive loss
+
+D_45 = 1 - 1 / math.sqrt(2)  # cosine distance of two vectors 45° apart
+
+
+def _loss(z: list[list[float]], labels: list[int], margin: float = 0.5) -> torch.Tensor:
+    return contrastive_loss(torch.tensor(z, dtype=torch.float32), torch.tensor(labels), margin)
+
+
+def test_same_class_pair_costs_d_squared() -> None:
+    assert _loss([[1, 0], [1, 1]], [3, 3]).item() == pytest.approx(D_45 ** 2)
+    assert _loss([[2, 0], [5, 0]], [1, 1]).item() == pytest.approx(0.0, abs=1e-7)  # scale-free
+
+
+def test_different_class_pair_inside_the_margin_costs_the_shortfall_squared() -> None:
+    assert _loss([[1, 0], [1, 1]], [0, 1]).item() == pytest.approx((0.5 - D_45) ** 2)
+    assert _loss([[1, 0], [1, 1]], [0, 1], margin=1.0).item() == pytest.approx((1 - D_45) ** 2)
+
+
+def test_different_class_pair_outside_the_margin_costs_nothing() -> None:
+    z = torch.tensor([[1.0, 0.0], [0.0, 1.0]], requires_grad=True)  # d = 1 > m
+    loss = contrastive_loss(z, torch.tensor([0, 1]), 0.5)
+    loss.backward()
+    assert loss.item() == 0.0 and torch.equal(z.grad, torch.zeros(2, 2))
+
+
+def test_loss_is_the_mean_over_unordered_pairs() -> None:
+    z, labels = [[1, 0], [1, 1], [0, 1]], [0, 0, 1]
+    pairs = [D_45 ** 2,  # (0, 1) same class, 45°
+             0.0,  # (0, 2) different, 90°: d = 1 beyond the margin
+             (0.5 - D_45) ** 2]  # (1, 2) different, 45°: inside the margin
+    assert _loss(z, labels).item() == pytest.approx(sum(pairs) / 3)
+    d = pair_distances(torch.tensor(z, dtype=torch.float32))
+    assert d[0, 2].item() == pytest.approx(1.0) and d[1, 0].item() == pytest.approx(D_45)
+
+
+@pytest.mark.parametrize(("labels", "closer"), [([4, 4], True), ([4, 7], False)])
+def test_gradient_pulls_same_class_together_and_pushes_others_apart(
+        labels: list[int], closer: bool) -> None:
+    z = torch.tensor([[1.0, 0.0], [1.0, 1.0]], requires_grad=True)
+    contrastive_loss(z, torch.tensor(labels), 0.5).backward()
+    assert z.grad is not None and z.grad.abs().sum() > 0
+    stepped = (z - 0.1 * z.grad).detach()
+    before, after = pair_distances(z.detach())[0, 1], pair_distances(stepped)[0, 1]
+    assert (after < before) if closer else (after > before)
+
+
+def test_degenerate_batches() -> None:
+    z = torch.ones(1, 3, requires_grad=True)
+    loss = contrastive_loss(z, torch.tensor([0]))
+    loss.backward()  # one sample: no pairs, zero loss, zero gradient
+    assert loss.item() == 0.0 and torch.equal(z.grad, torch.zeros(1, 3))
+    zero = torch.zeros(2, 4)  # a dead map has distance 1 to anything, and stays finite
+    assert _loss(zero.tolist(), [0, 0]).item() == pytest.approx(1.0)
+
+
+# ---------------------------------------------------------------- zoo: tiers, aux heads
+
+SHAPES = [(1, 28, 28), (1, 8, 8)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_aux_head_fits_every_split_candidate(name: str, shape: tuple[int, int, int]) -> None:
+    """Ampere's auxiliary head takes the activation at every candidate split of every zoo
+    model and gives (N, num_classes) logits (3×32×32 is in test_models.py)."""
+    model = build_model(name, shape, 10, seed=0)
+    for k in model.split_candidates():
+        head = build_aux_head(model, k, 0.5, seed=0).eval()
+        with torch.no_grad():
+            out = head(torch.randn(2, *activation_shape(model, k)))
+        assert out.shape == (2, 10), f"{name} split {k}"
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_three_tiers_compose_to_the_full_model(name: str) -> None:
+    model = build_model(name, (1, 8, 8), 10, seed=0).eval()
+    x = torch.randn(3, 1, 8, 8)
+    with torch.no_grad():
+        full = model(x)
+        for k1 in (1, len(model) - 2):
+            client, server = split(model, k1)
+            for m in (1, len(server) - 1):
+                edge, head = carve(server, m)
+                assert len(edge) == m and len(edge) + len(head) == len(server)
+                torch.testing.assert_close(head(edge(client(x))), full, atol=1e-5, rtol=0)
+    with pytest.raises(JetsplitError, match="edge tier must host"):
+        carve(server, len(server))
+
+
+# ---------------------------------------------------------------- topology
+
+
+@pytest.mark.parametrize(("edges", "message"), [
+    ({"e0": []}, "edge e0 has no clients"),
+    ({"e0": ["a0"], "e1": ["a0"]}, "client a0 is listed under two edges (e0 and e1)"),
+    ({"e0": ["a0", "a0"]}, "client a0 is listed twice under edge e0"),
+    ({"e0": ["e1"], "e1": ["a1"]}, "e1 is an edge and also a client of edge e0"),
+])
+def test_topology_shape_errors(tmp_path: Path, edges: dict[str, list[str]], message: str
+                               ) -> None:
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        check_shape(edges)
+    from server.config import load_server_config
+
+    path = tmp_path / "server.toml"
+    path.write_text('[train]\nalgorithm = "sherl"\n[topology]\n' + "".join(
+        f'edges.{e} = [{", ".join(repr(c).replace(chr(39), chr(34)) for c in cs)}]\n'
+        for e, cs in edges.items()))
+    with pytest.raises(ConfigError) as info:
+        load_server_config(path)
+    assert str(info.value) == f"server config {path}: topology: {message}"
+
+
+def _registry(roles: dict[str, str]) -> FleetRegistry:
+    registry = FleetRegistry()
+    for agent, role in roles.items():
+        registry.register(agent, {"agent": agent, "role": role})
+    return registry
+
+
+def test_topology_against_the_registrations() -> None:
+    registry = _registry({"a0": "client", "a1": "client", "a2": "client", "e0": "edge",
+                          "e1": "edge"})
+    assert resolve({}, registry).edges == {"e0": ("a0", "a2"), "e1": ("a1",)}
+    configured = resolve({"e1": ["a2", "a0"]}, registry)  # a1 sits out (logged)
+    assert configured.edges == {"e1": ("a0", "a2")}
+    assert configured.groups(["a2", "a1", "a0"]) == {"e1": ["a0", "a2"]}
+    for edges, message in [({"e9": ["a0"]}, "topology: edge e9 is not a registered agent"),
+                           ({"e0": ["a7"]}, "topology: client a7 is not a registered agent"),
+                           ({"a0": ["a1"]}, "topology: a0 is listed as an edge but "
+                                            "registered with role client"),
+                           ({"e0": ["e1"]}, "topology: e1 is listed as a client but "
+                                            "registered with role edge")]:
+        with pytest.raises(ConfigError, match=message):
+            resolve(edges, registry)
+    with pytest.raises(ConfigError, match='at least one agent with role = "edge"'):
+        resolve({}, _registry({"a0": "client"}))
+    assert round_robin(["e1", "e0"], ["a3", "a1", "a2"]) == {"e0": ["a1", "a3"], "e1": ["a2"]}
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    (dict(algorithm="psl", edges=2), "--edges is for --algorithm sherl"),
+    (dict(algorithm="sherl", edges=0), "needs 1..4 --edges"),
+    (dict(algorithm="sherl", edges=5), "needs 1..4 --edges"),
+])
+def test_simulate_edge_option_errors(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        sherl_topology(kwargs["algorithm"], kwargs["edges"], 4)
+
+
+# ---------------------------------------------------------------- planner
+
+
+def test_three_tier_planner_is_role_aware_and_memory_bound() -> None:
+    from export.cost_model import edge_block, get_costs, server_block
+    from export.planner import (
+        InfeasiblePlan,
+        PlanSettings,
+        check_three_tier,
+        classifier_start,
+        plan_three_tier,
+    )
+    from jetsplit.profiles import resolve_profile
+
+    costs = get_costs("alexnet", (1, 28, 28), 10)
+    assert classifier_start(costs) == 5  # fc1..fc3
+    nano, orin = resolve_profile("jetson-nano-4gb"), resolve_profile("orin-nx-16gb")
+    plan = plan_three_tier(costs, [nano], [orin], PlanSettings(batch=32), clients_per_edge=4)
+    assert {(r.k1, r.k2) for r in plan.rows} == {(a, b) for a in range(1, 7)
+                                                 for b in range(max(a + 1, 5), 8)}
+    best = min((r for r in plan.rows if r.fits), key=lambda r: (r.total_ms, r.k1, r.k2))
+    assert check_three_tier(plan) == (best.k1, best.k2)
+    fixed = plan_three_tier(costs, [nano], [orin], PlanSettings(batch=32), k1=2)
+    assert {r.k1 for r in fixed.rows} == {2} and fixed.k2 in (5, 6, 7)
+    # The edge block's FLOPs are the server block's at k1 minus those at k2.
+    edge = edge_block(costs, 2, 5)
+    assert edge.fwd_flops == pytest.approx(server_block(costs, 2).fwd_flops
+                                           - server_block(costs, 5).fwd_flops)
+    with pytest.raises(InfeasiblePlan, match="the edge needs at least"):
+        check_three_tier(plan_three_tier(costs, [orin], [nano], PlanSettings(batch=8192),
+                                         clients_per_edge=64, k1=1))
+    with pytest.raises(ConfigError, match="choose 1..6"):
+        plan_three_tier(costs, [nano], [orin], PlanSettings(), k1=7)
+
+
+# ---------------------------------------------------------------- edge commands
+
+
+@pytest.fixture(scope="module")
+def bundle_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from export.bundle_writer import write_bundle
+    from jetsplit.models import ModelSpec
+
+    report = write_bundle(ModelSpec("alexnet", (1, 8, 8), 10), 2,
+                          tmp_path_factory.mktemp("bundle") / "b", aux_ratio=None, seed=0,
+                          tar=True)
+    assert report.tar_path is not None
+    return report.tar_path
+
+
+def _install(worker: AgentWorker, archive: Path) -> None:
+    import hashlib
+
+    raw = np.frombuffer(archive.read_bytes(), np.uint8)
+    worker.handle(Kind.BUNDLE.value, 0, 0, {"sha256": hashlib.sha256(raw).hexdigest()},
+                  {"bundle": raw})
+
+
+def test_edge_commands_train_the_edge_block_and_check_their_input(bundle_archive: Path
+                                                                  ) -> None:
+    from jetsplit.bundle import load_bundle
+    from jetsplit.models.weights import to_arrays
+    from jetsplit.protocol import ProtocolError
+
+    bundle = load_bundle(bundle_archive)
+    edge_block, _ = carve(bundle.server_module(), 3)
+    weights = to_arrays(edge_block, "edge")
+    edge = AgentWorker("e0", no_data(), role="edge")
+    client = AgentWorker("a0", load_dataset_split("digits", 0.2, 0)[0], role="client")
+    for worker in (edge, client):
+        _install(worker, bundle_archive)
+    with pytest.raises(ProtocolError, match="has role client"):
+        client.handle(Kind.EDGE_LOAD.value, 0, 0, {"layers": 3}, weights)
+    with pytest.raises(ProtocolError, match="no edge block loaded"):
+        edge.handle(Kind.EDGE_STEP.value, 0, 0, {}, {})
+    with pytest.raises(ProtocolError, match="margin"):
+        edge.handle(Kind.EDGE_STEP.value, 0, 0, {"margin": 3.0}, {})
+    edge.handle(Kind.EDGE_LOAD.value, 0, 0, {"layers": 3}, weights)
+    acts = client.handle(Kind.FORWARD.value, 0, 0, {"batch": 16}, {}).tensors
+    bad = {"activations": acts["activations"][:, :5], "labels": acts["labels"]}
+    with pytest.raises(ProtocolError, match="activations are float32"):
+        edge.handle(Kind.EDGE_STEP.value, 0, 0, {}, bad)
+    result = edge.handle(Kind.EDGE_STEP.value, 0, 0, {"margin": 0.5}, acts)
+    assert result.tensors["grad"].shape == acts["activations"].shape
+    assert result.meta["loss"] > 0 and result.meta["samples"] == 16
+    with pytest.raises(ProtocolError, match="no such edge step"):
+        edge.handle(Kind.EDGE_UPLOAD.value, 0, 1, {}, {})
+    upload = edge.handle(Kind.EDGE_UPLOAD.value, 0, 0, {}, {}).tensors
+    assert upload["embeddings"].shape == (16, *edge_block(torch.from_numpy(
+        acts["activations"])).shape[1:])
+    assert np.array_equal(upload["labels"], acts["labels"])
+    trained = edge.handle(Kind.GET_WEIGHTS.value, 0, 0, {"blocks": ["edge"]}, {}).tensors
+    assert set(trained) == set(weights)
+    assert any(not np.array_equal(trained[k], weights[k]) for k in weights)  # it stepped
+
+
+# ---------------------------------------------------------------- whole runs
+
+EDGE_KINDS = {Kind.EDGE_LOAD.value, Kind.EDGE_STEP.value, Kind.EDGE_UPLOAD.value,
+              Kind.GET_WEIGHTS.value}
+
+
+def _sherl_settings(**overrides: Any) -> Settings:
+    base: dict[str, Any] = dict(algorithm="sherl", rounds=2, local_steps=10, batch=64,
+                                lr=0.05, edges=sherl_topology("sherl", 2, 4))
+    return Settings(**{**base, **overrides})
+
+
+def _simulate(settings: Settings, out: Path, **kwargs: Any) -> dict[str, Any]:
+    return simulate(settings, model="alexnet", split=2, dataset="digits", clients=4,
+                    partition_scheme="iid", out_dir=out, **kwargs)
+
+
+def test_in_process_sherl_learns_digits_and_books_bytes_per_tier(tmp_path: Path) -> None:
+    summary = _simulate(_sherl_settings(), tmp_path / "run")
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    assert summary["final_accuracy"] > 0.5  # 10 classes: chance is 0.1
+    assert rows[-1]["train_loss"] < rows[0]["train_loss"]
+    for row in rows:
+        tiers = row["tier_bytes"]
+        assert sum(tiers.values()) == row["bytes_up"] + row["bytes_down"]
+        assert min(tiers[k] for k in ("client_to_edge", "edge_to_client", "edge_to_cloud",
+                                      "model_client_edge", "model_edge_cloud", "relay")) > 0
+        assert row["edge_split"] == 5 and row["edge_loss"] is not None
+        assert set(row["edge_gflops"]) == {"e0", "e1"}
+    edges = {a: summary["bytes"][a] for a in ("e0", "e1")}
+    for counters in edges.values():  # edges get models and relayed activations, no gradient
+        assert set(counters["down"]) - {Kind.BUNDLE.value} == EDGE_KINDS
+        assert Kind.BACKWARD.value not in counters["down"]
+
+
+def test_sherl_resumes_bit_identically(tmp_path: Path) -> None:
+    """Two rounds, then a resumed third, equal three uninterrupted rounds."""
+    settings = _sherl_settings(rounds=3, local_steps=4, tau1=2, tau2=2, batch=32)
+    _simulate(settings, tmp_path / "whole")
+    from dataclasses import replace
+
+    _simulate(replace(settings, rounds=2), tmp_path / "cut")
+    _simulate(settings, tmp_path / "cut", resume=True)
+    from safetensors.numpy import load_file
+
+    for name in ("server.safetensors", "client.safetensors"):
+        a, b = (load_file(str(tmp_path / run / name)) for run in ("whole", "cut"))
+        assert set(a) == set(b) and all(np.array_equal(a[k], b[k]) for k in a), name
+    rows = [[json.loads(line) for line in (tmp_path / run / "metrics.jsonl").open()]
+            for run in ("whole", "cut")]
+    assert [r["accuracy"] for r in rows[0]] == [r["accuracy"] for r in rows[1]]
+    assert rows[1][-1]["aggregations"] == {"edge": 6, "cloud": 6}
+
+
+def test_sherl_over_mqtt_two_edges_four_clients(mosquitto: MosquittoProcess, agent_fleet: Any,
+                                                 tmp_path: Path) -> None:
+    """`jetsplit server run` with 4 client and 2 edge agent processes: 3 rounds; edges
+    only ever receive edge commands and models, never a backward or a gradient."""
+    url = f"mqtt://127.0.0.1:{mosquitto.port}"
+    agent_fleet(url, "sherl", 4, edges=2).start()
+    config = tmp_path / "server.toml"
+    config.write_text(
+        f'fleet = "sherl"\nagents = 6\nwait_s = 120\nout = "{tmp_path / "runs"}"\n'
+        'run = "mqtt"\n[model]\nname = "alexnet"\ninput_shape = [1, 8, 8]\nsplit = 2\n'
+        '[data]\ndataset = "digits"\n[train]\nalgorithm = "sherl"\nrounds = 3\n'
+        "local_steps = 4\ntau1 = 2\nbatch = 32\nlr = 0.05\n"
+        '[topology]\nedge_split = 5\nedges.e0 = ["a0", "a2"]\nedges.e1 = ["a1", "a3"]\n')
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "jetsplit.cli", "server", "run",
+                           "--config", str(config), "--broker", url],
+                          capture_output=True, text=True, env=env, timeout=500)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "3 rounds with 6 agents" in done.stdout
+    run = tmp_path / "runs" / "mqtt"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").open()]
+    summary = json.loads((run / "summary.json").read_text())
+    assert len(rows) == 3 and summary["missed"] == []
+    assert all(r["selected"] == ["a0", "a1", "a2", "a3"] for r in rows)
+    assert all(r["aggregations"]["cloud"] == 2 * (i + 1) for i, r in enumerate(rows))
+    for row in rows:
+        assert sum(row["tier_bytes"].values()) == row["bytes_up"] + row["bytes_down"]
+    counters = summary["bytes"]
+    for edge in ("e0", "e1"):
+        assert set(counters[edge]["down"]) - {Kind.BUNDLE.value} == EDGE_KINDS
+        assert set(counters[edge]["up"]) - {Kind.BUNDLE.value, Kind.REGISTER.value} \
+            == EDGE_KINDS
+    for client in ("a0", "a1", "a2", "a3"):
+        assert counters[client]["down"][Kind.BACKWARD.value] > 0
+        assert not set(counters[client]["down"]) & {Kind.EDGE_STEP.value,
+                                                    Kind.EDGE_LOAD.value}
