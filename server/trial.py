@@ -121,12 +121,10 @@ def plan_split(spec: TrialSpec, input_shape: tuple[int, int, int], classes: int,
     method here shares a server block or averages client blocks)."""
     from export.cost_model import get_costs
     from export.plan_cli import plan_to_dict
-    from export.planner import PlanSettings, check_feasible, plan_fleet
+    from export.planner import ALGORITHMS, PlanSettings, check_feasible, plan_fleet
     from jetsplit.profiles import resolve_profile
 
     algorithm = PLANNER_PROXY.get(spec.algorithm, spec.algorithm)
-    from export.planner import ALGORITHMS
-
     if algorithm not in ALGORITHMS:
         algorithm = "splitfed-v1"
     settings = PlanSettings(algorithm=algorithm, batch=per_agent_batch,
@@ -137,6 +135,8 @@ def plan_split(spec: TrialSpec, input_shape: tuple[int, int, int], classes: int,
     plan = plan_fleet(costs, devices, resolve_profile(spec.server_profile), settings)
     check_feasible(plan)
     chosen = plan.common_k if plan.common_k is not None else min(plan.chosen.values())
+    if not ALGORITHMS[algorithm].splits:
+        chosen = 1  # the whole model trains on the device; the bundle's cut is irrelevant
     k = spec.split or chosen
     if k is None:
         raise ConfigError("the planner found no split for this fleet")
