@@ -86,8 +86,8 @@ ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
               "activations uploaded once", per_iteration_exchange=False, aux_head=True,
               one_shot_activations=True),
 )}
-NOT_PLANNED = {"sherl": "sherl is planned over three tiers (client, edge, cloud) by "
-                        "plan_three_tier, which the coordinator runs on its agents' profiles"}
+NOT_PLANNED = {"sherl": "sherl is planned over three tiers (client, edge, cloud) by the "
+                        "coordinator, from its agents' profiles; this plans two"}
 
 
 def requires_common_split(algorithm: Algorithm) -> bool:

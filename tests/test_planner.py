@@ -215,8 +215,8 @@ def test_algorithms_move_what_they_should(all_costs: dict[str, ModelCosts]) -> N
     assert amp.device_gflops > sfl.device_gflops  # the aux head trains on the device
     assert amp.memory.total > sfl.memory.total
     assert [r.k for r in rows["fedavg"]] == [costs.num_layers]
-    with pytest.raises(ConfigError, match="sherl-fl is not planned yet"):
-        PlanSettings(algorithm="sherl-fl").validate()
+    with pytest.raises(ConfigError, match="sherl is planned over three tiers"):
+        PlanSettings(algorithm="sherl").validate()
 
 
 # --------------------------------------------------------------------------- CLI

@@ -127,6 +127,7 @@ class SHeRL(Method):
         self.groups: dict[str, list[str]] = {}
         self.steps_done = 0
         self.aggregations = {"edge": 0, "cloud": 0}
+        self.edge_samples: dict[str, int] = defaultdict(int)  # this round's, per edge
         self.extra_metrics: dict[str, Any] = {}
         log.info("sherl: %d edges, clients [:%d], edges [%d:%d], cloud [%d:], tau1 %d, "
                  "tau2 %d", len(self.edges), trainer.bundle.split, trainer.bundle.split,
@@ -209,7 +210,7 @@ class SHeRL(Method):
         period = _Period()
         cloud_losses: list[float] = []
         edge_losses: list[float] = []
-        self.edge_samples: dict[str, int] = defaultdict(int)
+        self.edge_samples.clear()
         for step in range(t.settings.local_steps):
             losses = self._iterate(step, period)
             if losses is None:
