@@ -31,6 +31,7 @@ import typer
 
 from edge_agent.emulation import EmulationSection
 from jetsplit.errors import ConfigError, JetsplitError
+from server.simulate import agent_name, edge_name, sherl_topology
 
 log = logging.getLogger("jetsplit.trial")
 
@@ -63,10 +64,15 @@ class TrialSpec:
     emulate: bool = True
     server_profile: str = "x86-cpu"
     split: int | None = None  # None: the planner's choice
+    edges: int = 0  # SHeRL-FL: edge agents e0… (clients dealt to them round-robin)
+    edge_profile: str = "orin-nx-16gb"
 
-    def device_profiles(self) -> list[str]:
-        """Profile of each agent: the given list, repeated to cover every agent."""
-        return [self.profiles[i % len(self.profiles)] for i in range(self.agents)]
+    def device_profiles(self) -> dict[str, str]:
+        """Profile of each agent: clients cycle through `profiles`, edges use
+        `edge_profile`."""
+        out = {agent_name(i): self.profiles[i % len(self.profiles)] for i in range(self.agents)}
+        out.update({edge_name(j): self.edge_profile for j in range(self.edges)})
+        return out
 
 
 # --------------------------------------------------------------------------- planning
@@ -150,28 +156,29 @@ def _toml(value: Any) -> str:
     return json.dumps(value)  # strings, numbers, booleans: JSON spelling is valid TOML
 
 
-def agent_config(spec: TrialSpec, index: int, broker_url: str, state_dir: Path,
+def agent_config(spec: TrialSpec, agent: str, broker_url: str, state_dir: Path,
                  emulation: EmulationSection) -> str:
-    """agent.toml for trial agent `index` (its shard of the dataset, its emulated device)."""
+    """agent.toml for a trial agent: client aN keeps shard N of the dataset; edge eN has
+    no data; each emulates its device."""
     protocol = "3.1.1" if spec.broker is None else "auto"  # amqtt speaks 3.1.1 only
+    edge = agent.startswith("e")
+    index = int(agent[1:])
     lines = [
-        f"fleet = {_toml('trial')}", f"agent = {_toml(agent_id(index))}",
+        f"fleet = {_toml('trial')}", f"agent = {_toml(agent)}",
+        f"role = {_toml('edge' if edge else 'client')}",
         f"profile = {_toml(emulation.profile)}", f"state_dir = {_toml(str(state_dir))}",
         'device = "cpu"', "threads = 1", f"seed = {spec.seed + index}", 'log_level = "info"',
         "", "[mqtt]", f"broker = {_toml(broker_url)}", f"protocol = {_toml(protocol)}",
         "", "[data]", f"dataset = {_toml(spec.dataset)}",
         f"partition = {_toml(spec.partition)}", f"clients = {spec.agents}",
-        f"index = {index}", f"seed = {spec.seed}", f"test_fraction = {spec.test_fraction}",
+        f"index = {0 if edge else index}", f"seed = {spec.seed}",
+        f"test_fraction = {spec.test_fraction}",
         "", "[emulation]",
     ]
     for key, value in emulation.model_dump().items():
         if value is not None:
             lines.append(f"{key} = {_toml(value)}")
     return "\n".join(lines) + "\n"
-
-
-def agent_id(index: int) -> str:
-    return f"a{index}"
 
 
 class AgentProcesses:
@@ -219,7 +226,7 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
     from jetsplit.profiles import resolve_profile
     from jetsplit.transport.mqtt import EndpointOptions
     from server.brokers import EmbeddedBroker
-    from server.config import ModelSection, ServerConfig, TrainSection
+    from server.config import ModelSection, ServerConfig, TopologySection, TrainSection
     from server.coordinator import prepare_bundle
     from server.fleet_books import FleetBooks
     from server.mqtt_engine import MqttEngine
@@ -234,7 +241,9 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
         "batch": spec.batch, "lr": spec.lr, "fraction": spec.fraction, "codec": spec.codec})
     if spec.agents < 1:
         raise ConfigError(f"--agents must be at least 1, got {spec.agents}")
-    profiles = {name: resolve_profile(name) for name in sorted(set(spec.profiles))}
+    device_profiles = spec.device_profiles()
+    topology = sherl_topology(spec.algorithm, spec.edges, spec.agents)
+    profiles = {name: resolve_profile(name) for name in sorted(set(device_profiles.values()))}
     (out_dir / SPEC_FILE).write_text(json.dumps(asdict(spec), indent=2))
 
     _, test = load_dataset_split(spec.dataset, spec.test_fraction, spec.seed)
@@ -259,16 +268,16 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
         address = parse_broker_url(spec.broker)
     agent_dir = out_dir / "agents"
     agent_dir.mkdir(exist_ok=True)
-    device_profiles = spec.device_profiles()
     configs = []
-    for i, name in enumerate(device_profiles):
-        path = agent_dir / f"{agent_id(i)}.toml"
-        path.write_text(agent_config(spec, i, address.url(), agent_dir / "state", sections[name]))
+    for agent, name in device_profiles.items():
+        path = agent_dir / f"{agent}.toml"
+        path.write_text(agent_config(spec, agent, address.url(), agent_dir / "state",
+                                     sections[name]))
         configs.append(path)
-    cfg = ServerConfig(fleet="trial", agents=spec.agents, seed=spec.seed,
+    cfg = ServerConfig(fleet="trial", agents=len(device_profiles), seed=spec.seed,
                        model=ModelSection(name=spec.model, input_shape=list(test.input_shape),
                                           classes=test.num_classes, split=split),
-                       train=train)
+                       train=train, topology=TopologySection(edges=topology))
     (out_dir / "config.toml").write_text(_server_toml(cfg, address.url()))
     agents = AgentProcesses(configs).start()
     engine = MqttEngine(address, "trial", run_id=out_dir.name or "trial",
@@ -276,15 +285,16 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
     exporter = None
     try:
         engine.start(10.0)
-        online = engine.wait_for_agents(spec.agents, 60.0 + 10.0 * spec.agents)
-        if len(online) < spec.agents:
-            raise JetsplitError(f"only {len(online)} of {spec.agents} agents registered "
+        fleet = len(device_profiles)
+        online = engine.wait_for_agents(fleet, 60.0 + 10.0 * fleet)
+        if len(online) < fleet:
+            raise JetsplitError(f"only {len(online)} of {fleet} agents registered "
                                 f"(dead: {', '.join(agents.dead()) or 'none'}; logs in "
                                 f"{agent_dir})")
         books = FleetBooks(engine)
         if metrics_port is not None:
             exporter = MetricsExporter(metrics_port).start()
-        settings = Settings(seed=spec.seed, **train.model_dump())
+        settings = Settings(seed=spec.seed, edges=topology, **train.model_dump())
         with TrialProgress(spec.rounds, title="jetsplit trial", live=live) as progress:
             to_exporter = None if exporter is None else round_callback(exporter, engine, books)
 
@@ -316,7 +326,10 @@ def _server_toml(cfg: Any, broker_url: str) -> str:
              "", "[mqtt]", f"broker = {_toml(broker_url)}", "", "[model]",
              f"name = {_toml(m.name)}", f"input_shape = {_toml(m.input_shape)}",
              f"classes = {m.classes}", f"split = {m.split}", "", "[train]"]
-    lines += [f"{k} = {_toml(v)}" for k, v in t.model_dump().items()]
+    lines += [f"{k} = {_toml(v)}" for k, v in t.model_dump().items() if v is not None]
+    if cfg.topology.edges:
+        lines += ["", "[topology.edges]"]
+        lines += [f"{edge} = {_toml(clients)}" for edge, clients in cfg.topology.edges.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -358,6 +371,11 @@ def trial_command(
     seed: Annotated[int, typer.Option("--seed", help="Seeds data, selection, weights.")] = 0,
     split: Annotated[int | None, typer.Option(
         "--split", help="Override the planner's split.")] = None,
+    edges: Annotated[int, typer.Option(
+        "--edges", help="sherl: edge agents (emulating --edge-profile) serving the clients.")
+    ] = 0,
+    edge_profile: Annotated[str, typer.Option(
+        "--edge-profile", help="sherl: device profile of the edge agents.")] = "orin-nx-16gb",
     no_emulation: Annotated[bool, typer.Option(
         "--no-emulation", help="Run agents at this machine's speed, links unlimited.")
     ] = False,
@@ -377,7 +395,8 @@ def trial_command(
                          profiles=profiles or list(DEFAULT_PROFILES), model=model,
                          dataset=dataset, partition=partition, local_steps=local_steps,
                          batch=batch, lr=lr, fraction=fraction, seed=seed, broker=broker,
-                         emulate=not no_emulation, split=split)
+                         emulate=not no_emulation, split=split, edges=edges,
+                         edge_profile=edge_profile)
         out_dir = out or Path("runs") / time.strftime("trial-%Y%m%d-%H%M%S", time.gmtime())
     summary = run_trial(spec, out_dir, resume=resume is not None, metrics_port=metrics_port)
     accuracy = summary["final_accuracy"]

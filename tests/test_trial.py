@@ -86,7 +86,7 @@ def test_agent_config_is_valid_toml_for_the_agent(tmp_path: Path) -> None:
 
     spec = TrialSpec(agents=3, partition="quantity:2")
     path = tmp_path / "a1.toml"
-    path.write_text(agent_config(spec, 1, "mqtt://127.0.0.1:1883", tmp_path / "state",
+    path.write_text(agent_config(spec, "a1", "mqtt://127.0.0.1:1883", tmp_path / "state",
                                  EmulationSection(profile="orin-nx-16gb", compute_slowdown=2.5,
                                                   uplink_mbps=100.0)))
     cfg = load_agent_config(path)
