@@ -140,8 +140,10 @@ class ActivationStore:
         """Why this upload chunk cannot be stored, or None."""
         if not _AGENT.match(agent):
             return f"agent name {agent!r} is not allowed"
-        if total < 1 or (agent in self._totals and total != self._totals[agent]):
-            return f"dataset size {total} differs from the {self._totals.get(agent)} stored"
+        if total < 1:
+            return f"dataset size {total} is not positive"
+        if agent in self._totals and total != self._totals[agent]:
+            return f"dataset size {total} differs from the {self._totals[agent]} stored"
         if offset != self.received(agent):
             return f"chunk starts at row {offset}, the store expects row {self.received(agent)}"
         n = len(labels) if labels.ndim == 1 else -1

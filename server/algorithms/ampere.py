@@ -24,7 +24,18 @@ where present), uploading activations+labels in slices of at most `upload_mb` (s
 the on-disk `ActivationStore` as it lands, and the single server block trains on shuffled
 batches of everything stored so far while later slices are still travelling (Algorithm 1's
 two server subprocesses). Each later round is one more shuffled epoch over the whole store;
-agents whose upload is incomplete (offline, restarted) are asked again for the rest.
+agents whose upload is incomplete (offline, restarted) are asked again for the rest. Phase
+2 involves every eligible agent (the paper's K devices), whatever the round's selection.
+Slices are consumed in agent-id order (`Engine.send_and_stream`), so the MQTT and in-process
+engines still train the same model bit for bit. The bundle format requires a server block;
+the trained bundle's is zeros (devices never run it), so its download stays close to eq. 27's
+client block and aux head.
+
+Rounds: `rounds` is the whole budget; phase 1 takes up to min(N_d, rounds − 1) of them and
+every remaining round is one server epoch (N_s = rounds − phase-1 rounds). `local_steps` is
+not used. Rows carry `phase` and `validation_accuracy` besides the usual fields; in phase 1
+`accuracy` is client∘server with the still untrained server block, which is what the
+system would serve at that point.
 
 The ablation keeps phase 1 but, once all activations are in, trains one server-block copy
 per agent on that agent's activations alone and FedAvg-s the copies (weights |A_k|) every
@@ -40,12 +51,13 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
+from jetsplit.bundle import sha256_file
 from jetsplit.data import ArrayDataset
 from jetsplit.errors import ConfigError
 from jetsplit.models import ZOO_VERSION
@@ -79,7 +91,6 @@ class Ampere(Method):
     """Ampere: unidirectional inter-block training with activation consolidation."""
 
     name = "ampere"
-    consolidate: ClassVar[bool] = True
 
     def __init__(self, trainer: Trainer) -> None:
         super().__init__(trainer)
@@ -103,6 +114,7 @@ class Ampere(Method):
         self.server_epochs = 0
         self.workdir: Path | None = None  # the store and the trained bundle
         self.own_workdir = False  # a temp folder of ours, removed when the run ends
+        self.bundle_sha: str | None = None  # the trained bundle this run wrote
         self.store: ActivationStore | None = None
         self.shipper: BundleShipper | None = None
 
@@ -218,12 +230,14 @@ class Ampere(Method):
                 self.own_workdir = True
         archive = self.workdir / "bundle.tar.gz"
         if self.shipper is None:
-            if not archive.is_file():
+            # Reuse only the archive this run wrote (a resume); never a stale one.
+            if not (archive.is_file() and sha256_file(archive) == self.bundle_sha):
                 with t.timed("export"):
                     self._write_trained_bundle()
             self.shipper = BundleShipper(t.engine, archive, lr=s.lr,
                                          deadline_s=s.bundle_deadline_s,
                                          kind=Kind.TRAINED_BUNDLE.value)
+            self.bundle_sha = self.shipper.sha256
         if self.store is None:
             # The store is tied to the trained bundle: activations of another client block
             # (an earlier run in the same folder) are refused, never mixed in.
@@ -233,13 +247,16 @@ class Ampere(Method):
 
     def _write_trained_bundle(self) -> None:
         """A bundle like the shipped one, with the final client and aux weights: its ONNX
-        client block is what the agents run to generate activations."""
+        client block is what the agents run to generate activations. Devices never run the
+        server block in Ampere, so its tensors here are zeros, which the archive's gzip
+        shrinks to almost nothing: the download is what eq. 27 counts (client block and aux
+        head), not another copy of the server block."""
         from export.bundle_writer import write_bundle
 
         t = self.trainer
         assert self.workdir is not None
         weights = {**from_arrays(t.global_client, "client"),
-                   **{k: v.detach().clone() for k, v in t.server.state_dict().items()},
+                   **{k: torch.zeros_like(v) for k, v in t.server.state_dict().items()},
                    **{f"aux.{k}": v for k, v in from_arrays(self.global_aux, "aux").items()}}
         write_bundle(t.bundle.spec, t.bundle.split, self.workdir / "bundle",
                      aux_ratio=t.bundle.manifest.aux_ratio, seed=t.settings.seed,
@@ -368,7 +385,7 @@ class Ampere(Method):
             "stale": self.stale, "last_validation": self.last_validation,
             "server_epochs": self.server_epochs,
             "workdir": None if self.workdir is None else str(self.workdir),
-            "own_workdir": self.own_workdir}}
+            "own_workdir": self.own_workdir, "bundle_sha256": self.bundle_sha}}
 
     def restore(self, arrays: Arrays, meta: dict[str, Any]) -> None:
         super().restore(arrays, meta)
@@ -387,6 +404,8 @@ class Ampere(Method):
             self.last_validation = _float_or_none(state["last_validation"])
             self.workdir = None if state["workdir"] is None else Path(str(state["workdir"]))
             self.own_workdir = bool(state["own_workdir"])
+            self.bundle_sha = None if state["bundle_sha256"] is None else str(
+                state["bundle_sha256"])
         except (KeyError, TypeError, ValueError) as exc:
             raise CheckpointError(f"checkpoint Ampere state is damaged: {exc}") from None
         if self.phase not in (1, 2):
@@ -405,7 +424,6 @@ class AmpereNoConsolidation(Ampere):
     on that agent's activations only; the copies are FedAvg-ed every epoch."""
 
     name = "ampere-noconsolidation"
-    consolidate = False
 
     def _server_epoch(self, owing: list[str]) -> float | None:
         t, s, store = self.trainer, self.trainer.settings, self._store()
