@@ -11,7 +11,7 @@ import pytest
 
 from jetsplit.cli import main
 from server.algorithms.methods import METHODS
-from server.simulate import simulate
+from server.simulate import sherl_topology, simulate
 from server.training import Settings
 
 ROUND_KEYS = {"round", "algorithm", "selected", "missed", "train_loss", "accuracy",
@@ -56,7 +56,9 @@ def test_simulate_rejects_bad_options(capsys: pytest.CaptureFixture[str]) -> Non
 
 @pytest.mark.parametrize("algorithm", sorted(METHODS))
 def test_every_method_trains_and_reports(algorithm: str, tmp_path: Path) -> None:
-    settings = Settings(algorithm=algorithm, rounds=2, local_steps=2, batch=32, lr=0.05)
+    edges = sherl_topology(algorithm, 1 if algorithm == "sherl" else 0, 3)
+    settings = Settings(algorithm=algorithm, rounds=2, local_steps=2, batch=32, lr=0.05,
+                        edges=edges)
     summary = simulate(settings, model="mobilenetv3-small", split=2, dataset="digits",
                        clients=3, partition_scheme="iid", out_dir=tmp_path)
     assert summary["algorithm"] == algorithm
