@@ -222,6 +222,7 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
               metrics_port: int | None = None, live: bool | None = None) -> dict[str, Any]:
     """Run (or resume) a whole trial; returns the training summary plus the report path."""
     from jetsplit.broker_url import parse_broker_url
+    from jetsplit.config_io import model_from_dict
     from jetsplit.data import load_dataset_split
     from jetsplit.profiles import resolve_profile
     from jetsplit.transport.mqtt import EndpointOptions
@@ -236,9 +237,10 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
     from server.training import Settings, run_training
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    train = TrainSection.model_validate({
+    train = model_from_dict(TrainSection, {
         "algorithm": spec.algorithm, "rounds": spec.rounds, "local_steps": spec.local_steps,
-        "batch": spec.batch, "lr": spec.lr, "fraction": spec.fraction, "codec": spec.codec})
+        "batch": spec.batch, "lr": spec.lr, "fraction": spec.fraction, "codec": spec.codec},
+        "option", "--")
     if spec.agents < 1:
         raise ConfigError(f"--agents must be at least 1, got {spec.agents}")
     device_profiles = spec.device_profiles()

@@ -94,3 +94,18 @@ def test_agent_config_is_valid_toml_for_the_agent(tmp_path: Path) -> None:
     assert cfg.data.partition == "quantity:2" and cfg.threads == 1
     assert cfg.emulation is not None and cfg.emulation.compute_slowdown == 2.5
     assert cfg.mqtt.protocol == "3.1.1"  # the embedded broker speaks 3.1.1 only
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--algorithm", "bogus"], "algorithm: input should be"),
+    (["--agents", "0"], "--agents must be at least 1"),
+    (["--profiles", "nope"], "profile nope: no such file"),
+    (["--resume", "/nonexistent/run"], "no trial.json there"),
+])
+def test_bad_trial_options_fail_in_one_line(args: list[str], message: str, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    from jetsplit.cli import main
+
+    assert main(["trial", *args, "--out", str(tmp_path / "t")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and err.count("\n") == 1
