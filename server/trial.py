@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -317,6 +318,7 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
         agents.stop()
         if broker is not None:
             broker.stop()
+        shutil.rmtree(out_dir / "build", ignore_errors=True)  # the checkpoint keeps the bundle
     summary["report"] = str(write_report(out_dir, title=f"jetsplit trial: {spec.algorithm}"))
     return summary
 
