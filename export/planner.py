@@ -427,24 +427,33 @@ def classifier_start(costs: ModelCosts) -> int:
     return start
 
 
+def _tightest(block: BlockCost, batch: int, profiles: list[DeviceProfile],
+              settings: PlanSettings) -> tuple[MemoryEstimate, bool]:
+    """The training memory of `block` on the profile with the least headroom, and whether
+    it fits on every profile."""
+    shortfall = []  # (bytes over the usable memory, estimate) per profile
+    for profile in profiles:
+        memory = training_memory(block, batch, settings.optimizer,
+                                 runtime_context_bytes(profile, settings.context_mb))
+        shortfall.append((memory.total - profile.usable_memory_bytes, memory))
+    worst = max(shortfall, key=lambda m: m[0])
+    return worst[1], all(over <= 0 for over, _ in shortfall)
+
+
 def _tier_client(costs: ModelCosts, profiles: list[DeviceProfile], k1: int,
                  settings: PlanSettings, tau1: int) -> tuple[MemoryEstimate, bool, float]:
     """(tightest memory, all fit, slowest ms per iteration) of the clients at k1."""
     block, batch = client_block(costs, k1), settings.batch
     act = activation_bytes(costs, k1, settings.codec, batch)
-    memories, times = [], []
+    times = []
     for profile in profiles:
-        memory = training_memory(block, batch, settings.optimizer,
-                                 runtime_context_bytes(profile, settings.context_mb))
-        memories.append((memory.total - profile.usable_memory_bytes, memory))
         up, down = _link(profile, settings.bandwidth_mbps)
         compute = block_ms(predict_layer_times(costs, profile, batch), 0, k1, input_grad=False)
         transfer = ((act + batch * LABEL_BYTES) / up + act / down) * 1e3
         exchange = ((block.state_bytes / up + block.state_bytes / down) * 1e3
                     + profile.network.rtt_ms) / tau1
         times.append(compute + transfer + profile.network.rtt_ms + exchange)
-    worst = max(memories, key=lambda m: m[0])
-    return worst[1], all(m[0] <= 0 for m in memories), max(times)
+    return (*_tightest(block, batch, profiles, settings), max(times))
 
 
 def _tier_edge(costs: ModelCosts, profiles: list[DeviceProfile], k1: int, k2: int,
@@ -453,18 +462,14 @@ def _tier_edge(costs: ModelCosts, profiles: list[DeviceProfile], k1: int, k2: in
     """(tightest memory, all fit, slowest ms per iteration) of the edges for [k1:k2]."""
     block = edge_block(costs, k1, k2)
     upload = activation_bytes(costs, k2, settings.codec, batch) + batch * LABEL_BYTES
-    memories, times = [], []
+    times = []
     for profile in profiles:
-        memory = training_memory(block, batch, settings.optimizer,
-                                 runtime_context_bytes(profile, settings.context_mb))
-        memories.append((memory.total - profile.usable_memory_bytes, memory))
         up, down = _link(profile, settings.bandwidth_mbps)
         compute = block_ms(predict_layer_times(costs, profile, batch), k1, k2, input_grad=True)
         exchange = ((block.state_bytes / up + block.state_bytes / down) * 1e3
                     + profile.network.rtt_ms) / tau2
         times.append(compute + upload / up * 1e3 + exchange)
-    worst = max(memories, key=lambda m: m[0])
-    return worst[1], all(m[0] <= 0 for m in memories), max(times)
+    return (*_tightest(block, batch, profiles, settings), max(times))
 
 
 def tier_row(costs: ModelCosts, clients: list[DeviceProfile], edges: list[DeviceProfile],

@@ -11,16 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from server.engine import Command, Engine
+from server.values import finite
 
 STATUS_DEADLINE_S = 15.0
-
-
-def _number(value: Any, low: float = 0.0, high: float = 1e12) -> float | None:
-    """A number in range from an agent's reply, else None."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    value = float(value)
-    return value if low <= value <= high else None
 
 
 class FleetBooks:
@@ -54,7 +47,7 @@ class FleetBooks:
     def _books(self, agent: str, books: Any) -> dict[str, float]:
         if not isinstance(books, dict):
             return {}
-        now = {k: _number(books.get(k)) for k in ("compute_s", "transfer_s", "uptime_s")}
+        now = {k: finite(books.get(k), 0.0, 1e12) for k in ("compute_s", "transfer_s", "uptime_s")}
         if any(v is None for v in now.values()):
             return {}
         before = self.last.get(agent, {"compute_s": 0.0, "transfer_s": 0.0, "uptime_s": 0.0})
@@ -63,7 +56,7 @@ class FleetBooks:
         wait = max(0.0, delta["uptime_s"] - delta["compute_s"] - delta["transfer_s"])
         out = {"compute_s": round(delta["compute_s"], 4),
                "transfer_s": round(delta["transfer_s"], 4), "wait_s": round(wait, 4)}
-        wall = _number(books.get("compute_wall_s"))
+        wall = finite(books.get("compute_wall_s"), 0.0, 1e12)
         if wall is not None:  # emulation fidelity: what the compute really took here
             out["compute_wall_s"] = round(max(0.0, wall - self.walls.get(agent, 0.0)), 4)
             self.walls[agent] = wall
@@ -73,8 +66,8 @@ class FleetBooks:
         if not isinstance(telemetry, dict):
             return {}
         self.telemetry[agent] = telemetry
-        out = {"rss_mb": _number(telemetry.get("rss_mb")),
-               "available_mb": _number(telemetry.get("mem_available_mb")),
-               "cpu_percent": _number(telemetry.get("cpu_process_pct"), 0, 1e5),
-               "temperature_c": _number(telemetry.get("temp_c"), -100, 200)}
+        out = {"rss_mb": finite(telemetry.get("rss_mb"), 0.0, 1e12),
+               "available_mb": finite(telemetry.get("mem_available_mb"), 0.0, 1e12),
+               "cpu_percent": finite(telemetry.get("cpu_process_pct"), 0, 1e5),
+               "temperature_c": finite(telemetry.get("temp_c"), -100, 200)}
         return {k: v for k, v in out.items() if v is not None}

@@ -9,7 +9,6 @@ spew control codes, it prints one plain line per round instead. All state is per
 
 from __future__ import annotations
 
-import math
 import sys
 import threading
 from collections.abc import Mapping
@@ -21,25 +20,21 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from server.values import finite
+
 STATE_STYLES = {"online": "green", "busy": "yellow", "offline": "red"}
 AGENT_FIELDS = (("compute s", "compute_s", ".2f"), ("transfer s", "transfer_s", ".2f"),
                 ("wait s", "wait_s", ".2f"), ("RSS MB", "rss_mb", ".0f"),
                 ("CPU %", "cpu_percent", ".0f"), ("°C", "temperature_c", ".1f"))
 
 
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
 def _pct(value: Any) -> str:
-    v = _num(value)
+    v = finite(value)
     return "n/a" if v is None else f"{100 * v:.2f}%"
 
 
 def _cell(value: Any, spec: str) -> str:
-    v = _num(value)
+    v = finite(value)
     return "—" if v is None else format(v, spec)
 
 
@@ -111,11 +106,11 @@ class TrialProgress:
     def _count_bytes(self, row: Mapping[str, Any]) -> None:
         """Traffic so far: the engine's running totals when the row has them, else the sum
         of the per-round training bytes."""
-        up, down = _num(row.get("bytes_up_total")), _num(row.get("bytes_down_total"))
+        up, down = finite(row.get("bytes_up_total")), finite(row.get("bytes_down_total"))
         self._bytes_up = up if up is not None else self._bytes_up + (
-            _num(row.get("bytes_up")) or 0.0)
+            finite(row.get("bytes_up")) or 0.0)
         self._bytes_down = down if down is not None else self._bytes_down + (
-            _num(row.get("bytes_down")) or 0.0)
+            finite(row.get("bytes_down")) or 0.0)
 
     # ------------------------------------------------------------------ output
 
@@ -128,7 +123,7 @@ class TrialProgress:
         row = self._row
         if not row:
             return f"{self.title}: waiting for round 1/{self.rounds}"
-        seconds = _num(row.get("seconds"))
+        seconds = finite(row.get("seconds"))
         selected = row.get("selected")
         parts = [f"round {self._round_no()}/{self.rounds}",
                  f"accuracy {_pct(row.get('accuracy'))}"

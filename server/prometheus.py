@@ -16,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
 from jetsplit.errors import ConfigError
+from server.values import finite
 
 if TYPE_CHECKING:
     from server.engine import Engine
@@ -184,11 +185,11 @@ class MetricsExporter:
                             ("balanced_accuracy", "jetsplit_balanced_accuracy"),
                             ("train_loss", "jetsplit_train_loss"),
                             ("seconds", "jetsplit_round_seconds")):
-            value = _number(row.get(key))
+            value = finite(row.get(key))
             if value is not None:
                 samples.append((family, {}, value))
         for direction in ("up", "down"):
-            value = _number(row.get(f"bytes_{direction}_total"))
+            value = finite(row.get(f"bytes_{direction}_total"))
             if value is not None:
                 samples.append(("jetsplit_bytes_total", {"direction": direction}, value))
         with self._lock:
@@ -200,7 +201,7 @@ class MetricsExporter:
         """Run totals by direction and kind (`engine.counters.by_kind()`)."""
         samples = [("jetsplit_bytes_by_kind_total", {"direction": d, "kind": str(k)}, float(n))
                    for d in ("up", "down") for k, n in (by_kind.get(d) or {}).items()
-                   if _number(n) is not None]
+                   if finite(n) is not None]
         with self._lock:
             self._bytes = samples
 
@@ -219,7 +220,7 @@ class MetricsExporter:
             if state in counts:
                 counts[state] += 1
             for reason, key in (("straggler", "stragglers"), ("error", "errors")):
-                value = _number(record.get(key))
+                value = finite(record.get(key))
                 if agent and value is not None:
                     samples.append(("jetsplit_agent_missed_steps_total",
                                     {"agent": agent, "reason": reason}, value))
@@ -229,13 +230,13 @@ class MetricsExporter:
                 continue
             labels = {"agent": str(agent)}
             for key, (family, scale) in _TELEMETRY.items():
-                value = _number(reading.get(key))
+                value = finite(reading.get(key))
                 if value is not None:  # bytes as whole numbers, percent/°C as sent
                     samples.append((family, labels, float(round(value * scale))
                                     if scale != 1 else value))
             gpu = reading.get("gpu")
             if isinstance(gpu, Mapping):
-                load, power = _number(gpu.get("gpu_load_pct")), _number(gpu.get("power_mw"))
+                load, power = finite(gpu.get("gpu_load_pct")), finite(gpu.get("power_mw"))
                 if load is not None:
                     samples.append(("jetsplit_agent_gpu_load_percent", labels, load))
                 if power is not None:
@@ -264,9 +265,3 @@ def round_callback(exporter: MetricsExporter, engine: Engine, books: FleetBooks
             log.warning("metrics: update failed: %s", exc)
 
     return on_round
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None

@@ -20,6 +20,8 @@ from typing import Annotated, Any
 
 import typer
 
+from server.values import finite
+
 Row = dict[str, Any]
 MB = 1e6
 PNG_DPI = 110
@@ -98,25 +100,18 @@ def _read_configs(run_dir: Path) -> list[tuple[str, str, str]]:
 # ---------------------------------------------------------------------- numbers
 
 
-def _num(value: Any) -> float | None:
-    """A finite number, or None for anything else (None, NaN, strings, booleans)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
 def _add(total: float | None, value: Any) -> float | None:
-    v = _num(value)
+    v = finite(value)
     return total if v is None else (v if total is None else total + v)
 
 
 def _max(best: float | None, value: Any) -> float | None:
-    v = _num(value)
+    v = finite(value)
     return best if v is None else (v if best is None else max(best, v))
 
 
 def _min(best: float | None, value: Any) -> float | None:
-    v = _num(value)
+    v = finite(value)
     return best if v is None else (v if best is None else min(best, v))
 
 
@@ -138,7 +133,7 @@ def _natural(name: str) -> list[Any]:
 def _kind_bytes(value: Any) -> dict[str, dict[str, float]]:
     """{"up": {kind: bytes}, "down": {...}} with non-numbers dropped."""
     books = _dict(value)
-    return {d: {k: v for k, v in ((str(k), _num(b)) for k, b in _dict(books.get(d)).items())
+    return {d: {k: v for k, v in ((str(k), finite(b)) for k, b in _dict(books.get(d)).items())
                 if v is not None} for d in ("up", "down")}
 
 
@@ -173,7 +168,7 @@ class AgentTotals:
         self.wait_s = _add(self.wait_s, info.get("wait_s"))
         self.peak_rss_mb = _max(self.peak_rss_mb, info.get("rss_mb"))
         self.min_available_mb = _min(self.min_available_mb, info.get("available_mb"))
-        cpu = _num(info.get("cpu_percent"))
+        cpu = finite(info.get("cpu_percent"))
         if cpu is not None:
             self.cpu_percent.append(cpu)
         self.max_temperature_c = _max(self.max_temperature_c, info.get("temperature_c"))
@@ -228,12 +223,12 @@ def _fmt(value: Any, spec: str = "") -> str:
 
 
 def _pct(value: Any) -> str:
-    v = _num(value)
+    v = finite(value)
     return "—" if v is None else f"{100 * v:.2f}"
 
 
 def _mb(value: Any) -> str:
-    v = _num(value)
+    v = finite(value)
     return "—" if v is None else f"{v / MB:.2f}"
 
 
@@ -279,8 +274,8 @@ def _rounds_axis(rows: Sequence[Row]) -> list[int]:
 def plot_accuracy(run: RunData, path: Path, figure: Any) -> str | None:
     """Top-1 and balanced accuracy per round, ± the spread across clients when reported."""
     rows = run.rows
-    acc = [_num(r.get("accuracy")) for r in rows]
-    bal = [_num(r.get("balanced_accuracy")) for r in rows]
+    acc = [finite(r.get("accuracy")) for r in rows]
+    bal = [finite(r.get("balanced_accuracy")) for r in rows]
     if all(v is None for v in acc + bal):
         return "no round reports an accuracy"
     x = _rounds_axis(rows)
@@ -290,7 +285,7 @@ def plot_accuracy(run: RunData, path: Path, figure: Any) -> str | None:
     top = [nan if v is None else 100 * v for v in acc]
     ax.plot(x, top, marker="o", label="top-1")
     ax.plot(x, [nan if v is None else 100 * v for v in bal], marker="s", label="balanced")
-    std = [_num(r.get("accuracy_std")) for r in rows]
+    std = [finite(r.get("accuracy_std")) for r in rows]
     if any(s is not None for s in std):
         lo = [nan if s is None else t - 100 * s for t, s in zip(top, std, strict=True)]
         hi = [nan if s is None else t + 100 * s for t, s in zip(top, std, strict=True)]
@@ -313,7 +308,7 @@ def _byte_segments(rows: Sequence[Row]) -> dict[str, list[float]]:
         for kind in sorted({k for b in books for k in b[d]}):
             segments[f"{d}: {kind}"] = [b[d].get(kind, 0.0) / MB for b in books]
         if not any(b[d] for b in books):
-            values = [_num(r.get(f"bytes_{d}")) or 0.0 for r in rows]
+            values = [finite(r.get(f"bytes_{d}")) or 0.0 for r in rows]
             segments[f"{d}: all kinds"] = [v / MB for v in values]
         eval_mb = [sum(e[d].values()) / MB for e in evals]
         if any(eval_mb):
@@ -353,7 +348,7 @@ def plot_bytes(run: RunData, path: Path, figure: Any) -> str | None:
 
 def plot_tier_bytes(run: RunData, path: Path, figure: Any) -> str | None:
     """Three-tier methods: bytes per round on each tier's link."""
-    tiers = [{k: _num(v) or 0.0 for k, v in _dict(r.get("tier_bytes")).items()}
+    tiers = [{k: finite(v) or 0.0 for k, v in _dict(r.get("tier_bytes")).items()}
              for r in run.rows]
     names = sorted({k for t in tiers for k in t}, key=_natural)
     if not names:
@@ -454,13 +449,13 @@ def _final_accuracy(run: RunData) -> str:
     if not run.rows:
         return "no round recorded yet"
     last = run.rows[-1]
-    acc = _num(last.get("accuracy"))
+    acc = finite(last.get("accuracy"))
     if acc is not None:
         text = f"final accuracy {_pct(acc)}% (balanced {_pct(last.get('balanced_accuracy'))}%"
-        std = _num(last.get("accuracy_std"))
+        std = finite(last.get("accuracy_std"))
         return text + (f", ± {_pct(std)} across clients)" if std is not None else ")")
     for i in range(len(run.rows) - 1, -1, -1):
-        earlier = _num(run.rows[i].get("accuracy"))
+        earlier = finite(run.rows[i].get("accuracy"))
         if earlier is not None:
             return (f"no accuracy in the last round (last measured: {_pct(earlier)}% in "
                     f"round {_round_no(run.rows[i], i)})")
@@ -468,10 +463,10 @@ def _final_accuracy(run: RunData) -> str:
 
 
 def _total(run: RunData, key: str) -> float:
-    value = _num(run.summary.get(key))
+    value = finite(run.summary.get(key))
     if value is not None:
         return value
-    return sum(_num(r.get(key)) or 0.0 for r in run.rows)
+    return sum(finite(r.get(key)) or 0.0 for r in run.rows)
 
 
 def _eval_total(rows: Sequence[Row]) -> float:
@@ -488,10 +483,10 @@ def _agents_phrase(agents: dict[str, AgentTotals]) -> str:
 
 
 def _wall_time(run: RunData) -> str:
-    seconds = _num(run.summary.get("seconds"))
+    seconds = finite(run.summary.get("seconds"))
     if seconds is not None:
         return f"{seconds:.1f} s"
-    per_round = [s for s in (_num(r.get("seconds")) for r in run.rows) if s is not None]
+    per_round = [s for s in (finite(r.get("seconds")) for r in run.rows) if s is not None]
     return f"{sum(per_round):.1f} s (sum of rounds so far)" if per_round else "unknown"
 
 
@@ -518,7 +513,7 @@ def summary_paragraph(run: RunData) -> str:
 
 def rounds_table(rows: Sequence[Row]) -> list[str]:
     """One line per round: who took part, loss, accuracy, traffic, time."""
-    has_std = any(_num(r.get("accuracy_std")) is not None for r in rows)
+    has_std = any(finite(r.get("accuracy_std")) is not None for r in rows)
     has_eval = _eval_total(rows) > 0
     headers = ["round", "selected", "missed", "train loss", "accuracy %", "balanced %"]
     headers += ["± std %"] * has_std + ["MB up", "MB down"] + ["eval MB"] * has_eval
@@ -529,14 +524,14 @@ def rounds_table(rows: Sequence[Row]) -> list[str]:
         missed = _dict(r.get("missed"))
         line = [str(_round_no(r, i)), _fmt(len(selected) if isinstance(selected, list) else None),
                 _fmt(", ".join(sorted(missed, key=_natural)) or "none"),
-                _fmt(_num(r.get("train_loss")), ".4f"), _pct(r.get("accuracy")),
+                _fmt(finite(r.get("train_loss")), ".4f"), _pct(r.get("accuracy")),
                 _pct(r.get("balanced_accuracy"))]
         line += [_pct(r.get("accuracy_std"))] * has_std
         line += [_mb(r.get("bytes_up")), _mb(r.get("bytes_down"))]
         if has_eval:
             line.append(_mb(sum(sum(b.values()) for b in
                                 _kind_bytes(r.get("eval_bytes")).values())))
-        line += [_mb(r.get("bundle_bytes")), _fmt(_num(r.get("seconds")), ".2f")]
+        line += [_mb(r.get("bundle_bytes")), _fmt(finite(r.get("seconds")), ".2f")]
         body.append(line)
     return _table(headers, body)
 
