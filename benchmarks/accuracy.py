@@ -19,8 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-from server.simulate import simulate
-from server.training import Settings
+from jetsplit.server.simulate import simulate
+from jetsplit.server.training import Settings
 
 METHODS = ["fedavg", "splitfed-v1", "splitfed-v2", "psl", "scala", "ca-sfl", "lla-sfl",
            "gapsl"]

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
-from export.cost_model import get_costs, predict_layer_times
-from export.onnx_export import export_onnx
-from export.profiler import build_measured_profile, measure_layers
+from jetsplit.export.cost_model import get_costs, predict_layer_times
+from jetsplit.export.onnx_export import export_onnx
+from jetsplit.export.profiler import build_measured_profile, measure_layers
 from jetsplit.models import build_model, split
 from jetsplit.profiles import resolve_profile
 from jetsplit.runtimes.onnx_runtime import CPU_EP, OnnxBlock

@@ -41,18 +41,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from edge_agent.config import AgentConfig, DataSection
-from edge_agent.setup import build_worker
-from export.bundle_writer import write_bundle
+from jetsplit.edge_agent.config import AgentConfig, DataSection
+from jetsplit.edge_agent.setup import build_worker
+from jetsplit.export.bundle_writer import write_bundle
 from jetsplit.models import ModelSpec, build_model, split
+from jetsplit.server.algorithms.methods import PSL
+from jetsplit.server.brokers import EmbeddedBroker, MosquittoProcess
+from jetsplit.server.coordinator import BundleShipper
+from jetsplit.server.engine import Command, InProcessEngine, Outcome
+from jetsplit.server.mqtt_engine import MqttEngine
+from jetsplit.server.training import Settings, Trainer
 from jetsplit.transport.mqtt import EndpointOptions, MqttEndpoint
 from jetsplit.wire import CODECS, COMPRESSIONS, Message, MessageType, decode_message, encode_message
-from server.algorithms.methods import PSL
-from server.brokers import EmbeddedBroker, MosquittoProcess
-from server.coordinator import BundleShipper
-from server.engine import Command, InProcessEngine, Outcome
-from server.mqtt_engine import MqttEngine
-from server.training import Settings, Trainer
 
 FLEET = "bench"
 MODEL = ModelSpec("alexnet", (3, 32, 32), 10)

@@ -24,9 +24,9 @@ def run(
                          ] = None,
 ) -> None:
     """Connect to the broker and serve the coordinator's commands until SIGTERM."""
-    from edge_agent.config import load_agent_config
-    from edge_agent.daemon import AgentDaemon
-    from edge_agent.setup import build_worker
+    from jetsplit.edge_agent.config import load_agent_config
+    from jetsplit.edge_agent.daemon import AgentDaemon
+    from jetsplit.edge_agent.setup import build_worker
 
     cfg = load_agent_config(config)
     updates = {k: v for k, v in {"fleet": fleet, "agent": agent, "state_dir": state_dir}.items()
@@ -47,7 +47,7 @@ def run(
     "allow_extra_args": True, "ignore_unknown_options": True})
 def install(ctx: typer.Context) -> None:
     """Install the agent as a systemd service: venv, user, /etc/jetsplit, unit (--help)."""
-    from edge_agent.install import main  # its flags are defined once, there
+    from jetsplit.edge_agent.install import main  # its flags are defined once, there
 
     code = main(list(ctx.args))
     if code:

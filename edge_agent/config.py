@@ -8,8 +8,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from edge_agent.emulation import EmulationSection
 from jetsplit.config_io import load_toml_model
+from jetsplit.edge_agent.emulation import EmulationSection
 from jetsplit.transport.settings import MqttSection
 
 _Id = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]

@@ -15,9 +15,9 @@ import threading
 from collections import OrderedDict
 from dataclasses import replace
 
-from edge_agent.service import SystemdNotifier
-from edge_agent.worker import AgentWorker, respond
 from jetsplit.broker_url import BrokerAddress
+from jetsplit.edge_agent.service import SystemdNotifier
+from jetsplit.edge_agent.worker import AgentWorker, respond
 from jetsplit.protocol import Kind
 from jetsplit.transport import COORDINATOR, Topics
 from jetsplit.transport.mqtt import EndpointOptions, Inbound, MqttEndpoint, presence_payload

@@ -30,7 +30,7 @@ def checks(broker: str | None = None, wait_s: float = 5.0) -> list[Row]:
     import psutil
     import torch
 
-    from edge_agent.backends import detect_backends
+    from jetsplit.edge_agent.backends import detect_backends
 
     found = detect_backends()
     rows: list[Row] = [

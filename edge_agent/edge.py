@@ -28,7 +28,7 @@ from jetsplit.protocol import (
 from jetsplit.tiers import carve, check_edge_layers, contrastive_loss
 
 if TYPE_CHECKING:
-    from edge_agent.worker import Result
+    from jetsplit.edge_agent.worker import Result
 
 Tensors = dict[str, np.ndarray]
 MAX_EDGE_BATCH = 1 << 16  # samples per relayed batch (the sum of its clients' batches)
@@ -126,7 +126,7 @@ class EdgeRole:
                       ) -> Result:
         """Install the cloud's edge-tier model: server-block layers [:layers] with the
         weights sent (edge/… names), and a fresh optimizer."""
-        from edge_agent.worker import Result
+        from jetsplit.edge_agent.worker import Result
 
         bundle = self._edge_bundle()
         if any(not name.startswith("edge/") for name in tensors):
@@ -141,7 +141,7 @@ class EdgeRole:
 
     def _do_edge_step(self, args: EdgeStepArgs, round_: int, step: int, tensors: Tensors
                       ) -> Result:
-        from edge_agent.worker import Result
+        from jetsplit.edge_agent.worker import Result
 
         tier = self._edge()
         acts, labels = tier.inputs(tensors)
@@ -152,7 +152,7 @@ class EdgeRole:
 
     def _do_edge_upload(self, args: EdgeUploadArgs, round_: int, step: int, tensors: Tensors
                         ) -> Result:
-        from edge_agent.worker import Result
+        from jetsplit.edge_agent.worker import Result
 
         embeddings, labels = self._edge().upload((round_, step))
         return Result(meta={"samples": int(len(labels))},

@@ -227,8 +227,8 @@ def render_env(template: str, existing: str | None) -> str:
 
 def check_config_text(text: str, source: str) -> str:
     """Validate a rendered agent.toml with the project's own model (one-line errors)."""
-    from edge_agent.config import AgentConfig
     from jetsplit.config_io import model_from_dict, tomllib
+    from jetsplit.edge_agent.config import AgentConfig
 
     cfg = model_from_dict(AgentConfig, tomllib.loads(text), "agent config", source)
     return cfg.mqtt.address().url()
@@ -236,8 +236,8 @@ def check_config_text(text: str, source: str) -> str:
 
 def _importable() -> bool:
     try:
-        import edge_agent.config  # noqa: F401
         import jetsplit.config_io  # noqa: F401
+        import jetsplit.edge_agent.config  # noqa: F401
     except ImportError:
         return False
     return True
@@ -391,7 +391,7 @@ def _write(path: Path, text: str, group: str | None, *, backup: bool, mode: int 
 
 
 def _check_with(python: Path, config: Path) -> str:
-    code = ("import sys\nfrom edge_agent.install import check_config_text\n"
+    code = ("import sys\nfrom jetsplit.edge_agent.install import check_config_text\n"
             "from jetsplit.errors import JetsplitError\n"
             "p = sys.argv[1]\n"
             "try: print('broker', check_config_text(open(p).read(), p))\n"
@@ -509,7 +509,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of `python -m edge_agent.install` and `jetsplit agent install`."""
+    """Entry point of `python -m jetsplit.edge_agent.install` and `jetsplit agent install`."""
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # --help, or a usage error already printed

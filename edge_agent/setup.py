@@ -6,11 +6,11 @@ import logging
 
 import torch
 
-from edge_agent.config import AgentConfig
-from edge_agent.edge import no_data
-from edge_agent.emulation import DeviceClock
-from edge_agent.worker import AgentWorker
 from jetsplit.data import ArrayDataset, load_dataset_split, partition
+from jetsplit.edge_agent.config import AgentConfig
+from jetsplit.edge_agent.edge import no_data
+from jetsplit.edge_agent.emulation import DeviceClock
+from jetsplit.edge_agent.worker import AgentWorker
 from jetsplit.errors import ConfigError
 from jetsplit.profiles import resolve_profile
 

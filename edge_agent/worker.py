@@ -22,11 +22,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from edge_agent.edge import EdgeRole, EdgeTier
-from edge_agent.emulation import DeviceClock
 from jetsplit import __version__
 from jetsplit.bundle import Bundle, load_bundle
 from jetsplit.data import ArrayDataset
+from jetsplit.edge_agent.edge import EdgeRole, EdgeTier
+from jetsplit.edge_agent.emulation import DeviceClock
 from jetsplit.errors import BundleError, JetsplitError
 from jetsplit.models import ZOO_VERSION
 from jetsplit.models.split import eval_mode
@@ -140,7 +140,7 @@ class AgentWorker(EdgeRole):
 
     def registration(self) -> dict[str, Any]:
         """Who this agent is and what it can do (sent on connect and on DISCOVER)."""
-        from edge_agent.backends import detect_backends
+        from jetsplit.edge_agent.backends import detect_backends
 
         return {
             "agent": self.agent_id, "role": self.role, "version": __version__,
@@ -417,7 +417,7 @@ class AgentWorker(EdgeRole):
                       codec=args.codec, compression=args.compression)
 
     def _do_status(self, args: Any, round_: int, step: int, tensors: Tensors) -> Result:
-        from edge_agent.telemetry import sample  # psutil is an agent extra; import on use
+        from jetsplit.edge_agent.telemetry import sample  # psutil is an agent extra; import on use
 
         return Result(meta={"bundle": self.bundle_sha, "commands": self.commands_done,
                             "pending_forwards": len(self._pending), "telemetry": sample(),

@@ -37,8 +37,8 @@ def bundle(
     tar: bool = typer.Option(False, "--tar", help="Also write <out>.tar.gz."),
 ) -> None:
     """Write a bundle (weights, ONNX, manifest) for one split and check ONNX against PyTorch."""
-    from export.bundle_writer import ONNX_ATOL, write_bundle
     from jetsplit.cli_types import parse_shape
+    from jetsplit.export.bundle_writer import ONNX_ATOL, write_bundle
     from jetsplit.models import ModelSpec
 
     spec = ModelSpec(model, parse_shape(input_shape), classes)

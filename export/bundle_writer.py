@@ -23,7 +23,6 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from export.onnx_export import compare_onnx, export_onnx
 from jetsplit import __version__
 from jetsplit.bundle import (
     BUNDLE_FORMAT_VERSION,
@@ -38,6 +37,7 @@ from jetsplit.bundle import (
     sha256_file,
 )
 from jetsplit.errors import BundleError
+from jetsplit.export.onnx_export import compare_onnx, export_onnx
 from jetsplit.models import (
     ZOO_VERSION,
     ModelSpec,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from export.bundle_cli import bundle, engine
-from export.plan_cli import plan
+from jetsplit.export.bundle_cli import bundle, engine
+from jetsplit.export.plan_cli import plan
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False)
 app.command("plan", help="Cost of every split candidate and the planner's choice.")(plan)

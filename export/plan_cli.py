@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from export.planner import ALGORITHMS, NOT_PLANNED, OBJECTIVES, FleetPlan, PlanSettings
+from jetsplit.export.planner import ALGORITHMS, NOT_PLANNED, OBJECTIVES, FleetPlan, PlanSettings
 
 _ALGO_HELP = (" | ".join(ALGORITHMS) + ". Common split for all of them (client blocks are "
               "FedAvg-ed or one server block is shared). " + "; ".join(NOT_PLANNED.values())
@@ -54,9 +54,9 @@ def plan(
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Cost of every split candidate and the planner's choice."""
-    from export.cost_model import get_costs
-    from export.planner import check_feasible, plan_fleet
     from jetsplit.cli_types import parse_shape
+    from jetsplit.export.cost_model import get_costs
+    from jetsplit.export.planner import check_feasible, plan_fleet
     from jetsplit.profiles import resolve_profile
 
     settings = PlanSettings(

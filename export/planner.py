@@ -27,7 +27,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-from export.cost_model import (
+from jetsplit.errors import ConfigError, JetsplitError
+from jetsplit.export.cost_model import (
     CODEC_BYTES,
     OPTIMIZER_STATE,
     BlockCost,
@@ -45,7 +46,6 @@ from export.cost_model import (
     server_block,
     training_memory,
 )
-from jetsplit.errors import ConfigError, JetsplitError
 from jetsplit.profiles import DeviceProfile
 
 Objective = Literal["time", "bytes", "device-flops"]

@@ -32,9 +32,9 @@ def profile(
     from rich.console import Console
     from rich.table import Table
 
-    from export.profiler import profile_machine, profile_name
     from jetsplit.cli_types import parse_shape
     from jetsplit.errors import ConfigError
+    from jetsplit.export.profiler import profile_machine, profile_name
     from jetsplit.profiles import dump_profile, resolve_profile
 
     for flag, value, low in (("--batch", batch, 1), ("--repeats", repeats, 1),

@@ -21,8 +21,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from export.cost_model import ModelCosts, get_costs
 from jetsplit.errors import JetsplitError
+from jetsplit.export.cost_model import ModelCosts, get_costs
 from jetsplit.profiles import DeviceProfile, profile_from_dict
 
 if TYPE_CHECKING:
@@ -159,7 +159,7 @@ def measure_ort_layers(model: LayeredModel, batch: int, repeats: int = 5,
     import torch
 
     try:
-        from export.onnx_export import export_onnx
+        from jetsplit.export.onnx_export import export_onnx
         from jetsplit.runtimes.onnx_runtime import OnnxBlock
     except ImportError as exc:
         return [None] * len(model), [f"ONNX Runtime timing skipped: {exc}"]

@@ -39,15 +39,15 @@ def build_app() -> typer.Typer:
         add_completion=False,
     )
     app.callback()(_root)
-    from edge_agent.cli import app as agent_app
-    from edge_agent.doctor import doctor
-    from export.cli import app as export_app
-    from export.profile_cli import profile
-    from server.broker_cli import broker
-    from server.cli import app as server_app
-    from server.report import report_command
-    from server.simulate import simulate_command
-    from server.trial import trial_command
+    from jetsplit.edge_agent.cli import app as agent_app
+    from jetsplit.edge_agent.doctor import doctor
+    from jetsplit.export.cli import app as export_app
+    from jetsplit.export.profile_cli import profile
+    from jetsplit.server.broker_cli import broker
+    from jetsplit.server.cli import app as server_app
+    from jetsplit.server.report import report_command
+    from jetsplit.server.simulate import simulate_command
+    from jetsplit.server.trial import trial_command
 
     app.add_typer(export_app, name="export", help="Cost model, split planner, bundles, engines.")
     app.command("profile", help="Measure this machine: per-layer latency, memory, GFLOPS.")(

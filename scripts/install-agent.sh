@@ -28,4 +28,4 @@ fi
 
 cd "$checkout"
 export PYTHONPATH="$checkout${PYTHONPATH:+:$PYTHONPATH}"
-exec "$python" -m edge_agent.install --source "$checkout" "$@"
+exec "$python" -m jetsplit.edge_agent.install --source "$checkout" "$@"

@@ -6,7 +6,7 @@ import threading
 
 import typer
 
-from server.brokers import LOOPBACK, EmbeddedBroker
+from jetsplit.server.brokers import LOOPBACK, EmbeddedBroker
 
 
 def broker(

@@ -36,12 +36,12 @@ def run(
     from jetsplit.config_io import model_from_dict
     from jetsplit.data import load_dataset_split
     from jetsplit.errors import ConfigError
-    from server.config import ServerConfig, load_server_config
-    from server.coordinator import prepare_bundle
-    from server.fleet_books import FleetBooks
-    from server.mqtt_engine import MqttEngine
-    from server.prometheus import round_callback
-    from server.training import run_training
+    from jetsplit.server.config import ServerConfig, load_server_config
+    from jetsplit.server.coordinator import prepare_bundle
+    from jetsplit.server.fleet_books import FleetBooks
+    from jetsplit.server.mqtt_engine import MqttEngine
+    from jetsplit.server.prometheus import round_callback
+    from jetsplit.server.training import run_training
 
     cfg = load_server_config(config)
     data = cfg.model_dump()
@@ -64,7 +64,7 @@ def run(
     exporter = None
     try:
         if metrics_port is not None:
-            from server.prometheus import MetricsExporter
+            from jetsplit.server.prometheus import MetricsExporter
 
             exporter = MetricsExporter(metrics_port, metrics_host).start()
             typer.echo(f"metrics on http://{metrics_host}:{exporter.port}/metrics")
@@ -85,7 +85,7 @@ def run(
         engine.close()
         if exporter is not None:
             exporter.close()
-    from server.report import write_report
+    from jetsplit.server.report import write_report
 
     report = write_report(out_dir, title=f"jetsplit run {run_name}: {summary['algorithm']}")
     accuracy = summary["final_accuracy"]

@@ -9,8 +9,8 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from jetsplit.config_io import load_toml_model
+from jetsplit.server.training import Settings
 from jetsplit.transport.settings import MqttSection
-from server.training import Settings
 
 _Id = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
 
@@ -82,7 +82,7 @@ class TopologySection(BaseModel):
 
     @model_validator(mode="after")
     def _shape(self) -> TopologySection:
-        from server.topology import check_shape
+        from jetsplit.server.topology import check_shape
 
         check_shape(self.edges)
         return self

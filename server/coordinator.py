@@ -12,8 +12,8 @@ import numpy as np
 from jetsplit.bundle import load_bundle
 from jetsplit.models import ModelSpec
 from jetsplit.protocol import Kind
-from server.config import ServerConfig
-from server.engine import Command, Engine
+from jetsplit.server.config import ServerConfig
+from jetsplit.server.engine import Command, Engine
 
 log = logging.getLogger("jetsplit.coordinator")
 
@@ -24,7 +24,7 @@ def prepare_bundle(cfg: ServerConfig, workdir: Path) -> Path:
         path = Path(cfg.model.bundle)
         load_bundle(path)  # fail here, in one line, rather than on every agent
         return path
-    from export.bundle_writer import write_bundle
+    from jetsplit.export.bundle_writer import write_bundle
 
     spec = ModelSpec(cfg.model.name, tuple(cfg.model.input_shape), cfg.model.classes)
     report = write_bundle(spec, cfg.model.split, workdir / "bundle", aux_ratio=cfg.model.aux_ratio,

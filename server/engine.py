@@ -18,9 +18,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from jetsplit.server.registry import FleetRegistry, MissedStep
 from jetsplit.transport import COORDINATOR, ByteCounters
 from jetsplit.wire import Message, MessageType, decode_message, encode_message
-from server.registry import FleetRegistry, MissedStep
 
 Tensors = dict[str, np.ndarray]
 
@@ -141,7 +141,7 @@ class InProcessEngine(Engine):
 
     def __init__(self, workers: Mapping[str, AgentLike], run_id: str = "local") -> None:
         super().__init__(run_id)
-        from edge_agent.worker import respond  # the same reply path as the MQTT daemon
+        from jetsplit.edge_agent.worker import respond  # the same reply path as the MQTT daemon
 
         self._respond = respond
         self.workers = dict(sorted(workers.items()))

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from server.engine import Command, Engine
-from server.values import finite
+from jetsplit.server.engine import Command, Engine
+from jetsplit.server.values import finite
 
 STATUS_DEADLINE_S = 15.0
 

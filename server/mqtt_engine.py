@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 
 from jetsplit.broker_url import BrokerAddress
 from jetsplit.protocol import Kind, ProtocolError, parse_registration
+from jetsplit.server.engine import Command, Engine, Outcome, Reply, command_message, reply_from
 from jetsplit.transport import COORDINATOR, Topics
 from jetsplit.transport.mqtt import EndpointOptions, Inbound, MqttEndpoint
 from jetsplit.wire import Message, MessageType
-from server.engine import Command, Engine, Outcome, Reply, command_message, reply_from
 
 log = logging.getLogger("jetsplit.coordinator")
 

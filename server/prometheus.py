@@ -16,11 +16,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
 from jetsplit.errors import ConfigError
-from server.values import finite
+from jetsplit.server.values import finite
 
 if TYPE_CHECKING:
-    from server.engine import Engine
-    from server.fleet_books import FleetBooks
+    from jetsplit.server.engine import Engine
+    from jetsplit.server.fleet_books import FleetBooks
 
 log = logging.getLogger(__name__)
 

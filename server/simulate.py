@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 import typer
 
-from server.training import Settings
+from jetsplit.server.training import Settings
 
 ALGORITHMS = ("fedavg, splitfed-v1, splitfed-v2, psl, scala, ca-sfl, lla-sfl, gapsl, "
               "ampere, ampere-noconsolidation, sherl")
@@ -39,14 +39,14 @@ def simulate(
     """Partition `dataset` over `clients` in-process agents and train; returns the summary.
     The arguments go to `out_dir/simulation.json`, so `--resume DIR` needs nothing else.
     The edges of `settings.edges` (SHeRL-FL) join as data-less agents with role `edge`."""
-    from edge_agent.edge import no_data
-    from edge_agent.worker import AgentWorker
-    from export.bundle_writer import write_bundle
     from jetsplit.bundle import Bundle
     from jetsplit.data import load_dataset_split, partition
+    from jetsplit.edge_agent.edge import no_data
+    from jetsplit.edge_agent.worker import AgentWorker
+    from jetsplit.export.bundle_writer import write_bundle
     from jetsplit.models import ModelSpec
-    from server.engine import InProcessEngine
-    from server.training import run_training
+    from jetsplit.server.engine import InProcessEngine
+    from jetsplit.server.training import run_training
 
     train, test = load_dataset_split(dataset, test_fraction, settings.seed)
     shards = partition(train.y, clients, partition_scheme, settings.seed, train.num_classes)
@@ -111,7 +111,7 @@ def edge_name(index: int) -> str:
 def sherl_topology(algorithm: str, edges: int, clients: int) -> dict[str, list[str]]:
     """`--edges N`: N edge agents, clients dealt round-robin (sherl only, and needed)."""
     from jetsplit.errors import ConfigError
-    from server.topology import round_robin
+    from jetsplit.server.topology import round_robin
 
     if algorithm != "sherl":
         if edges:
@@ -177,7 +177,7 @@ def simulate_command(
 ) -> None:
     """Simulate a fleet in one process: same methods and metrics as over MQTT."""
     from jetsplit.config_io import model_from_dict
-    from server.config import TrainSection
+    from jetsplit.server.config import TrainSection
 
     train = model_from_dict(TrainSection, {
         "algorithm": algorithm, "rounds": rounds, "local_steps": local_steps,

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from jetsplit.errors import ConfigError
-from server.registry import FleetRegistry
+from jetsplit.server.registry import FleetRegistry
 
 log = logging.getLogger("jetsplit.coordinator")
 

@@ -32,8 +32,8 @@ from jetsplit.models import ZOO_VERSION
 from jetsplit.models.split import eval_mode
 from jetsplit.models.weights import from_arrays, load_strict, to_arrays
 from jetsplit.protocol import Kind
-from server.engine import Command, Engine, Outcome
-from server.evaluation import Evaluation, evaluate, summarize
+from jetsplit.server.engine import Command, Engine, Outcome
+from jetsplit.server.evaluation import Evaluation, evaluate, summarize
 
 log = logging.getLogger("jetsplit.coordinator")
 Arrays = dict[str, np.ndarray]
@@ -89,7 +89,7 @@ class Trainer:
 
     def __init__(self, engine: Engine, archive: Path, settings: Settings, test: ArrayDataset,
                  *, bundle: Bundle | None = None) -> None:
-        from server.coordinator import BundleShipper
+        from jetsplit.server.coordinator import BundleShipper
 
         self.engine, self.settings, self.test = engine, settings, test
         self.bundle = bundle or load_bundle(archive)
@@ -117,7 +117,7 @@ class Trainer:
     # ------------------------------------------------------------------ books
 
     def _per_sample_flops(self) -> dict[str, float]:
-        from export.cost_model import client_block, get_costs, server_block
+        from jetsplit.export.cost_model import client_block, get_costs, server_block
 
         spec, k = self.bundle.spec, self.bundle.split
         costs = get_costs(spec.name, spec.input_shape, spec.num_classes)
@@ -314,8 +314,8 @@ def run_training(
     `resume`, training continues after the last checkpointed round (its bundle is shipped,
     its metrics rows are kept) and ends exactly where an uninterrupted run would.
     `row_extras(row)` may add fields to each metrics row before it is written."""
-    from server.algorithms.methods import build_method
-    from server.checkpoint import load_checkpoint
+    from jetsplit.server.algorithms.methods import build_method
+    from jetsplit.server.checkpoint import load_checkpoint
 
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(settings.seed)
@@ -429,7 +429,7 @@ RESUMABLE_CHANGES = {"rounds", "deadline_s", "bundle_deadline_s"}
 def _save(directory: Path, round_: int, settings: Settings, trainer: Trainer,
           method: Any, archive: Path) -> None:
     """Round `round_`'s checkpoint: the method's state, the RNGs, the fleet's books."""
-    from server.checkpoint import save_checkpoint
+    from jetsplit.server.checkpoint import save_checkpoint
 
     arrays, method_meta = method.checkpoint()
     arrays = {**arrays, "trainer/torch_rng": torch.get_rng_state().numpy()}
@@ -445,8 +445,8 @@ def _save(directory: Path, round_: int, settings: Settings, trainer: Trainer,
 
 def _restore(saved: Any, settings: Settings, trainer: Trainer, method: Any) -> None:
     """Put a fresh trainer and method back into the checkpointed state."""
-    from server.checkpoint import CheckpointError
-    from server.registry import MissedStep
+    from jetsplit.server.checkpoint import CheckpointError
+    from jetsplit.server.registry import MissedStep
 
     meta = saved.meta
     before = meta.get("settings") or {}

@@ -30,9 +30,9 @@ from typing import Annotated, Any
 
 import typer
 
-from edge_agent.emulation import EmulationSection
+from jetsplit.edge_agent.emulation import EmulationSection
 from jetsplit.errors import ConfigError, JetsplitError
-from server.simulate import agent_name, edge_name, sherl_topology
+from jetsplit.server.simulate import agent_name, edge_name, sherl_topology
 
 log = logging.getLogger("jetsplit.trial")
 
@@ -85,8 +85,8 @@ def host_gflops(model: str, input_shape: tuple[int, int, int], classes: int,
     each trial agent runs (counted FLOPs / measured time)."""
     import torch
 
-    from export.cost_model import get_costs
-    from export.profiler import achieved_gflops, measure_layers
+    from jetsplit.export.cost_model import get_costs
+    from jetsplit.export.profiler import achieved_gflops, measure_layers
     from jetsplit.models import ModelSpec, build_model
 
     threads = torch.get_num_threads()
@@ -126,9 +126,9 @@ def plan_split(spec: TrialSpec, input_shape: tuple[int, int, int], classes: int,
                per_agent_batch: int, dataset_size: int) -> tuple[int, dict[str, Any]]:
     """The split the planner picks for this fleet of profiles (one common split: every
     method here shares a server block or averages client blocks)."""
-    from export.cost_model import get_costs
-    from export.plan_cli import plan_to_dict
-    from export.planner import ALGORITHMS, PlanSettings, check_feasible, plan_fleet
+    from jetsplit.export.cost_model import get_costs
+    from jetsplit.export.plan_cli import plan_to_dict
+    from jetsplit.export.planner import ALGORITHMS, PlanSettings, check_feasible, plan_fleet
     from jetsplit.profiles import resolve_profile
 
     algorithm = PLANNER_PROXY.get(spec.algorithm, spec.algorithm)
@@ -192,10 +192,13 @@ class AgentProcesses:
     def start(self) -> AgentProcesses:
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         for path in self.configs:
+            path = path.resolve()
             log_file = path.with_suffix(".log").open("ab")
+            # `python -m` puts the working directory first on sys.path: run in the trial's own
+            # agents folder so a user's jetsplit.py (or any stray module) cannot shadow ours.
             self.procs.append(subprocess.Popen(
                 [sys.executable, "-m", "jetsplit.cli", "agent", "run", "--config", str(path)],
-                stdout=log_file, stderr=subprocess.STDOUT, env=env))
+                stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=path.parent))
             log_file.close()
         return self
 
@@ -226,16 +229,16 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
     from jetsplit.config_io import model_from_dict
     from jetsplit.data import load_dataset_split
     from jetsplit.profiles import resolve_profile
+    from jetsplit.server.brokers import EmbeddedBroker
+    from jetsplit.server.config import ModelSection, ServerConfig, TopologySection, TrainSection
+    from jetsplit.server.coordinator import prepare_bundle
+    from jetsplit.server.fleet_books import FleetBooks
+    from jetsplit.server.mqtt_engine import MqttEngine
+    from jetsplit.server.progress import TrialProgress
+    from jetsplit.server.prometheus import MetricsExporter, round_callback
+    from jetsplit.server.report import write_report
+    from jetsplit.server.training import Settings, run_training
     from jetsplit.transport.mqtt import EndpointOptions
-    from server.brokers import EmbeddedBroker
-    from server.config import ModelSection, ServerConfig, TopologySection, TrainSection
-    from server.coordinator import prepare_bundle
-    from server.fleet_books import FleetBooks
-    from server.mqtt_engine import MqttEngine
-    from server.progress import TrialProgress
-    from server.prometheus import MetricsExporter, round_callback
-    from server.report import write_report
-    from server.training import Settings, run_training
 
     out_dir.mkdir(parents=True, exist_ok=True)
     train = model_from_dict(TrainSection, {
@@ -269,7 +272,7 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
         address = broker.address
     else:
         address = parse_broker_url(spec.broker)
-    agent_dir = out_dir / "agents"
+    agent_dir = (out_dir / "agents").resolve()
     agent_dir.mkdir(exist_ok=True)
     configs = []
     for agent, name in device_profiles.items():

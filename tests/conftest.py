@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from server.brokers import MosquittoProcess
+from jetsplit.server.brokers import MosquittoProcess
 
 
 @pytest.fixture()

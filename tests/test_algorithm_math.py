@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from server.algorithms.gapsl_math import (
+from jetsplit.server.algorithms.gapsl_math import (
     GapslSelection,
     NuTracker,
     consistency_scores,
@@ -25,7 +25,7 @@ from server.algorithms.gapsl_math import (
     select_clients,
     threshold,
 )
-from server.algorithms.scala_math import (
+from jetsplit.server.algorithms.scala_math import (
     PRIOR_EPS,
     ca_sfl_server_step,
     label_prior,

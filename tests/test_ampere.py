@@ -18,20 +18,20 @@ import pytest
 import torch
 from safetensors.numpy import load_file
 
-from edge_agent.worker import AgentWorker, Result
-from export.bundle_writer import write_bundle
 from jetsplit.data import load_dataset_split, partition
+from jetsplit.edge_agent.worker import AgentWorker, Result
+from jetsplit.export.bundle_writer import write_bundle
 from jetsplit.models import ModelSpec
 from jetsplit.models.split import eval_mode
 from jetsplit.models.weights import from_arrays, load_strict
 from jetsplit.protocol import Kind
-from server.activation_store import ActivationStore, StoreError
-from server.algorithms.ampere import Ampere
-from server.algorithms.methods import build_method
-from server.brokers import MosquittoProcess
-from server.engine import Command, InProcessEngine
-from server.simulate import simulate
-from server.training import Settings, Trainer
+from jetsplit.server.activation_store import ActivationStore, StoreError
+from jetsplit.server.algorithms.ampere import Ampere
+from jetsplit.server.algorithms.methods import build_method
+from jetsplit.server.brokers import MosquittoProcess
+from jetsplit.server.engine import Command, InProcessEngine
+from jetsplit.server.simulate import simulate
+from jetsplit.server.training import Settings, Trainer
 
 SPEC = ModelSpec("mobilenetv3-small", (1, 8, 8), 10)
 SPLIT = 2
@@ -272,7 +272,7 @@ def test_resume_after_the_upload_round_equals_the_uninterrupted_run(archive: Pat
     """`run_training` checkpoints after every round; a coordinator that dies after the
     upload round resumes with the store it left (nobody uploads again) and ends with the
     uninterrupted run's weights, bit for bit. Its temp work folder is gone at the end."""
-    from server.training import run_training
+    from jetsplit.server.training import run_training
 
     _, test = load_dataset_split("digits", 0.2, 0)
     settings = Settings(algorithm="ampere", rounds=4, batch=48, lr=0.1, device_epochs=1)
@@ -334,11 +334,11 @@ def test_mqtt_run_through_phase_two_matches_in_process(
     """Agent processes behind a real broker, `jetsplit server run`: phase 1, the trained
     bundle, sliced uploads streamed into the store, server epochs; the in-process engine
     on the same agents and config ends with the same weights, bit for bit."""
-    from edge_agent.config import load_agent_config
-    from edge_agent.setup import build_worker
-    from server.config import load_server_config
-    from server.coordinator import prepare_bundle
-    from server.training import run_training
+    from jetsplit.edge_agent.config import load_agent_config
+    from jetsplit.edge_agent.setup import build_worker
+    from jetsplit.server.config import load_server_config
+    from jetsplit.server.coordinator import prepare_bundle
+    from jetsplit.server.training import run_training
 
     url = f"mqtt://127.0.0.1:{mosquitto.port}"
     fleet_ = agent_fleet(url, "amp", 2).start()

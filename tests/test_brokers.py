@@ -11,8 +11,8 @@ import pytest
 
 from jetsplit.broker_url import parse_broker_url
 from jetsplit.errors import ConfigError
+from jetsplit.server.brokers import EmbeddedBroker, MosquittoProcess
 from jetsplit.wire import Message, MessageType, decode_message, encode_message
-from server.brokers import EmbeddedBroker, MosquittoProcess
 
 
 def _echo_through(host: str, port: int, payload: bytes) -> bytes:

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from export.bundle_writer import write_bundle
 from jetsplit.bundle import load_bundle, sha256_file
 from jetsplit.errors import BundleError
+from jetsplit.export.bundle_writer import write_bundle
 from jetsplit.models import ZOO_VERSION, ModelSpec, build_aux_head, build_model, split
 
 pytest.importorskip("onnxruntime")

@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.numpy import load_file
 
-from server.checkpoint import (
+from jetsplit.server.checkpoint import (
     CheckpointError,
     load_checkpoint,
     load_optimizer_state,

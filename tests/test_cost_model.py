@@ -13,7 +13,8 @@ import pytest
 import torch
 from torch import nn
 
-from export.cost_model import (
+from jetsplit.errors import ConfigError
+from jetsplit.export.cost_model import (
     CODEC_BYTES,
     INT8_PARAM_BYTES,
     OPTIMIZER_STATE,
@@ -30,7 +31,6 @@ from export.cost_model import (
     training_memory,
     zoo_fingerprint,
 )
-from jetsplit.errors import ConfigError
 from jetsplit.models import MODEL_NAMES, ZOO_VERSION, build_aux_head, build_model, split
 from jetsplit.profiles import resolve_profile
 
@@ -187,7 +187,8 @@ def test_cache_round_trip_corruption_and_no_torch_on_hit(tmp_path: Path) -> None
     path = cache_path("mobilenetv3-small", (3, 32, 32), 10, cache_dir=tmp_path)
     assert path.is_file() and path.name.endswith(f"-zoo{ZOO_VERSION}.json")
     assert get_costs("mobilenetv3-small", (3, 32, 32), 10, cache_dir=tmp_path) == first
-    code = ("import sys; from pathlib import Path; from export.cost_model import get_costs; "
+    code = ("import sys; from pathlib import Path; "
+            "from jetsplit.export.cost_model import get_costs; "
             f"get_costs('mobilenetv3-small', (3, 32, 32), 10, cache_dir=Path({str(tmp_path)!r}))"
             "; assert 'torch' not in sys.modules, 'torch imported on a cache hit'")
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)

@@ -9,17 +9,17 @@ import numpy as np
 import pytest
 import torch
 
-from edge_agent.worker import AgentWorker, BatchSampler
-from export.bundle_writer import write_bundle
 from jetsplit.bundle import load_bundle
 from jetsplit.data import load_dataset_split, partition
+from jetsplit.edge_agent.worker import AgentWorker, BatchSampler
+from jetsplit.export.bundle_writer import write_bundle
 from jetsplit.models import ModelSpec, build_model
 from jetsplit.models.weights import from_arrays
 from jetsplit.protocol import Kind
-from server.algorithms.methods import build_method
-from server.coordinator import BundleShipper
-from server.engine import Command, InProcessEngine
-from server.training import Settings, Trainer
+from jetsplit.server.algorithms.methods import build_method
+from jetsplit.server.coordinator import BundleShipper
+from jetsplit.server.engine import Command, InProcessEngine
+from jetsplit.server.training import Settings, Trainer
 
 SPEC = ModelSpec("mobilenetv3-small", (1, 8, 8), 10)
 SPLIT = 2

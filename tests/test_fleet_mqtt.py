@@ -17,15 +17,15 @@ import pytest
 import torch
 from safetensors.numpy import load_file
 
-from edge_agent.config import load_agent_config
-from edge_agent.setup import build_worker
 from jetsplit.data import load_dataset_split
-from server.brokers import MosquittoProcess
-from server.config import ModelSection, ServerConfig, load_server_config
-from server.coordinator import prepare_bundle
-from server.engine import InProcessEngine
-from server.mqtt_engine import MqttEngine
-from server.training import Settings, run_training
+from jetsplit.edge_agent.config import load_agent_config
+from jetsplit.edge_agent.setup import build_worker
+from jetsplit.server.brokers import MosquittoProcess
+from jetsplit.server.config import ModelSection, ServerConfig, load_server_config
+from jetsplit.server.coordinator import prepare_bundle
+from jetsplit.server.engine import InProcessEngine
+from jetsplit.server.mqtt_engine import MqttEngine
+from jetsplit.server.training import Settings, run_training
 
 
 def _weights(run_dir: Path) -> dict[str, np.ndarray]:
@@ -160,7 +160,7 @@ def test_agents_shrug_off_garbage(mosquitto: MosquittoProcess, agent_fleet: Any,
             vandal.publish(topic, bad, qos=1).wait_for_publish(5)
         vandal.loop_stop()
         vandal.disconnect()
-        from server.engine import Command
+        from jetsplit.server.engine import Command
 
         out = engine.send_and_receive({"a0": Command("status")}, deadline_s=30)
         assert out.agents == ["a0"], out.missed

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent import install as inst
-from edge_agent.config import load_agent_config
 from jetsplit.cli import main as cli
+from jetsplit.edge_agent import install as inst
+from jetsplit.edge_agent.config import load_agent_config
 
 ROOT = Path(__file__).resolve().parents[1]
 FLAGS = ["--agent", "orin-07", "--broker", "mqtts://orin-07:s3cret@broker.lab:8883",

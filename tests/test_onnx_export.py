@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from export.onnx_export import compare_onnx, export_onnx
 from jetsplit.errors import JetsplitError
+from jetsplit.export.onnx_export import compare_onnx, export_onnx
 from jetsplit.models import MODEL_NAMES, activation_shape, build_model, split
 
 pytest.importorskip("onnxruntime")

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from export.cost_model import ModelCosts, get_costs
-from export.planner import (
+from jetsplit.cli import main
+from jetsplit.errors import ConfigError
+from jetsplit.export.cost_model import ModelCosts, get_costs
+from jetsplit.export.planner import (
     ALGORITHMS,
     InfeasiblePlan,
     PlanSettings,
@@ -18,8 +20,6 @@ from export.planner import (
     plan_fleet,
     requires_common_split,
 )
-from jetsplit.cli import main
-from jetsplit.errors import ConfigError
 from jetsplit.models import MODEL_NAMES
 from jetsplit.profiles import DeviceProfile, list_profiles, load_profile, profile_from_dict
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from export.cost_model import get_costs, measured_matches, predict_layer_times
-from export.profiler import measure_layers, measure_ort_layers
 from jetsplit.cli import main
+from jetsplit.export.cost_model import get_costs, measured_matches, predict_layer_times
+from jetsplit.export.profiler import measure_layers, measure_ort_layers
 from jetsplit.models import build_model
 from jetsplit.profiles import load_profile, resolve_profile
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from jetsplit.errors import ConfigError
-from server.fleet_books import FleetBooks
-from server.prometheus import MetricsExporter, escape_label, round_callback
+from jetsplit.server.fleet_books import FleetBooks
+from jetsplit.server.prometheus import MetricsExporter, escape_label, round_callback
 
 ROW = {"round": 2, "algorithm": "scala", "accuracy": 0.8125, "balanced_accuracy": 0.79,
        "train_loss": 0.4321, "seconds": 3.5, "bytes_up_total": 123456,
@@ -124,9 +124,9 @@ def test_exporter_rejects_bad_settings_in_one_line() -> None:
 
 
 def test_round_callback_exports_the_books_telemetry() -> None:
-    from edge_agent.worker import AgentWorker
     from jetsplit.data import ArrayDataset
-    from server.engine import InProcessEngine
+    from jetsplit.edge_agent.worker import AgentWorker
+    from jetsplit.server.engine import InProcessEngine
 
     data = ArrayDataset(np.zeros((4, 1, 8, 8), np.float32), np.arange(4, dtype=np.int64),
                         "tiny", 4)

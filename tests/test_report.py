@@ -17,8 +17,8 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from jetsplit.errors import ConfigError
-from server.progress import TrialProgress
-from server.report import render_plan, report_command, write_report
+from jetsplit.server.progress import TrialProgress
+from jetsplit.server.report import render_plan, report_command, write_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 AGENTS = {"a0": "orin-nano-8gb", "a1": "jetson-nano-4gb"}
@@ -208,8 +208,8 @@ def test_progress_live_display_on_a_terminal() -> None:
 
 
 def test_report_of_a_real_simulation(tmp_path: Path) -> None:
-    from server.simulate import simulate
-    from server.training import Settings
+    from jetsplit.server.simulate import simulate
+    from jetsplit.server.training import Settings
 
     run = tmp_path / "sim"
     simulate(Settings(algorithm="splitfed-v1", rounds=2, local_steps=2, batch=16),

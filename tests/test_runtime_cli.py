@@ -10,17 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent.daemon import AgentDaemon
-from edge_agent.worker import AgentWorker
 from jetsplit.cli import main
 from jetsplit.data import load_dataset_split
+from jetsplit.edge_agent.daemon import AgentDaemon
+from jetsplit.edge_agent.worker import AgentWorker
+from jetsplit.server.brokers import EmbeddedBroker, MosquittoProcess, free_port
+from jetsplit.server.config import ServerConfig
+from jetsplit.server.coordinator import BundleShipper, prepare_bundle
+from jetsplit.server.engine import Command
+from jetsplit.server.mqtt_engine import MqttEngine
 from jetsplit.transport.mqtt import EndpointOptions
 from jetsplit.wire import Message, MessageType
-from server.brokers import EmbeddedBroker, MosquittoProcess, free_port
-from server.config import ServerConfig
-from server.coordinator import BundleShipper, prepare_bundle
-from server.engine import Command
-from server.mqtt_engine import MqttEngine
 
 
 def _one_error_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
@@ -123,8 +123,8 @@ def test_wrong_fleet_key_is_rejected_both_ways(worker: AgentWorker,
 
 
 def test_example_configs_stay_valid() -> None:
-    from edge_agent.config import load_agent_config
-    from server.config import load_server_config
+    from jetsplit.edge_agent.config import load_agent_config
+    from jetsplit.server.config import load_server_config
 
     root = Path(__file__).resolve().parents[1] / "systemd"
     agent = load_agent_config(root / "agent.toml")
@@ -202,7 +202,7 @@ def test_a_broadcast_to_some_agents_reaches_only_them(mosquitto: MosquittoProces
 def test_reply_cache_is_bounded_by_entries_and_bytes() -> None:
     import numpy as np
 
-    from edge_agent.daemon import ReplyCache
+    from jetsplit.edge_agent.daemon import ReplyCache
 
     def reply(n: int) -> Message:
         return Message(MessageType.REPLY, run="r", sender="a", seq=n,

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent.service import SystemdNotifier
-from server.brokers import MosquittoProcess
+from jetsplit.edge_agent.service import SystemdNotifier
+from jetsplit.server.brokers import MosquittoProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 UNITS = ["jetsplit-agent.service", "jetsplit-coordinator.service"]

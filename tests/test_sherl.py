@@ -16,18 +16,18 @@ import numpy as np
 import pytest
 import torch
 
-from edge_agent.edge import no_data
-from edge_agent.worker import AgentWorker
 from jetsplit.data import load_dataset_split
+from jetsplit.edge_agent.edge import no_data
+from jetsplit.edge_agent.worker import AgentWorker
 from jetsplit.errors import ConfigError, JetsplitError
 from jetsplit.models import MODEL_NAMES, activation_shape, build_aux_head, build_model, split
 from jetsplit.protocol import Kind
+from jetsplit.server.brokers import MosquittoProcess
+from jetsplit.server.registry import FleetRegistry
+from jetsplit.server.simulate import sherl_topology, simulate
+from jetsplit.server.topology import check_shape, resolve, round_robin
+from jetsplit.server.training import Settings
 from jetsplit.tiers import carve, contrastive_loss, pair_distances
-from server.brokers import MosquittoProcess
-from server.registry import FleetRegistry
-from server.simulate import sherl_topology, simulate
-from server.topology import check_shape, resolve, round_robin
-from server.training import Settings
 
 # ---------------------------------------------------------------- contrastive loss
 
@@ -132,7 +132,7 @@ def test_topology_shape_errors(tmp_path: Path, edges: dict[str, list[str]], mess
                                ) -> None:
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         check_shape(edges)
-    from server.config import load_server_config
+    from jetsplit.server.config import load_server_config
 
     path = tmp_path / "server.toml"
     path.write_text('[train]\nalgorithm = "sherl"\n[topology]\n' + "".join(
@@ -184,8 +184,8 @@ def test_simulate_edge_option_errors(kwargs: dict[str, Any], message: str) -> No
 
 
 def test_three_tier_planner_is_role_aware_and_memory_bound() -> None:
-    from export.cost_model import edge_block, get_costs, server_block
-    from export.planner import (
+    from jetsplit.export.cost_model import edge_block, get_costs, server_block
+    from jetsplit.export.planner import (
         InfeasiblePlan,
         PlanSettings,
         check_three_tier,
@@ -220,7 +220,7 @@ def test_three_tier_planner_is_role_aware_and_memory_bound() -> None:
 
 @pytest.fixture(scope="module")
 def bundle_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from export.bundle_writer import write_bundle
+    from jetsplit.export.bundle_writer import write_bundle
     from jetsplit.models import ModelSpec
 
     report = write_bundle(ModelSpec("alexnet", (1, 8, 8), 10), 2,
@@ -373,12 +373,12 @@ def test_sherl_over_mqtt_two_edges_four_clients(mosquitto: MosquittoProcess, age
                                                     Kind.EDGE_LOAD.value}
 
     # The same fleet and config in process: the same weights and accuracies, bit for bit.
-    from edge_agent.config import load_agent_config
-    from edge_agent.setup import build_worker
-    from server.config import load_server_config
-    from server.coordinator import prepare_bundle
-    from server.engine import InProcessEngine
-    from server.training import run_training
+    from jetsplit.edge_agent.config import load_agent_config
+    from jetsplit.edge_agent.setup import build_worker
+    from jetsplit.server.config import load_server_config
+    from jetsplit.server.coordinator import prepare_bundle
+    from jetsplit.server.engine import InProcessEngine
+    from jetsplit.server.training import run_training
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -405,7 +405,7 @@ def test_sherl_over_mqtt_two_edges_four_clients(mosquitto: MosquittoProcess, age
     (dict(tau2=3), r"train.local_steps \(4\) must be a multiple of train.tau2 \(3\)"),
 ])
 def test_aggregation_periods_must_nest(taus: dict[str, int], message: str) -> None:
-    from server.algorithms.sherl import periods
+    from jetsplit.server.algorithms.sherl import periods
 
     with pytest.raises(ConfigError, match=message):
         periods(Settings(local_steps=4, **taus))
@@ -423,11 +423,11 @@ class _LyingEdge(AgentWorker):
 
 
 def test_a_bad_edge_reply_is_a_recorded_miss_and_training_goes_on(tmp_path: Path) -> None:
-    from export.bundle_writer import write_bundle
     from jetsplit.data import partition
+    from jetsplit.export.bundle_writer import write_bundle
     from jetsplit.models import ModelSpec
-    from server.engine import InProcessEngine
-    from server.training import run_training
+    from jetsplit.server.engine import InProcessEngine
+    from jetsplit.server.training import run_training
 
     train, test = load_dataset_split("digits", 0.2, 0)
     shards = partition(train.y, 2, "iid", 0, 10)

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from jetsplit.cli import main
-from server.algorithms.methods import METHODS
-from server.simulate import sherl_topology, simulate
-from server.training import Settings
+from jetsplit.server.algorithms.methods import METHODS
+from jetsplit.server.simulate import sherl_topology, simulate
+from jetsplit.server.training import Settings
 
 ROUND_KEYS = {"round", "algorithm", "selected", "missed", "train_loss", "accuracy",
               "balanced_accuracy", "per_class_accuracy", "test_loss", "bytes_up", "bytes_down",
@@ -80,8 +80,8 @@ def test_every_method_trains_and_reports(algorithm: str, tmp_path: Path) -> None
 
 
 def test_hundred_clients_share_one_copy_of_the_data(tmp_path: Path) -> None:
-    from edge_agent.worker import AgentWorker
     from jetsplit.data import load_dataset_split, partition
+    from jetsplit.edge_agent.worker import AgentWorker
 
     train, _ = load_dataset_split("digits", 0.2, 0)
     shards = partition(train.y, 100, "dirichlet:0.5", 0, train.num_classes)

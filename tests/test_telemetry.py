@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edge_agent.telemetry import GpuProbe, Telemetry, hottest_zone, parse_tegrastats
+from jetsplit.edge_agent.telemetry import GpuProbe, Telemetry, hottest_zone, parse_tegrastats
 
 # Line formats as boards print them (shapes from public logs, values ours).
 NANO_JP4 = ("RAM 1409/3964MB (lfb 28x4MB) SWAP 0/1982MB (cached 0MB) IRAM 0/252kB(lfb 252kB) "
@@ -134,10 +134,10 @@ def test_sample_here_is_json_safe(tmp_path: Path) -> None:
 
 
 def test_module_sample_and_status_reply_carry_telemetry() -> None:
-    from edge_agent.telemetry import sample
-    from edge_agent.worker import AgentWorker
     from jetsplit.data import ArrayDataset
-    from server.engine import Command, InProcessEngine
+    from jetsplit.edge_agent.telemetry import sample
+    from jetsplit.edge_agent.worker import AgentWorker
+    from jetsplit.server.engine import Command, InProcessEngine
 
     assert {"rss_mb", "mem_available_mb", "gpu", "gpu_note"} <= set(sample())
     data = ArrayDataset(np.zeros((4, 1, 8, 8), np.float32), np.arange(4, dtype=np.int64),

@@ -17,9 +17,9 @@ import pytest
 
 from jetsplit.broker_url import BrokerAddress, parse_broker_url
 from jetsplit.errors import ConfigError
+from jetsplit.server.brokers import MosquittoProcess
 from jetsplit.transport.mqtt import EndpointOptions, MqttEndpoint, TlsOptions
 from jetsplit.wire import DEFAULT_CHUNK_BYTES, Message, MessageType, chunk_count, encode_message
-from server.brokers import MosquittoProcess
 
 USERS = {"agent-7": "p@ss:w/rd 7", "coordinator": "other-secret"}
 _ids = itertools.count()

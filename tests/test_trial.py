@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent.emulation import DeviceClock, EmulationSection
+from jetsplit.edge_agent.emulation import DeviceClock, EmulationSection
 from jetsplit.profiles import resolve_profile
-from server.trial import TrialSpec, agent_config, emulations
+from jetsplit.server.trial import TrialSpec, agent_config, emulations
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -82,7 +82,7 @@ def test_device_clock_books_emulated_time() -> None:
 
 
 def test_agent_config_is_valid_toml_for_the_agent(tmp_path: Path) -> None:
-    from edge_agent.config import load_agent_config
+    from jetsplit.edge_agent.config import load_agent_config
 
     spec = TrialSpec(agents=3, partition="quantity:2")
     path = tmp_path / "a1.toml"

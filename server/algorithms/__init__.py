@@ -2,4 +2,4 @@
 
 # The registry (methods.py) imports the methods defined in other modules, which subclass its
 # `Method`; loading it first keeps that cycle in one order, whichever module is asked for.
-from server.algorithms import methods as _methods  # noqa: E402, F401
+from jetsplit.server.algorithms import methods as _methods  # noqa: E402, F401

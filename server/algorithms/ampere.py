@@ -63,14 +63,14 @@ from jetsplit.errors import ConfigError
 from jetsplit.models import ZOO_VERSION
 from jetsplit.models.weights import from_arrays, load_strict, to_arrays
 from jetsplit.protocol import Kind
-from server.activation_store import ActivationStore, StoreError
-from server.aggregation import fedavg
-from server.algorithms.methods import Method, _save_arrays
-from server.checkpoint import CheckpointError, strip, subset
-from server.coordinator import BundleShipper
-from server.engine import Command, Outcome
-from server.evaluation import evaluate
-from server.training import Arrays, Trainer
+from jetsplit.server.activation_store import ActivationStore, StoreError
+from jetsplit.server.aggregation import fedavg
+from jetsplit.server.algorithms.methods import Method, _save_arrays
+from jetsplit.server.checkpoint import CheckpointError, strip, subset
+from jetsplit.server.coordinator import BundleShipper
+from jetsplit.server.engine import Command, Outcome
+from jetsplit.server.evaluation import evaluate
+from jetsplit.server.training import Arrays, Trainer
 
 log = logging.getLogger("jetsplit.coordinator")
 
@@ -251,7 +251,7 @@ class Ampere(Method):
         server block in Ampere, so its tensors here are zeros, which the archive's gzip
         shrinks to almost nothing: the download is what eq. 27 counts (client block and aux
         head), not another copy of the server block."""
-        from export.bundle_writer import write_bundle
+        from jetsplit.export.bundle_writer import write_bundle
 
         t = self.trainer
         assert self.workdir is not None

@@ -22,17 +22,17 @@ from torch import nn
 from jetsplit.errors import ConfigError
 from jetsplit.models.weights import from_arrays, load_strict, to_arrays
 from jetsplit.protocol import Kind
-from server.aggregation import fedavg
-from server.algorithms import gapsl_math, scala_math
-from server.checkpoint import (
+from jetsplit.server.aggregation import fedavg
+from jetsplit.server.algorithms import gapsl_math, scala_math
+from jetsplit.server.checkpoint import (
     CheckpointError,
     load_optimizer_state,
     optimizer_state,
     save_arrays,
     subset,
 )
-from server.engine import Command, Outcome
-from server.training import Arrays, Trainer
+from jetsplit.server.engine import Command, Outcome
+from jetsplit.server.training import Arrays, Trainer
 
 Grads = dict[str, torch.Tensor]
 
@@ -406,8 +406,8 @@ class FedAvg(Method):
         return float(np.mean(losses)) if losses else None
 
 
-from server.algorithms.ampere import Ampere, AmpereNoConsolidation  # noqa: E402 (subclasses)
-from server.algorithms.sherl import SHeRL  # noqa: E402 (subclass)
+from jetsplit.server.algorithms.ampere import Ampere, AmpereNoConsolidation  # noqa: E402 (subclasses)
+from jetsplit.server.algorithms.sherl import SHeRL  # noqa: E402 (subclass)
 
 METHODS: dict[str, type[Method]] = {m.name: m for m in (
     FedAvg, SplitFedV1, SplitFedV2, PSL, SCALA, CASFL, LLASFL, GAPSL, Ampere,

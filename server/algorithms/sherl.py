@@ -43,13 +43,13 @@ from jetsplit.errors import ConfigError, JetsplitError
 from jetsplit.models.split import eval_mode
 from jetsplit.models.weights import from_arrays, load_strict, to_arrays
 from jetsplit.protocol import Kind
+from jetsplit.server.aggregation import fedavg
+from jetsplit.server.algorithms.methods import Method
+from jetsplit.server.checkpoint import CheckpointError
+from jetsplit.server.engine import Command, Outcome
+from jetsplit.server.topology import Topology, resolve
+from jetsplit.server.training import Arrays, Settings, Trainer
 from jetsplit.tiers import carve, check_edge_layers
-from server.aggregation import fedavg
-from server.algorithms.methods import Method
-from server.checkpoint import CheckpointError
-from server.engine import Command, Outcome
-from server.topology import Topology, resolve
-from server.training import Arrays, Settings, Trainer
 
 log = logging.getLogger("jetsplit.coordinator")
 FALLBACK_PROFILE = "x86-cpu"  # for agents that announce no profile (simulations)
@@ -151,7 +151,7 @@ class SHeRL(Method):
         with eval_mode(self.edge_view), torch.no_grad():
             probe = self.edge_view(torch.zeros(1, *t.activation_shape))
         self.embedding_shape = tuple(probe.shape[1:])
-        from export.cost_model import edge_block, get_costs
+        from jetsplit.export.cost_model import edge_block, get_costs
 
         spec = t.bundle.spec
         costs = get_costs(spec.name, spec.input_shape, spec.num_classes)
@@ -165,8 +165,8 @@ class SHeRL(Method):
 
     def _plan_edge_split(self) -> int:
         """k2 from the three-tier planner on the registered profiles (k1 is the bundle's)."""
-        from export.cost_model import get_costs
-        from export.planner import PlanSettings, check_three_tier, plan_three_tier
+        from jetsplit.export.cost_model import get_costs
+        from jetsplit.export.planner import PlanSettings, check_three_tier, plan_three_tier
 
         t, s = self.trainer, self.trainer.settings
         clients = [c for cs in self.topology.edges.values() for c in cs]
