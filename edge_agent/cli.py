@@ -6,9 +6,10 @@ import logging
 import signal
 import threading
 from pathlib import Path
-from typing import Annotated
+from typing import Optional
 
 import typer
+from typing_extensions import Annotated
 
 app = typer.Typer(no_args_is_help=True, help="The edge agent daemon.")
 
@@ -16,11 +17,11 @@ app = typer.Typer(no_args_is_help=True, help="The edge agent daemon.")
 @app.command("run")
 def run(
     config: Annotated[Path, typer.Option("--config", help="agent.toml to read.")],
-    broker: Annotated[str | None, typer.Option(
+    broker: Annotated[Optional[str], typer.Option(
         "--broker", help="mqtt[s]://[user:pass@]host:port (overrides mqtt.broker).")] = None,
-    fleet: Annotated[str | None, typer.Option("--fleet", help="Overrides fleet.")] = None,
-    agent: Annotated[str | None, typer.Option("--agent", help="Overrides agent.")] = None,
-    state_dir: Annotated[str | None, typer.Option("--state-dir", help="Overrides state_dir.")
+    fleet: Annotated[Optional[str], typer.Option("--fleet", help="Overrides fleet.")] = None,
+    agent: Annotated[Optional[str], typer.Option("--agent", help="Overrides agent.")] = None,
+    state_dir: Annotated[Optional[str], typer.Option("--state-dir", help="Overrides state_dir.")
                          ] = None,
 ) -> None:
     """Connect to the broker and serve the coordinator's commands until SIGTERM."""

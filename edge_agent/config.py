@@ -4,9 +4,10 @@ errors naming the field."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
+from typing_extensions import Annotated
 
 from jetsplit.config_io import load_toml_model
 from jetsplit.edge_agent.emulation import EmulationSection
@@ -39,7 +40,7 @@ class AgentConfig(BaseModel):
     fleet: _Id = "default"
     agent: _Id
     role: Literal["client", "edge"] = "client"
-    profile: str | None = None  # bundled profile name or a TOML path
+    profile: Optional[str] = None  # bundled profile name or a TOML path
     state_dir: str = "~/.local/state/jetsplit"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: Annotated[int, Field(ge=0, le=256)] = 0  # torch threads; 0 keeps torch's default
@@ -47,7 +48,7 @@ class AgentConfig(BaseModel):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     mqtt: MqttSection = MqttSection()
     data: DataSection = DataSection()
-    emulation: EmulationSection | None = None  # trials only: act like a profiled device
+    emulation: Optional[EmulationSection] = None  # trials only: act like a profiled device
 
     def state_path(self) -> Path:
         return Path(self.state_dir).expanduser() / self.fleet / self.agent

@@ -7,11 +7,12 @@ from __future__ import annotations
 import platform
 import re
 from pathlib import Path
-from typing import Annotated
+from typing import Optional, Tuple
 
 import typer
+from typing_extensions import Annotated
 
-Row = tuple[str, str, str]  # (check, value, verdict: ok | absent | problem)
+Row = Tuple[str, str, str]  # (check, value, verdict: ok | absent | problem)
 
 
 def jetpack_release(path: Path = Path("/etc/nv_tegra_release")) -> str | None:
@@ -75,7 +76,7 @@ def _broker(url: str, wait_s: float) -> tuple[str, str]:
 
 
 def doctor(
-    broker: Annotated[str | None, typer.Option(
+    broker: Annotated[Optional[str], typer.Option(
         "--broker", help="Also check this broker: mqtt[s]://[user:pass@]host:port")] = None,
     wait_s: Annotated[float, typer.Option("--wait", help="Seconds to wait for the broker.")
                       ] = 5.0,

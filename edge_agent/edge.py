@@ -9,7 +9,7 @@ ever comes back from the cloud but aggregated models (`edge_load`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Dict, Optional
 
 import numpy as np
 import torch
@@ -30,7 +30,7 @@ from jetsplit.tiers import carve, check_edge_layers, contrastive_loss
 if TYPE_CHECKING:
     from jetsplit.edge_agent.worker import Result
 
-Tensors = dict[str, np.ndarray]
+Tensors = Dict[str, np.ndarray]
 MAX_EDGE_BATCH = 1 << 16  # samples per relayed batch (the sum of its clients' batches)
 
 
@@ -102,10 +102,10 @@ class EdgeRole:
 
     agent_id: str
     role: str
-    bundle: Bundle | None
+    bundle: Optional[Bundle]
     device: torch.device
     optimizer_args: OptimizerArgs
-    edge_tier: EdgeTier | None
+    edge_tier: Optional[EdgeTier]
 
     def _edge_bundle(self) -> Bundle:
         if self.role != "edge":

@@ -19,9 +19,10 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator
-from typing import Annotated, Literal
+from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
+from typing_extensions import Annotated
 
 Direction = Literal["up", "down"]
 MAX_LINK_SLEEP_S = 600.0  # one message never blocks the agent longer (watchdog headroom)
@@ -32,10 +33,10 @@ class EmulationSection(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    profile: str | None = None  # what is emulated (for reports)
+    profile: Optional[str] = None  # what is emulated (for reports)
     compute_slowdown: Annotated[float, Field(ge=1.0, le=10_000.0)] = 1.0
-    uplink_mbps: Annotated[float, Field(gt=0, le=1e6)] | None = None
-    downlink_mbps: Annotated[float, Field(gt=0, le=1e6)] | None = None
+    uplink_mbps: Optional[Annotated[float, Field(gt=0, le=1e6)]] = None
+    downlink_mbps: Optional[Annotated[float, Field(gt=0, le=1e6)]] = None
 
 
 class DeviceClock:

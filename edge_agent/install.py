@@ -26,7 +26,9 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional, Set, Tuple
 
+from jetsplit.compat import removeprefix, removesuffix
 from jetsplit.errors import JetsplitError
 
 # Fixed paths: systemd/jetsplit-agent.service names the same ones (a test holds them equal).
@@ -67,7 +69,7 @@ class Options:
     agent: str
     broker: str
     fleet: str = "default"
-    profile: str | None = None
+    profile: Optional[str] = None
     source: Path = Path(__file__).resolve().parents[1]
     root: Path = Path("/")
     dry_run: bool = False
@@ -81,14 +83,14 @@ class Options:
 class Host:
     """What the installer found; read-only probes, also done on --dry-run."""
 
-    l4t: tuple[int, int] | None  # (major, minor) of /etc/nv_tegra_release
-    l4t_text: str | None
-    model: str | None  # /proc/device-tree/model
+    l4t: Optional[Tuple[int, int]]  # (major, minor) of /etc/nv_tegra_release
+    l4t_text: Optional[str]
+    model: Optional[str]  # /proc/device-tree/model
     python: str  # interpreter the venv is made from
-    python_version: tuple[int, int]
-    torch: str | None  # torch version that interpreter sees, None where absent
+    python_version: Tuple[int, int]
+    torch: Optional[str]  # torch version that interpreter sees, None where absent
     euid: int
-    groups: set[str] = field(default_factory=set)  # of video, jtop: those that exist
+    groups: Set[str] = field(default_factory=set)  # of video, jtop: those that exist
     user_exists: bool = False
 
     @property
@@ -99,7 +101,7 @@ class Host:
 @dataclass
 class Step:
     title: str
-    action: Callable[[], str | None]  # performs the change; returns a short note
+    action: Callable[[], Optional[str]]  # performs the change; returns a short note
 
 
 def detect_host(root: Path) -> Host:
@@ -156,11 +158,11 @@ def preflight(opts: Options, host: Host) -> str | None:
         raise InstallError(_torch_hint(host))
     profile = opts.profile or guess_profile(host.model)
     if profile and "/" not in profile and not (opts.source / "profiles" /
-                                               f"{profile.removesuffix('.toml')}.toml").is_file():
+                                               f"{removesuffix(profile, '.toml')}.toml").is_file():
         known = ", ".join(sorted(p.stem for p in (opts.source / "profiles").glob("*.toml")))
         raise InstallError(f"--profile {profile}: no such bundled profile (known: {known}); "
                            "or pass a path to a measured profile")
-    return profile.removesuffix(".toml") if profile and "/" not in profile else profile
+    return removesuffix(profile, ".toml") if profile and "/" not in profile else profile
 
 
 def guess_profile(model: str | None) -> str | None:
@@ -400,7 +402,7 @@ def _check_with(python: Path, config: Path) -> str:
                           text=True, timeout=300)
     if done.returncode != 0:
         lines = (done.stderr or done.stdout).strip().splitlines()
-        raise InstallError(lines[-1].removeprefix("error: ") if lines else
+        raise InstallError(removeprefix(lines[-1], "error: ") if lines else
                            f"{config} does not load")
     return done.stdout.strip()
 

@@ -240,7 +240,7 @@ def hottest_zone(root: Path = THERMAL_ROOT) -> tuple[float | None, str | None]:
     return best
 
 
-@functools.cache
+@functools.lru_cache(maxsize=None)
 def default_telemetry() -> Telemetry:
     """One per process: it measures this process, and its CPU counters must stay primed."""
     return Telemetry()

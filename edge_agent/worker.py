@@ -16,7 +16,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Dict
 
 import numpy as np
 import torch
@@ -47,7 +47,7 @@ from jetsplit.wire import Message, MessageType
 
 log = logging.getLogger("jetsplit.agent")
 
-Tensors = dict[str, np.ndarray]
+Tensors = Dict[str, np.ndarray]
 MAX_PENDING_FORWARDS = 16  # activations kept for a backward that may never come
 
 
@@ -55,7 +55,7 @@ MAX_PENDING_FORWARDS = 16  # activations kept for a backward that may never come
 class Result:
     """What a command returns: small values in `meta`, arrays in `tensors`."""
 
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: Dict[str, Any] = field(default_factory=dict)
     tensors: Tensors = field(default_factory=dict)
     codec: str = "fp32"
     compression: str = "none"

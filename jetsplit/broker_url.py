@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 from urllib.parse import unquote, urlsplit
 
 from jetsplit.errors import ConfigError
@@ -17,8 +18,8 @@ class BrokerAddress:
     host: str
     port: int
     tls: bool = False
-    username: str | None = None
-    password: str | None = field(default=None, repr=False)  # never in logs or tracebacks
+    username: Optional[str] = None
+    password: Optional[str] = field(default=None, repr=False)  # never in logs or tracebacks
 
     def url(self) -> str:
         """The address without credentials (safe to log)."""

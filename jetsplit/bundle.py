@@ -19,13 +19,14 @@ import stat
 import tarfile
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from torch import nn
 
 from jetsplit import __version__
+from jetsplit.compat import removeprefix
 from jetsplit.errors import BundleError, JetsplitError
 from jetsplit.models import (
     ZOO_VERSION,
@@ -72,7 +73,7 @@ class SpecEntry(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     name: str = Field(min_length=1, max_length=64)
-    input_shape: tuple[int, int, int]
+    input_shape: Tuple[int, int, int]
     num_classes: int = Field(ge=2)
 
     def to_spec(self) -> ModelSpec:
@@ -89,14 +90,14 @@ class Manifest(BaseModel):
     zoo_version: int = Field(ge=1)
     model: SpecEntry
     split: int = Field(ge=1)
-    input_shape: tuple[int, ...] = Field(min_length=1, max_length=4)
-    activation_shape: tuple[int, ...] = Field(min_length=1, max_length=4)
-    client_layers: tuple[str, ...] = Field(min_length=1)
-    server_layers: tuple[str, ...] = Field(min_length=1)
-    aux_ratio: float | None = Field(gt=0.0, le=1.0)
+    input_shape: Tuple[int, ...] = Field(min_length=1, max_length=4)
+    activation_shape: Tuple[int, ...] = Field(min_length=1, max_length=4)
+    client_layers: Tuple[str, ...] = Field(min_length=1)
+    server_layers: Tuple[str, ...] = Field(min_length=1)
+    aux_ratio: Optional[float] = Field(gt=0.0, le=1.0)
     opset: int = Field(ge=7, le=30)
     codec: str = "fp32"
-    files: dict[str, FileEntry]
+    files: Dict[str, FileEntry]
 
     @field_validator("codec")
     @classmethod
@@ -155,7 +156,7 @@ def _schema_error(where: str, exc: ValidationError) -> BundleError:
     """The first validation error as one line naming its field."""
     err = exc.errors()[0]
     loc = ".".join(str(p) for p in err["loc"]) or "manifest"
-    msg = str(err["msg"]).removeprefix("Value error, ")
+    msg = removeprefix(str(err["msg"]), "Value error, ")
     more = f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
     return BundleError(f"{where}: {MANIFEST_NAME}: field {loc}: {msg}{more}")
 

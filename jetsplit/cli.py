@@ -7,6 +7,7 @@ device that installed only `jetsplit[agent]`.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 
 import typer
 
@@ -28,9 +29,22 @@ def _root(
     """Split federated learning across Jetson fleets."""
 
 
-def build_app() -> typer.Typer:
-    """The root command with every role's sub-commands. This composition root is the one
-    place that knows every package; sub-command modules import heavy dependencies lazily."""
+# Sub-commands a device runs. They (and all they import) work on Python 3.8 / torch 1.13
+# (JetPack 5); the coordinator's and the export tool's commands need Python 3.10+.
+DEVICE_COMMANDS = ("agent", "doctor")
+
+
+def device_only(argv: Sequence[str] | None) -> bool:
+    """Whether to mount only the device commands: on an interpreter older than the
+    coordinator needs, or when a device command runs (so the agent imports no coordinator)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    return sys.version_info < (3, 10) or (bool(args) and args[0] in DEVICE_COMMANDS)
+
+
+def build_app(device: bool = False) -> typer.Typer:
+    """The root command with every role's sub-commands (`device`: only those a device runs).
+    This composition root is the one place that knows every package; sub-command modules
+    import heavy dependencies lazily."""
     app = typer.Typer(
         name="jetsplit",
         help="Split federated learning across Jetson fleets.",
@@ -41,6 +55,12 @@ def build_app() -> typer.Typer:
     app.callback()(_root)
     from jetsplit.edge_agent.cli import app as agent_app
     from jetsplit.edge_agent.doctor import doctor
+
+    if device:
+        app.add_typer(agent_app, name="agent", help="The edge agent daemon.")
+        app.command("doctor", help="What this device has: JetPack, CUDA, TensorRT, ONNX "
+                    "Runtime, memory, broker.")(doctor)
+        return app
     from jetsplit.export.cli import app as export_app
     from jetsplit.export.profile_cli import profile
     from jetsplit.server.broker_cli import broker
@@ -82,7 +102,7 @@ def _usage_error_types() -> tuple[type[Exception], ...]:
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; user-caused errors end in one line on stderr and a non-zero exit."""
     try:
-        result = build_app()(args=argv, standalone_mode=False)
+        result = build_app(device_only(argv))(args=argv, standalone_mode=False)
     except JetsplitError as exc:
         typer.echo(f"error: {exc}", err=True)
         return exc.exit_code

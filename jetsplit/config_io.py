@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from jetsplit.compat import removeprefix
 from jetsplit.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -68,7 +69,7 @@ def _describe(err: Mapping[str, Any], errors: list[Any],
         close = difflib.get_close_matches(str(err["loc"][-1]), candidates, n=1)
         return f"unknown field (did you mean {close[0]!r}?)" if close else "unknown field"
     msg = str(err.get("msg", "invalid value"))
-    msg = msg.removeprefix("Value error, ")
+    msg = removeprefix(msg, "Value error, ")
     msg = msg[:1].lower() + msg[1:]
     value = err.get("input")
     if isinstance(value, (dict, list)) or kind.startswith("model_") or kind == "value_error":

@@ -12,7 +12,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, List, Literal, Optional
 
 from pydantic import (
     BaseModel,
@@ -21,7 +21,9 @@ from pydantic import (
     ValidationInfo,
     field_validator,
 )
+from typing_extensions import Annotated
 
+from jetsplit.compat import removesuffix
 from jetsplit.config_io import load_toml_model, model_from_dict
 from jetsplit.errors import ConfigError
 
@@ -68,8 +70,8 @@ class DeviceSection(_Section):
     module: NonEmptyStr
     kind: Literal["jetson", "cpu", "gpu"]
     source: NonEmptyStr
-    cpu: NonEmptyStr | None = None
-    gpu: NonEmptyStr | None = None
+    cpu: Optional[NonEmptyStr] = None
+    gpu: Optional[NonEmptyStr] = None
 
 
 class MemorySection(_Section):
@@ -83,11 +85,11 @@ class MemorySection(_Section):
 class ComputeSection(_Section):
     """Peak throughput and the fraction of it conv-net training sustains."""
 
-    cuda_cores: PositiveInt | None = None
-    gpu_clock_mhz: PositiveFloat | None = None
-    cpu_cores: PositiveInt | None = None
+    cuda_cores: Optional[PositiveInt] = None
+    gpu_clock_mhz: Optional[PositiveFloat] = None
+    cpu_cores: Optional[PositiveInt] = None
     peak_fp32_gflops: PositiveFloat
-    peak_fp16_gflops: PositiveFloat | None = None
+    peak_fp16_gflops: Optional[PositiveFloat] = None
     efficiency: Fraction
 
     @field_validator("peak_fp32_gflops")
@@ -115,11 +117,11 @@ class NetworkSection(_Section):
 class SoftwareSection(_Section):
     """The software stack and power mode the numbers are valid for."""
 
-    power_mode: NonEmptyStr | None = None
-    jetpack: NonEmptyStr | None = None
-    tensorrt: NonEmptyStr | None = None
-    python: NonEmptyStr | None = None
-    jetson_clocks: bool | None = None
+    power_mode: Optional[NonEmptyStr] = None
+    jetpack: Optional[NonEmptyStr] = None
+    tensorrt: Optional[NonEmptyStr] = None
+    python: Optional[NonEmptyStr] = None
+    jetson_clocks: Optional[bool] = None
 
 
 class MeasuredLayer(_Section):
@@ -129,19 +131,19 @@ class MeasuredLayer(_Section):
     fwd_ms: NonNegFloat
     bwd_ms: NonNegFloat
     peak_mem_mb: NonNegFloat
-    ort_fwd_ms: NonNegFloat | None = None
-    trt_fwd_ms: NonNegFloat | None = None
+    ort_fwd_ms: Optional[NonNegFloat] = None
+    trt_fwd_ms: Optional[NonNegFloat] = None
 
 
 class MeasuredSection(_Section):
     """Written by ``jetsplit profile``: what was run, at which batch, and what it cost."""
 
     model: NonEmptyStr
-    input_shape: Annotated[list[PositiveInt], Field(min_length=3, max_length=3)]
+    input_shape: Annotated[List[PositiveInt], Field(min_length=3, max_length=3)]
     batch: PositiveInt
     achieved_gflops: PositiveFloat
-    measured_at: NonEmptyStr | None = None
-    layers: list[MeasuredLayer] = Field(default_factory=list)
+    measured_at: Optional[NonEmptyStr] = None
+    layers: List[MeasuredLayer] = Field(default_factory=list)
 
     def per_sample_ms(self, layer: MeasuredLayer) -> tuple[float, float]:
         """(forward, backward) milliseconds per sample, from the per-batch timings."""
@@ -156,7 +158,7 @@ class DeviceProfile(_Section):
     compute: ComputeSection
     network: NetworkSection
     software: SoftwareSection = Field(default_factory=SoftwareSection)
-    measured: MeasuredSection | None = None
+    measured: Optional[MeasuredSection] = None
 
     @property
     def name(self) -> str:
@@ -338,7 +340,7 @@ def find_profile(name_or_path: str | Path) -> Path:
     text = str(name_or_path)
     is_bare = os.sep not in text and "/" not in text
     if is_bare:
-        stem = text.removesuffix(".toml")
+        stem = removesuffix(text, ".toml")
         for d in profile_search_dirs():
             p = d / f"{stem}.toml"
             if p.is_file():

@@ -8,9 +8,10 @@ and validated against these strict models (bounded numbers, known names only).
 from __future__ import annotations
 
 from enum import Enum
-from typing import Annotated, Any, Literal
+from typing import Any, Dict, List, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from typing_extensions import Annotated
 
 from jetsplit.config_io import validation_message
 from jetsplit.errors import JetsplitError
@@ -76,14 +77,14 @@ class ForwardArgs(_Args):
 
 
 class BackwardArgs(_Args):
-    forward_step: Annotated[int, Field(ge=0)] | None = None  # default: this message's step
+    forward_step: Optional[Annotated[int, Field(ge=0)]] = None  # default: this message's step
 
 
 class TrainArgs(_Args):
     target: Literal["aux", "full"] = "aux"
     steps: Annotated[int, Field(ge=1, le=1_000_000)]
     batch: Batch
-    lr: LearningRate | None = None
+    lr: Optional[LearningRate] = None
 
 
 class EvalArgs(_Args):
@@ -92,7 +93,7 @@ class EvalArgs(_Args):
 
 
 class WeightsArgs(_Args):
-    blocks: list[Literal["client", "aux", "server", "edge"]] = Field(
+    blocks: List[Literal["client", "aux", "server", "edge"]] = Field(
         default_factory=lambda: ["client"], min_length=1, max_length=4)
 
 
@@ -105,7 +106,7 @@ class GenerateArgs(_Args):
     compression: CompressionName = "none"
     allow_torch: bool = False
     offset: Annotated[int, Field(ge=0)] = 0
-    limit: Annotated[int, Field(ge=1)] | None = None
+    limit: Optional[Annotated[int, Field(ge=1)]] = None
 
 
 class EdgeLoadArgs(_Args):
@@ -170,8 +171,8 @@ class DatasetSummary(BaseModel):
     name: Annotated[str, Field(max_length=200)]
     size: Annotated[int, Field(ge=0)]
     num_classes: Annotated[int, Field(ge=1, le=100_000)]
-    input_shape: list[Annotated[int, Field(ge=1, le=1 << 16)]] = Field(max_length=4)
-    label_histogram: list[Annotated[int, Field(ge=0)]] = Field(max_length=100_000)
+    input_shape: List[Annotated[int, Field(ge=1, le=1 << 16)]] = Field(max_length=4)
+    label_histogram: List[Annotated[int, Field(ge=0)]] = Field(max_length=100_000)
 
 
 class Registration(BaseModel):
@@ -183,11 +184,11 @@ class Registration(BaseModel):
     role: Literal["client", "edge"]
     version: Annotated[str, Field(max_length=64)]
     zoo_version: int
-    profile: dict[str, Any] | None = None
+    profile: Optional[Dict[str, Any]] = None
     dataset: DatasetSummary
-    backends: dict[str, Any] = Field(default_factory=dict)
+    backends: Dict[str, Any] = Field(default_factory=dict)
     device: Annotated[str, Field(max_length=64)] = "cpu"
-    bundle: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
+    bundle: Optional[Annotated[str, Field(pattern="^[0-9a-f]{64}$")]] = None
 
 
 def parse_registration(meta: dict[str, Any]) -> Registration:

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from jetsplit.compat import removesuffix
 from jetsplit.errors import ConfigError
 
 __all__ = [
@@ -227,7 +228,7 @@ def load_npz(
             headers: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
             for key in ("x", "y"):
                 if f"{key}.npy" not in members:
-                    found = sorted(m.removesuffix(".npy") for m in members)
+                    found = sorted(removesuffix(m, ".npy") for m in members)
                     raise ConfigError(f"{where}: missing array '{key}' (has {found})")
                 headers[key] = _npz_member_header(zf, f"{key}.npy")
     except zipfile.BadZipFile as exc:

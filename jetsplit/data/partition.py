@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
@@ -53,7 +54,7 @@ class PartitionScheme:
     """A parsed scheme string: ``kind`` and its parameter (``None`` for iid)."""
 
     kind: str
-    value: float | None = None
+    value: Optional[float] = None
 
 
 def parse_scheme(scheme: str) -> PartitionScheme:
@@ -166,7 +167,7 @@ def _quantity(
         if not owners:
             continue
         idx = rng.permutation(np.flatnonzero(y == c))
-        for owner, part in zip(owners, np.array_split(idx, len(owners)), strict=True):
+        for owner, part in zip(owners, np.array_split(idx, len(owners))):
             shards[owner].append(part)
     out = [np.concatenate(parts) for parts in shards]
     empty = [i for i, s in enumerate(out) if s.size == 0]

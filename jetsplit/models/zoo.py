@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Tuple
 
 import torch
 from torch import nn
@@ -38,7 +39,7 @@ class ModelSpec:
     """What rebuilds a model exactly: name, input shape (C, H, W) and number of classes."""
 
     name: str
-    input_shape: tuple[int, int, int] = (3, 32, 32)
+    input_shape: Tuple[int, int, int] = (3, 32, 32)
     num_classes: int = 10
 
     def __post_init__(self) -> None:

@@ -10,13 +10,13 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Dict, Tuple, Union
 
 import numpy as np
 
 from jetsplit.errors import BackendUnavailable, BundleError, ModelError
 
-ProviderSpec = str | tuple[str, dict[str, Any]]
+ProviderSpec = Union[str, Tuple[str, Dict[str, Any]]]
 
 TRT_EP = "TensorrtExecutionProvider"
 CUDA_EP = "CUDAExecutionProvider"
@@ -131,7 +131,7 @@ class OnnxBlock:
                 f"onnx model {self.path}: input {self.input_name} expects "
                 f"{len(self.input_shape)}-D {list(self.input_shape)}, got shape {list(x.shape)}"
             )
-        for axis, (want, got) in enumerate(zip(self.input_shape, x.shape, strict=True)):
+        for axis, (want, got) in enumerate(zip(self.input_shape, x.shape)):
             if isinstance(want, int) and want != got:
                 raise ModelError(
                     f"onnx model {self.path}: input {self.input_name} dim {axis} must be "

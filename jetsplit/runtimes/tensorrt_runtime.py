@@ -146,7 +146,7 @@ def _add_batch_profile(
             f"onnx model {onnx_path}: input {tensor.name} is {list(dims)}, "
             f"which does not fit batch x {list(chw)}"
         )
-    for axis, (want, got) in enumerate(zip(dims[1:], chw, strict=True), start=1):
+    for axis, (want, got) in enumerate(zip(dims[1:], chw), start=1):
         if want not in (-1, got):
             raise ModelError(
                 f"onnx model {onnx_path}: input {tensor.name} dim {axis} is {want}, "

@@ -26,7 +26,7 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Optional
 
 from jetsplit.broker_url import BrokerAddress
 from jetsplit.errors import BackendUnavailable, ConfigError
@@ -57,9 +57,9 @@ _AUTH_FAILURES = {134: "bad user name or password", 135: "not authorized"}
 class TlsOptions:
     """Broker TLS: a CA bundle to trust, optionally a client certificate (mutual TLS)."""
 
-    ca_file: str | None = None
-    cert_file: str | None = None
-    key_file: str | None = None
+    ca_file: Optional[str] = None
+    cert_file: Optional[str] = None
+    key_file: Optional[str] = None
     insecure: bool = False  # skip hostname verification (self-signed lab brokers only)
 
 
@@ -70,8 +70,8 @@ class EndpointOptions:
     protocol: Protocol = "auto"
     keepalive_s: int = 30
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
-    fleet_key: bytes | None = None
-    tls: TlsOptions | None = None
+    fleet_key: Optional[bytes] = None
+    tls: Optional[TlsOptions] = None
     reconnect_min_s: float = 0.5
     reconnect_max_s: float = 30.0
     session_expiry_s: int = 3600

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
+from typing_extensions import Annotated
 
 from jetsplit.broker_url import BrokerAddress, parse_broker_url
 from jetsplit.errors import ConfigError
@@ -26,12 +27,12 @@ class MqttSection(BaseModel):
     protocol: Literal["auto", "5", "3.1.1"] = "auto"
     keepalive_s: Annotated[int, Field(ge=2, le=3600)] = 30
     chunk_bytes: Annotated[int, Field(ge=16 * 1024, le=256 * 1024 * 1024)] = DEFAULT_CHUNK_BYTES
-    tls_ca: str | None = None
-    tls_cert: str | None = None
-    tls_key: str | None = None
+    tls_ca: Optional[str] = None
+    tls_cert: Optional[str] = None
+    tls_key: Optional[str] = None
     tls_insecure: bool = False
     connect_wait_s: Annotated[float, Field(gt=0, le=3600)] = 10.0  # coordinator's first connect
-    fleet_key_file: str | None = None  # else $JETSPLIT_FLEET_KEY; none: CRC only, no HMAC
+    fleet_key_file: Optional[str] = None  # else $JETSPLIT_FLEET_KEY; none: CRC only, no HMAC
 
     def address(self) -> BrokerAddress:
         return parse_broker_url(self.broker)

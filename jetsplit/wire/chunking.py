@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Set
 
 import numpy as np
 
@@ -60,7 +61,7 @@ class _Partial:
     total: int
     count: int
     buffer: bytearray
-    received: set[int] = field(default_factory=set)
+    received: Set[int] = field(default_factory=set)
     started: float = field(default_factory=time.monotonic)
 
 

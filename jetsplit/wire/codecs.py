@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
+from typing import Tuple, Union
 
 import numpy as np
 
@@ -25,11 +26,11 @@ class Encoded:
     """One encoded tensor: how to decode it, and its payload."""
 
     dtype: str  # dtype of the decoded array
-    shape: tuple[int, ...]
+    shape: Tuple[int, ...]
     codec: str  # "raw" for non-float arrays, else one of CODECS
     compression: str
-    payload: bytes | memoryview
-    params: tuple[float, ...] = ()  # int8: per-channel (min, scale) pairs
+    payload: Union[bytes, memoryview]
+    params: Tuple[float, ...] = ()  # int8: per-channel (min, scale) pairs
 
 
 def _f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
@@ -66,7 +67,7 @@ def _quantize_int8(x: np.ndarray) -> tuple[bytes, tuple[float, ...]]:
     q = np.clip(q, -128, 127).astype(np.int8)
     if x.ndim == 4:
         q = np.moveaxis(q.reshape(x.shape[1], x.shape[0], *x.shape[2:]), 0, 1)
-    params = tuple(float(v) for pair in zip(lo, scale, strict=True) for v in pair)
+    params = tuple(float(v) for pair in zip(lo, scale) for v in pair)
     return np.ascontiguousarray(q).tobytes(), params
 
 

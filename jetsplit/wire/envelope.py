@@ -24,10 +24,11 @@ import time
 import zlib
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Annotated, Any, Literal
+from typing import Any, Dict, List, Literal, Optional, Union
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from typing_extensions import Annotated
 
 from jetsplit.wire import codecs
 from jetsplit.wire.errors import (
@@ -74,7 +75,7 @@ class Limits:
     max_ndim: int = 8
 
 
-Scalar = str | int | float | bool | None
+Scalar = Optional[Union[str, int, float, bool]]
 _Text = Annotated[str, Field(max_length=4096)]
 
 
@@ -85,11 +86,11 @@ class TensorDescriptor(BaseModel):
 
     name: WireName
     dtype: str
-    shape: list[Annotated[int, Field(ge=0, le=1 << 31)]]
+    shape: List[Annotated[int, Field(ge=0, le=1 << 31)]]
     codec: Literal["fp32", "fp16", "bf16", "int8", "raw"]
     compression: Literal["none", "lz4", "zstd"] = "none"
     length: Annotated[int, Field(ge=0)]
-    params: list[float] = Field(default_factory=list, max_length=2 * 65536)
+    params: List[float] = Field(default_factory=list, max_length=2 * 65536)
 
 
 class Header(BaseModel):
@@ -104,8 +105,8 @@ class Header(BaseModel):
     sender: WireName
     ts: float
     kind: Annotated[str, Field(pattern=r"^[A-Za-z0-9._:/-]{0,128}$")] = ""
-    tensors: list[TensorDescriptor] = Field(default_factory=list)
-    meta: dict[_Text, Any] = Field(default_factory=dict)
+    tensors: List[TensorDescriptor] = Field(default_factory=list)
+    meta: Dict[_Text, Any] = Field(default_factory=dict)
 
 
 @dataclass
@@ -119,8 +120,8 @@ class Message:
     round: int = 0
     step: int = 0
     kind: str = ""
-    meta: dict[str, Any] = field(default_factory=dict)
-    tensors: dict[str, np.ndarray] = field(default_factory=dict)
+    meta: Dict[str, Any] = field(default_factory=dict)
+    tensors: Dict[str, np.ndarray] = field(default_factory=dict)
     ts: float = 0.0
     signed: bool = False
 
