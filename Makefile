@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 TORCH_PIN := torch==2.13.0
 
-.PHONY: demo test lint bench setup clean
+.PHONY: demo test lint vermin bench setup clean
 
 $(VENV)/.installed: pyproject.toml
 	@# Reuse a system torch (NVIDIA's wheel on Jetson) via system site-packages; never reinstall it.
@@ -40,5 +40,10 @@ bench: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 
+# The device side (all `jetsplit agent run` imports) must run on JetPack 5's Python 3.8.
+DEVICE_SIDE := jetsplit edge_agent
+vermin: setup
+	$(VENV)/bin/vermin --target=3.8 --no-tips --violations $(DEVICE_SIDE)
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) .venv39 build *.egg-info

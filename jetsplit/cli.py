@@ -34,11 +34,23 @@ def _root(
 DEVICE_COMMANDS = ("agent", "doctor")
 
 
-def device_only(argv: Sequence[str] | None) -> bool:
+def device_only(argv: Sequence[str] | None, version: tuple[int, ...] = sys.version_info) -> bool:
     """Whether to mount only the device commands: on an interpreter older than the
     coordinator needs, or when a device command runs (so the agent imports no coordinator)."""
     args = list(sys.argv[1:] if argv is None else argv)
-    return sys.version_info < (3, 10) or (bool(args) and args[0] in DEVICE_COMMANDS)
+    return tuple(version[:2]) < (3, 10) or (bool(args) and args[0] in DEVICE_COMMANDS)
+
+
+def coordinator_refusal(argv: Sequence[str] | None,
+                        version: tuple[int, ...] = sys.version_info) -> str | None:
+    """The one line for a coordinator command on an interpreter that only runs the device
+    side (JetPack 5's Python 3.8), else None."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if tuple(version[:2]) >= (3, 10) or not args or args[0].startswith("-") \
+            or args[0] in DEVICE_COMMANDS:
+        return None
+    return (f"`jetsplit {args[0]}` needs Python 3.10+ (this is {version[0]}.{version[1]}); "
+            f"here only the device commands run: {', '.join(DEVICE_COMMANDS)}")
 
 
 def build_app(device: bool = False) -> typer.Typer:
@@ -101,6 +113,10 @@ def _usage_error_types() -> tuple[type[Exception], ...]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; user-caused errors end in one line on stderr and a non-zero exit."""
+    refusal = coordinator_refusal(argv)
+    if refusal:
+        typer.echo(f"error: {refusal}", err=True)
+        return 2
     try:
         result = build_app(device_only(argv))(args=argv, standalone_mode=False)
     except JetsplitError as exc:

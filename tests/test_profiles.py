@@ -26,6 +26,9 @@ from jetsplit.profiles import (
     resolve_profile,
 )
 
+# torch-free device side: `.ci/run` also runs this on Python 3.9
+pytestmark = pytest.mark.device_pure
+
 EXPECTED = {
     "jetson-nano-4gb",
     "xavier-nx-8gb",

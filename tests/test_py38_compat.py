@@ -12,6 +12,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+# torch-free device side: `.ci/run` also runs this on Python 3.9
+pytestmark = pytest.mark.device_pure
+
 ROOT = Path(__file__).resolve().parents[1]
 DEVICE_DIRS = ("jetsplit", "edge_agent")
 _GENERIC_BUILTINS = {"list", "dict", "tuple", "set", "frozenset", "type"}

@@ -21,6 +21,9 @@ from jetsplit.server.brokers import MosquittoProcess
 from jetsplit.transport.mqtt import EndpointOptions, MqttEndpoint, TlsOptions
 from jetsplit.wire import DEFAULT_CHUNK_BYTES, Message, MessageType, chunk_count, encode_message
 
+# torch-free device side: `.ci/run` also runs this on Python 3.9
+pytestmark = pytest.mark.device_pure
+
 USERS = {"agent-7": "p@ss:w/rd 7", "coordinator": "other-secret"}
 _ids = itertools.count()
 

@@ -27,6 +27,9 @@ from jetsplit.wire import (
 )
 from jetsplit.wire import errors as wire_errors
 
+# torch-free device side: `.ci/run` also runs this on Python 3.9
+pytestmark = pytest.mark.device_pure
+
 FLOAT_DTYPES = [np.float32, np.float64, np.float16]
 COMPRESSION = st.sampled_from(COMPRESSIONS)
 shapes = hnp.array_shapes(min_dims=1, max_dims=4, min_side=1, max_side=6)
