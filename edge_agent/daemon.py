@@ -66,7 +66,8 @@ class AgentDaemon:
             address, f"jetsplit-{fleet}-{self.agent}", options,
             subscriptions=(self.topics.down(self.agent), self.topics.down_all),
             will=(self.topics.presence(self.agent), self._offline),
-            on_connect=self._announce, sender=self.agent)
+            on_connect=self._announce, sender=self.agent,
+            topic_owner=lambda _topic: COORDINATOR)  # down/* speaks for the coordinator only
 
     def _announce(self, count: int) -> None:
         """On every (re)connect: retained presence `online`, then a fresh registration."""

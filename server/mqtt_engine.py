@@ -59,7 +59,7 @@ class MqttEngine(Engine):
         self.endpoint = MqttEndpoint(
             address, f"jetsplit-{fleet}-{COORDINATOR}", options,
             subscriptions=(self.topics.presence_any, self.topics.up_any),
-            on_connect=self._on_connect, sender=COORDINATOR)
+            on_connect=self._on_connect, sender=COORDINATOR, topic_owner=self.topics.agent_of)
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._pending: dict[tuple[str, int], _Pending] = {}

@@ -180,9 +180,13 @@ def test_reassembly_is_bounded_and_times_out() -> None:
                                    tensors={"x": np.zeros(50_000, np.float32)}))
     chunks = [decode_message(c) for c in chunk_message(
         whole, run="r", sender="s", seq_start=2, msg_id="m", chunk_bytes=8192)]
-    small = Reassembler(max_buffered_bytes=len(whole) - 1)
+    small = Reassembler(per_sender_bytes=len(whole) - 1)
     with pytest.raises(wire_errors.OversizedMessage):
         small.feed(chunks[0])
+    full = Reassembler(max_buffered_bytes=len(whole) - 1)
+    with pytest.raises(wire_errors.OversizedMessage, match="buffer is full"):
+        for chunk in chunks:
+            full.feed(chunk)
     capped = Reassembler(Limits(max_message_bytes=1000))
     with pytest.raises(wire_errors.OversizedMessage):
         capped.feed(chunks[0])

@@ -35,6 +35,7 @@ from jetsplit.wire import (
     Limits,
     Message,
     MessageType,
+    PresenceGuard,
     Reassembler,
     ReplayGuard,
     SequenceCounter,
@@ -44,6 +45,7 @@ from jetsplit.wire import (
     decode_message,
     encode_message,
 )
+from jetsplit.wire.errors import SenderMismatch
 
 log = logging.getLogger("jetsplit.transport")
 
@@ -123,12 +125,17 @@ class MqttEndpoint:
         will: tuple[str, bytes] | None = None,
         on_connect: Callable[[int], None] | None = None,
         sender: str | None = None,
+        topic_owner: Callable[[str], str | None] | None = None,
     ) -> None:
+        """`topic_owner(topic)` names the only sender a topic may carry (the coordinator:
+        up/X and presence/X belong to X); a mismatch is rejected before the replay window
+        sees the message, so a forged sender cannot poison another sender's window."""
         self.address, self.client_id, self.options = address, client_id, options
         self.subscriptions = subscriptions
         self.will = will
         self.sender = sender or client_id
         self._on_connect_hook = on_connect
+        self._topic_owner = topic_owner
         self.inbox: queue.Queue[Inbound] = queue.Queue()
         self.rejected: Counter[str] = Counter()
         self.connected = threading.Event()
@@ -138,6 +145,7 @@ class MqttEndpoint:
         self._reassembler = Reassembler(options.limits, timeout_s=options.reassembly_timeout_s)
         self._chunk_bytes: OrderedDict[tuple[str, str], int] = OrderedDict()
         self._replay = ReplayGuard() if options.fleet_key else None
+        self._presence = PresenceGuard() if options.fleet_key else None
         self._client = None
         self._closed = threading.Event()
         self._fatal: str | None = None
@@ -304,16 +312,22 @@ class MqttEndpoint:
 
     # ------------------------------------------------------------------ receive / send
 
-    def _decode(self, payload: bytes) -> Message:
+    def _decode(self, payload: bytes, topic: str) -> Message:
         message = decode_message(payload, fleet_key=self.options.fleet_key,
                                  limits=self.options.limits)
-        # Retained presence is redelivered by design; everything else must be fresh.
-        if self._replay is not None and message.type != MessageType.PRESENCE:
+        owner = self._topic_owner(topic) if self._topic_owner is not None else None
+        if owner is not None and message.sender != owner:
+            raise SenderMismatch(f"sender {message.sender!r} does not own {topic}")
+        # Retained presence is redelivered by design: fresh and monotonic, not once-only.
+        if message.type == MessageType.PRESENCE:
+            if self._presence is not None:
+                self._presence.check(message.sender, message.seq, message.ts)
+        elif self._replay is not None:
             self._replay.check(message.sender, message.seq, message.ts)
         return message
 
     def _receive(self, topic: str, payload: bytes) -> None:
-        message = self._decode(payload)
+        message = self._decode(payload, topic)
         size = len(payload)
         if message.type == MessageType.CHUNK:
             key = (message.sender, str(message.meta.get("id", "")))
@@ -324,7 +338,7 @@ class MqttEndpoint:
             if whole is None:
                 return
             size = self._chunk_bytes.pop(key, size)
-            message = self._decode(whole)
+            message = self._decode(whole, topic)
             if message.type == MessageType.CHUNK:
                 raise WireError("a chunk may not carry another chunk")
         self.inbox.put(Inbound(topic, message, size))

@@ -12,7 +12,8 @@ from typing_extensions import Annotated
 from jetsplit.broker_url import BrokerAddress, parse_broker_url
 from jetsplit.errors import ConfigError
 from jetsplit.transport.mqtt import EndpointOptions, TlsOptions
-from jetsplit.wire import DEFAULT_CHUNK_BYTES
+from jetsplit.wire import DEFAULT_CHUNK_BYTES, Limits
+from jetsplit.wire.envelope import DEFAULT_MAX_MESSAGE_BYTES
 
 FLEET_KEY_ENV = "JETSPLIT_FLEET_KEY"
 MIN_KEY_BYTES = 16
@@ -33,6 +34,8 @@ class MqttSection(BaseModel):
     tls_insecure: bool = False
     connect_wait_s: Annotated[float, Field(gt=0, le=3600)] = 10.0  # coordinator's first connect
     fleet_key_file: Optional[str] = None  # else $JETSPLIT_FLEET_KEY; none: CRC only, no HMAC
+    # Largest message accepted, encoded and decoded (chunked messages after reassembly).
+    max_message_mib: Annotated[int, Field(ge=1, le=256)] = DEFAULT_MAX_MESSAGE_BYTES >> 20
 
     def address(self) -> BrokerAddress:
         return parse_broker_url(self.broker)
@@ -63,4 +66,4 @@ class MqttSection(BaseModel):
         tls = TlsOptions(self.tls_ca, self.tls_cert, self.tls_key, self.tls_insecure)
         return EndpointOptions(protocol=self.protocol, keepalive_s=self.keepalive_s,
                                chunk_bytes=self.chunk_bytes, fleet_key=self.fleet_key(),
-                               tls=tls)
+                               tls=tls, limits=Limits.of_mib(self.max_message_mib))

@@ -17,7 +17,7 @@ from jetsplit.wire.envelope import (
     peek_type,
 )
 from jetsplit.wire.errors import WireError
-from jetsplit.wire.replay import ReplayGuard, SequenceCounter
+from jetsplit.wire.replay import PresenceGuard, ReplayGuard, SequenceCounter
 
 __all__ = [
     "CODECS",
@@ -27,6 +27,7 @@ __all__ = [
     "Limits",
     "Message",
     "MessageType",
+    "PresenceGuard",
     "Reassembler",
     "ReplayGuard",
     "SequenceCounter",

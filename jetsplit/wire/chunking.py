@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Set
+from typing import Dict
 
 import numpy as np
 
@@ -60,32 +60,49 @@ def chunk_message(
 class _Partial:
     total: int
     count: int
-    buffer: bytearray
-    received: Set[int] = field(default_factory=set)
+    size: int
+    pieces: Dict[int, bytes] = field(default_factory=dict)  # held bytes = what arrived
+    held: int = 0
     started: float = field(default_factory=time.monotonic)
 
 
 class Reassembler:
-    """Collects CHUNK messages per (sender, id) into whole encoded messages."""
+    """Collects CHUNK messages per (sender, id) into whole encoded messages.
+
+    Budgets are per sender: a sender holds at most `per_sender_in_flight` unfinished messages
+    and `per_sender_bytes` declared bytes. A sender over its budget loses its own oldest
+    unfinished message, never another sender's, so one flooding peer cannot starve the rest.
+    Chunks are kept as they arrive (no buffer sized by a declared total), and the overall
+    `max_buffered_bytes` bounds what all senders together hold."""
 
     def __init__(
         self,
         limits: Limits = Limits(),
         *,
-        max_in_flight: int = 64,
-        max_buffered_bytes: int = 512 * 1024 * 1024,
+        max_in_flight: int = 1024,
+        max_buffered_bytes: int = 1024 * 1024 * 1024,
         timeout_s: float = 60.0,
+        per_sender_in_flight: int = 4,
+        per_sender_bytes: int | None = None,
     ) -> None:
         self.limits = limits
         self.max_in_flight = max_in_flight
         self.max_buffered_bytes = max_buffered_bytes
         self.timeout_s = timeout_s
+        self.per_sender_in_flight = per_sender_in_flight
+        self.per_sender_bytes = (2 * limits.max_message_bytes if per_sender_bytes is None
+                                 else per_sender_bytes)
         self._partials: dict[tuple[str, str], _Partial] = {}
         self.expired = 0
+        self.evicted = 0
 
     @property
     def buffered_bytes(self) -> int:
-        return sum(p.total for p in self._partials.values())
+        """Bytes actually held (chunks received of unfinished messages)."""
+        return sum(p.held for p in self._partials.values())
+
+    def _of(self, sender: str) -> list[tuple[tuple[str, str], _Partial]]:
+        return [(k, p) for k, p in self._partials.items() if k[0] == sender]
 
     def expire(self, now: float | None = None) -> int:
         """Drop messages whose chunks stopped arriving; returns how many were dropped."""
@@ -96,6 +113,21 @@ class Reassembler:
         self.expired += len(stale)
         return len(stale)
 
+    def _make_room(self, sender: str, total: int) -> None:
+        """Evict the sender's own oldest unfinished messages until the new one fits its
+        budget; refuse it when even an empty budget cannot hold it or the whole table is full."""
+        if total > self.per_sender_bytes:
+            raise OversizedMessage(f"chunked message of {total} bytes exceeds {sender}'s "
+                                   f"budget of {self.per_sender_bytes}")
+        mine = self._of(sender)  # insertion order: oldest first
+        while mine and (len(mine) >= self.per_sender_in_flight
+                        or sum(p.total for _, p in mine) + total > self.per_sender_bytes):
+            key, _ = mine.pop(0)
+            del self._partials[key]
+            self.evicted += 1
+        if len(self._partials) >= self.max_in_flight:
+            raise OversizedMessage(f"more than {self.max_in_flight} chunked messages in flight")
+
     def feed(self, chunk: Message) -> bytes | None:
         """Add one decoded CHUNK; returns the full encoded message once all chunks arrived."""
         self.expire()
@@ -104,7 +136,7 @@ class Reassembler:
             msg_id, index = str(meta["id"]), int(meta["index"])
             count, total, size = int(meta["count"]), int(meta["total"]), int(meta["size"])
             data = chunk.tensors["data"]
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):
             raise ReassemblyError("chunk header lacks id/index/count/total or data") from None
         if data.dtype != np.uint8 or data.ndim != 1:
             raise ReassemblyError("chunk data must be a 1-D byte tensor")
@@ -112,25 +144,24 @@ class Reassembler:
             raise OversizedMessage(f"chunked message of {total} bytes exceeds the limit")
         if size <= 0 or count != -(-total // size) or not 0 <= index < count:
             raise ReassemblyError(f"chunk {index} of {count} (size {size}) is out of range")
-        key = (chunk.sender, msg_id)
-        partial = self._partials.get(key)
-        if partial is None:
-            if len(self._partials) >= self.max_in_flight:
-                raise OversizedMessage(f"more than {self.max_in_flight} chunked messages in flight")
-            if self.buffered_bytes + total > self.max_buffered_bytes:
-                raise OversizedMessage("reassembly buffer is full")
-            partial = _Partial(total, count, bytearray(total))
-            self._partials[key] = partial
-        if (partial.total, partial.count) != (total, count):
-            raise ReassemblyError(f"chunk {index} disagrees with its message's size")
         expected_len = size if index < count - 1 else total - size * (count - 1)
         if len(data) != expected_len or expected_len <= 0:
             raise ReassemblyError(f"chunk {index} has {len(data)} bytes, expected {expected_len}")
-        if index in partial.received:
+        key = (chunk.sender, msg_id)
+        partial = self._partials.get(key)
+        if partial is None:
+            self._make_room(chunk.sender, total)
+            partial = _Partial(total, count, size)
+            self._partials[key] = partial
+        if (partial.total, partial.count, partial.size) != (total, count, size):
+            raise ReassemblyError(f"chunk {index} disagrees with its message's size")
+        if index in partial.pieces:
             return None  # QoS 1 redelivery: idempotent
-        partial.buffer[index * size:index * size + len(data)] = data.tobytes()
-        partial.received.add(index)
-        if len(partial.received) < count:
+        if self.buffered_bytes + len(data) > self.max_buffered_bytes:
+            raise OversizedMessage("reassembly buffer is full")
+        partial.pieces[index] = data.tobytes()
+        partial.held += len(data)
+        if len(partial.pieces) < count:
             return None
         del self._partials[key]
-        return bytes(partial.buffer)
+        return b"".join(partial.pieces[i] for i in range(count))

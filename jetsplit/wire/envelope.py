@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import math
 import struct
 import time
 import zlib
@@ -48,6 +49,7 @@ PREFIX = struct.Struct("!4sBBBBIQ")
 CRC = struct.Struct("!I")
 HMAC_BYTES = 32
 FLAG_SIGNED = 0x01
+DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # a Jetson Nano has 4 GB shared with its GPU
 # Identifiers on the wire (run, sender, tensor names): short, and safe in topics and logs.
 WireName = Annotated[str, Field(pattern=r"^[A-Za-z0-9._:/-]{1,128}$")]
 
@@ -68,11 +70,17 @@ class MessageType(IntEnum):
 class Limits:
     """Hard limits applied before allocation; the defaults suit Jetson-class peers."""
 
-    max_message_bytes: int = 256 * 1024 * 1024  # MQTT's own cap is 268,435,455
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # encoded, after reassembly
+    max_decoded_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # all tensors of a message, decoded
     max_header_bytes: int = 64 * 1024
     max_tensors: int = 256
     max_tensor_elements: int = 1 << 28
     max_ndim: int = 8
+
+    @classmethod
+    def of_mib(cls, mib: int) -> Limits:
+        """One configurable figure: encoded and decoded bytes per message, in MiB."""
+        return cls(max_message_bytes=mib << 20, max_decoded_bytes=mib << 20)
 
 
 Scalar = Optional[Union[str, int, float, bool]]
@@ -90,7 +98,8 @@ class TensorDescriptor(BaseModel):
     codec: Literal["fp32", "fp16", "bf16", "int8", "raw"]
     compression: Literal["none", "lz4", "zstd"] = "none"
     length: Annotated[int, Field(ge=0)]
-    params: List[float] = Field(default_factory=list, max_length=2 * 65536)
+    params: List[Annotated[float, Field(allow_inf_nan=False)]] = Field(
+        default_factory=list, max_length=2 * 65536)
 
 
 class Header(BaseModel):
@@ -103,7 +112,7 @@ class Header(BaseModel):
     step: Annotated[int, Field(ge=0)] = 0
     seq: Annotated[int, Field(ge=0)]
     sender: WireName
-    ts: float
+    ts: Annotated[float, Field(allow_inf_nan=False)]
     kind: Annotated[str, Field(pattern=r"^[A-Za-z0-9._:/-]{0,128}$")] = ""
     tensors: List[TensorDescriptor] = Field(default_factory=list)
     meta: Dict[_Text, Any] = Field(default_factory=dict)
@@ -232,11 +241,24 @@ def decode_message(
                    tensors=tensors, ts=header.ts, signed=signed and fleet_key is not None)
 
 
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999 parses as infinity
+        raise ValueError("non-finite number")
+    return value
+
+
+def _no_constants(name: str) -> float:
+    raise ValueError(f"{name} is not allowed")  # NaN, Infinity, -Infinity
+
+
 def _parse_header(raw: memoryview, limits: Limits) -> Header:
     try:
-        obj = json.loads(bytes(raw).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise MalformedHeader(f"header is not UTF-8 JSON: {type(exc).__name__}") from None
+        obj = json.loads(bytes(raw).decode("utf-8"), parse_float=_finite,
+                         parse_constant=_no_constants)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # JSONDecodeError too
+        raise MalformedHeader(f"header is not UTF-8 JSON with finite numbers: "
+                              f"{type(exc).__name__}") from None
     try:
         header = Header.model_validate(obj)
     except ValidationError as exc:
@@ -252,18 +274,30 @@ def _decode_tensors(descriptors: list[TensorDescriptor], body: memoryview, limit
                     ) -> dict[str, np.ndarray]:
     if sum(d.length for d in descriptors) != len(body):
         raise MalformedHeader("tensor lengths do not add up to the body length")
-    tensors: dict[str, np.ndarray] = {}
-    offset = 0
+    # Every declared size is checked before the first byte is decompressed or allocated.
+    names: set[str] = set()
+    total = 0
     for d in descriptors:
         if len(d.shape) > limits.max_ndim:
             raise OversizedMessage(f"tensor {d.name} has {len(d.shape)} dims > {limits.max_ndim}")
-        elements = int(np.prod(d.shape, dtype=np.int64)) if d.shape else 1
+        elements = codecs.element_count(tuple(d.shape))
         if elements > limits.max_tensor_elements:
             raise OversizedMessage(f"tensor {d.name} has {elements} elements")
-        if d.name in tensors:
+        if d.name in names:
             raise MalformedHeader(f"tensor {d.name} appears twice")
+        names.add(d.name)
+        shape = tuple(d.shape)
+        total += max(codecs.decoded_nbytes(d.dtype, shape, d.codec),
+                     codecs.output_nbytes(d.dtype, shape))
+        if total > limits.max_decoded_bytes:
+            raise OversizedMessage(f"tensors would decode to more than "
+                                   f"{limits.max_decoded_bytes} bytes")
+    tensors: dict[str, np.ndarray] = {}
+    offset = 0
+    for d in descriptors:
         payload = body[offset:offset + d.length]
         offset += d.length
         tensors[d.name] = codecs.decode(payload, d.dtype, tuple(d.shape), d.codec,
-                                        d.compression, tuple(d.params))
+                                        d.compression, tuple(d.params),
+                                        max_bytes=limits.max_decoded_bytes)
     return tensors

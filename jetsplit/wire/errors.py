@@ -45,6 +45,15 @@ class ReplayedMessage(WireError):
     """A signed message whose sequence number was already seen or whose timestamp is stale."""
 
 
+class SenderMismatch(WireError):
+    """A message whose sender does not own the topic it arrived on (up/X must come from X)."""
+
+
+class StalePresence(WireError):
+    """A presence message that is older than allowed, from the future, or older than one
+    already seen from the same sender (a replayed retained message)."""
+
+
 class CodecError(WireError):
     """A tensor payload does not decode to what its descriptor says."""
 

@@ -7,10 +7,11 @@ counting upwards and its peers' replay windows accept it without coordination.
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from collections import deque
 
-from jetsplit.wire.errors import ReplayedMessage
+from jetsplit.wire.errors import ReplayedMessage, StalePresence
 
 
 class SequenceCounter:
@@ -41,6 +42,8 @@ class ReplayGuard:
 
     def check(self, sender: str, seq: int, ts: float, now: float | None = None) -> None:
         now = time.time() if now is None else now
+        if not (isinstance(ts, (int, float)) and math.isfinite(ts)):
+            raise ReplayedMessage(f"{sender} seq {seq}: timestamp {ts!r} is not a finite number")
         if abs(now - ts) > self.max_skew_s:
             raise ReplayedMessage(f"{sender} seq {seq}: timestamp {now - ts:+.0f}s off now")
         seen, order = self._seen.get(sender, (set(), deque()))
@@ -56,3 +59,27 @@ class ReplayGuard:
             seen.discard(order.popleft())
         self._seen[sender] = (seen, order)
         self._highest[sender] = max(highest, seq)
+
+
+class PresenceGuard:
+    """Retained presence is redelivered by design, so it gets its own check: finite and
+    fresh (no older than `max_age_s`, no further ahead than `max_skew_s`) and never older
+    than the newest presence already accepted from that sender."""
+
+    def __init__(self, max_age_s: float = 24 * 3600.0, max_skew_s: float = 300.0,
+                 max_senders: int = 4096) -> None:
+        self.max_age_s, self.max_skew_s, self.max_senders = max_age_s, max_skew_s, max_senders
+        self._newest: dict[str, tuple[float, int]] = {}
+
+    def check(self, sender: str, seq: int, ts: float, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        if not (isinstance(ts, (int, float)) and math.isfinite(ts)):
+            raise StalePresence(f"{sender} presence: timestamp {ts!r} is not a finite number")
+        if ts > now + self.max_skew_s or now - ts > self.max_age_s:
+            raise StalePresence(f"{sender} presence: timestamp {now - ts:+.0f}s off now")
+        newest = self._newest.get(sender)
+        if newest is not None and (ts, seq) < newest:
+            raise StalePresence(f"{sender} presence: older than the last one accepted")
+        if sender not in self._newest and len(self._newest) >= self.max_senders:
+            del self._newest[next(iter(self._newest))]
+        self._newest[sender] = (ts, seq)
