@@ -18,6 +18,7 @@ from dataclasses import replace
 from jetsplit.broker_url import BrokerAddress
 from jetsplit.edge_agent.service import SystemdNotifier
 from jetsplit.edge_agent.worker import AgentWorker, respond
+from jetsplit.errors import ConfigError
 from jetsplit.protocol import Kind
 from jetsplit.transport import COORDINATOR, Topics
 from jetsplit.transport.mqtt import EndpointOptions, Inbound, MqttEndpoint, presence_payload
@@ -61,7 +62,8 @@ class AgentDaemon:
         self.options = options
         self.cache = ReplyCache()
         self.ignored = 0
-        self._offline = presence_payload("-", self.agent, "offline", fleet_key=options.fleet_key)
+        self._offline = presence_payload("-", self.agent, "offline", fleet_key=options.fleet_key,
+                                         signer=options.signer)
         self.endpoint = MqttEndpoint(
             address, f"jetsplit-{fleet}-{self.agent}", options,
             subscriptions=(self.topics.down(self.agent), self.topics.down_all),
@@ -72,7 +74,7 @@ class AgentDaemon:
     def _announce(self, count: int) -> None:
         """On every (re)connect: retained presence `online`, then a fresh registration."""
         online = presence_payload("-", self.agent, "online", fleet_key=self.options.fleet_key,
-                                  extra={"role": self.worker.role})
+                                  extra={"role": self.worker.role}, signer=self.options.signer)
         self.endpoint.publish_raw(self.topics.presence(self.agent), online, retain=True)
         self._register("-")
 
@@ -120,6 +122,8 @@ class AgentDaemon:
         notifier.ready(f"agent {self.agent} serving fleet {self.topics.fleet}")
         try:
             while not stop.is_set():
+                if self.endpoint.fatal:  # e.g. a kit from another fleet: retrying won't help
+                    raise ConfigError(self.endpoint.fatal)
                 notifier.tick()
                 try:
                     inbound = self.endpoint.inbox.get(timeout=_poll_s(notifier))

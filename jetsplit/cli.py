@@ -77,6 +77,7 @@ def build_app(device: bool = False) -> typer.Typer:
     from jetsplit.export.profile_cli import profile
     from jetsplit.server.broker_cli import broker
     from jetsplit.server.cli import app as server_app
+    from jetsplit.server.provision import provision_command
     from jetsplit.server.report import report_command
     from jetsplit.server.simulate import simulate_command
     from jetsplit.server.trial import trial_command
@@ -96,6 +97,8 @@ def build_app(device: bool = False) -> typer.Typer:
     app.command("trial", help="Field trial on this machine: broker, coordinator, emulated "
                 "agents; report with plots.")(trial_command)
     app.command("report", help="Write report.md with plots for a run folder.")(report_command)
+    app.command("provision", help="Fleet CA, per-device startup kits (mTLS + signing keys), "
+                "Mosquitto config with per-device ACLs.")(provision_command)
     return app
 
 

@@ -188,18 +188,31 @@ class MosquittoProcess:
         max_message_bytes: int = 0,
         tls: bool = False,
         users: dict[str, str] | None = None,
+        provisioned: Path | None = None,
     ) -> None:
         """`tls=True`: a throwaway CA and a server certificate for 127.0.0.1/localhost are
         made in the private directory (trust `ca_file`); `users`: logins required (the first
-        one goes into `address`), anonymous clients refused."""
+        one goes into `address`), anonymous clients refused; `provisioned`: the `broker/`
+        folder `jetsplit provision` wrote (mutual TLS, identities from certificates, ACL),
+        run as written except for its listener, which moves to loopback and our port."""
         binary = mosquitto_binary()
         if binary is None:
             raise BackendUnavailable("mosquitto is not installed (apt-get install mosquitto)")
         self.binary, self.port = binary, port or free_port()
-        self.tls, self.users = tls, dict(users or {})
+        self.tls, self.users = tls or provisioned is not None, dict(users or {})
         self._dir = Path(tempfile.mkdtemp(prefix="jetsplit-mosquitto-"))
         self.config = self._dir / "mosquitto.conf"
         self.ca_file: Path | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        if provisioned is not None:
+            self.ca_file = provisioned / "ca.crt"
+            lines = [f"listener {self.port} {LOOPBACK}" if line.startswith("listener ") else line
+                     for line in (provisioned / "mosquitto.conf").read_text().splitlines()]
+            if hasattr(os, "geteuid") and os.geteuid() == 0:
+                lines.append("user root")  # the kit's keys are 0600, owned by us
+            self.config.write_text("\n".join([*lines, "persistence false", "log_type error",
+                                              "max_queued_messages 100000", ""]))
+            return
         try:
             listener = self._secure_options(binary)
         except BaseException:

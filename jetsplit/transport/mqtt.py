@@ -81,6 +81,13 @@ class EndpointOptions:
     connect_timeout_s: float = 10.0
     limits: Limits = field(default_factory=Limits)
     reassembly_timeout_s: float = 120.0
+    signer: Any = None  # jetsplit.identity.Signer: sign with this device's own key
+    keyring: Any = None  # jetsplit.identity.KeyRing: require and verify senders' signatures
+
+    @property
+    def authenticated(self) -> bool:
+        """Messages are signed (fleet key or device keys), so replay windows apply."""
+        return bool(self.fleet_key) or self.keyring is not None
 
 
 @dataclass
@@ -144,8 +151,8 @@ class MqttEndpoint:
         self._seq = SequenceCounter()
         self._reassembler = Reassembler(options.limits, timeout_s=options.reassembly_timeout_s)
         self._chunk_bytes: OrderedDict[tuple[str, str], int] = OrderedDict()
-        self._replay = ReplayGuard() if options.fleet_key else None
-        self._presence = PresenceGuard() if options.fleet_key else None
+        self._replay = ReplayGuard() if options.authenticated else None
+        self._presence = PresenceGuard() if options.authenticated else None
         self._client = None
         self._closed = threading.Event()
         self._fatal: str | None = None
@@ -155,6 +162,11 @@ class MqttEndpoint:
         self._supervisor: threading.Thread | None = None
 
     # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def fatal(self) -> str | None:
+        """Why the endpoint gave up connecting for good (TLS trust, login), else None."""
+        return self._fatal
 
     def start(self, wait_s: float | None = None) -> MqttEndpoint:
         """Connect in the background (retrying with backoff); with `wait_s`, block until the
@@ -314,7 +326,7 @@ class MqttEndpoint:
 
     def _decode(self, payload: bytes, topic: str) -> Message:
         message = decode_message(payload, fleet_key=self.options.fleet_key,
-                                 limits=self.options.limits)
+                                 limits=self.options.limits, keyring=self.options.keyring)
         owner = self._topic_owner(topic) if self._topic_owner is not None else None
         if owner is not None and message.sender != owner:
             raise SenderMismatch(f"sender {message.sender!r} does not own {topic}")
@@ -371,13 +383,13 @@ class MqttEndpoint:
         """The signed chunks `send` would publish (a device emulator sizes its link wait
         from them before they go out)."""
         encoded = encode_message(message, codec=codec, compression=compression,
-                                 fleet_key=self.options.fleet_key)
+                                 fleet_key=self.options.fleet_key, signer=self.options.signer)
         count = chunk_count(len(encoded), self.options.chunk_bytes)
         return chunk_message(encoded, run=message.run, sender=message.sender,
                              seq_start=self._seq.reserve(count) if count > 1 else 0,
                              msg_id=f"{message.sender}.{message.seq}",
                              chunk_bytes=self.options.chunk_bytes,
-                             fleet_key=self.options.fleet_key)
+                             fleet_key=self.options.fleet_key, signer=self.options.signer)
 
     def publish_parts(self, topic: str, parts: list[bytes], *, retain: bool = False) -> int:
         """Publish prepared chunks (QoS 1); returns bytes put on the wire."""
@@ -390,8 +402,8 @@ class MqttEndpoint:
 
 
 def presence_payload(run: str, sender: str, state: str, *, fleet_key: bytes | None,
-                     extra: dict[str, Any] | None = None) -> bytes:
+                     extra: dict[str, Any] | None = None, signer: Any = None) -> bytes:
     """A signed PRESENCE envelope, live or precomputed as the last will."""
     msg = Message(MessageType.PRESENCE, run=run, sender=sender, seq=time.time_ns() // 1000,
                   kind="presence", meta={"state": state, **(extra or {})})
-    return encode_message(msg, fleet_key=fleet_key)
+    return encode_message(msg, fleet_key=fleet_key, signer=signer)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 from typing_extensions import Annotated
@@ -34,6 +34,11 @@ class MqttSection(BaseModel):
     tls_insecure: bool = False
     connect_wait_s: Annotated[float, Field(gt=0, le=3600)] = 10.0  # coordinator's first connect
     fleet_key_file: Optional[str] = None  # else $JETSPLIT_FLEET_KEY; none: CRC only, no HMAC
+    # Per-device identity (from `jetsplit provision`): this device's own Ed25519 key, and a
+    # folder of the public keys it trusts (<id>.pub). Messages are then signed and verified
+    # per sender; the shared fleet key gives no per-device identity and cannot be combined.
+    signing_key: Optional[str] = None
+    trusted_keys: Optional[str] = None
     # Largest message accepted, encoded and decoded (chunked messages after reassembly).
     max_message_mib: Annotated[int, Field(ge=1, le=256)] = DEFAULT_MAX_MESSAGE_BYTES >> 20
 
@@ -64,6 +69,24 @@ class MqttSection(BaseModel):
             if value and not Path(value).expanduser().is_file():
                 raise ConfigError(f"mqtt.{name}: {value}: file not found")
         tls = TlsOptions(self.tls_ca, self.tls_cert, self.tls_key, self.tls_insecure)
+        signer, keyring = self.identity()
+        fleet_key = self.fleet_key()
+        if fleet_key and signer is not None:
+            raise ConfigError("mqtt: use either per-device keys (signing_key, trusted_keys) "
+                              "or a shared fleet key, not both")
         return EndpointOptions(protocol=self.protocol, keepalive_s=self.keepalive_s,
-                               chunk_bytes=self.chunk_bytes, fleet_key=self.fleet_key(),
-                               tls=tls, limits=Limits.of_mib(self.max_message_mib))
+                               chunk_bytes=self.chunk_bytes, fleet_key=fleet_key,
+                               tls=tls, limits=Limits.of_mib(self.max_message_mib),
+                               signer=signer, keyring=keyring)
+
+    def identity(self) -> tuple[Any, Any]:
+        """(Signer, KeyRing) for per-device signing, or (None, None) when not configured."""
+        if not self.signing_key and not self.trusted_keys:
+            return None, None
+        if not (self.signing_key and self.trusted_keys):
+            raise ConfigError("mqtt: signing_key and trusted_keys go together (both come from "
+                              "a `jetsplit provision` kit)")
+        from jetsplit.identity import load_keyring, load_signer  # imports cryptography
+
+        key = Path(self.signing_key).expanduser()
+        return load_signer(key, key.stem), load_keyring(self.trusted_keys)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Dict
+from typing import Any, Dict
 
 import numpy as np
 
@@ -17,7 +17,7 @@ from jetsplit.wire.envelope import Limits, Message, MessageType, encode_message
 from jetsplit.wire.errors import OversizedMessage, ReassemblyError
 
 DEFAULT_CHUNK_BYTES = 1024 * 1024
-CHUNK_OVERHEAD = 1024  # prefix + JSON header + trailer of a CHUNK envelope, generously
+CHUNK_OVERHEAD = 1024  # prefix + JSON header + trailer (CRC + signature) of a CHUNK, generously
 
 
 def chunk_count(total_bytes: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> int:
@@ -36,6 +36,7 @@ def chunk_message(
     msg_id: str,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     fleet_key: bytes | None = None,
+    signer: Any = None,
 ) -> list[bytes]:
     """The message itself if it fits in one chunk, else CHUNK envelopes carrying its slices."""
     if chunk_bytes < 4 * CHUNK_OVERHEAD:
@@ -52,7 +53,7 @@ def chunk_message(
                       kind="chunk", meta={"id": msg_id, "index": index, "count": count,
                                           "total": len(encoded), "size": size},
                       tensors={"data": piece})
-        chunks.append(encode_message(msg, codec="fp32", fleet_key=fleet_key))
+        chunks.append(encode_message(msg, codec="fp32", fleet_key=fleet_key, signer=signer))
     return chunks
 
 

@@ -7,6 +7,7 @@ Layout (network byte order)::
     body           tensor payloads back to back, in descriptor order
     trailer  4 B   CRC32 of prefix+header+body        (always)
             32 B   HMAC-SHA256 of the same bytes      (flag SIGNED, with a fleet key)
+         or 64 B   Ed25519 signature of the same bytes (flag ED25519, the sender's own key)
 
 Decoding trusts nothing: lengths are checked against hard limits before anything is
 allocated, the header is parsed against a strict schema, tensors are decoded without
@@ -49,6 +50,8 @@ PREFIX = struct.Struct("!4sBBBBIQ")
 CRC = struct.Struct("!I")
 HMAC_BYTES = 32
 FLAG_SIGNED = 0x01
+FLAG_ED25519 = 0x02
+ED25519_BYTES = 64
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # a Jetson Nano has 4 GB shared with its GPU
 # Identifiers on the wire (run, sender, tensor names): short, and safe in topics and logs.
 WireName = Annotated[str, Field(pattern=r"^[A-Za-z0-9._:/-]{1,128}$")]
@@ -147,8 +150,14 @@ def encode_message(
     compression: str = "none",
     fleet_key: bytes | None = None,
     codec_overrides: dict[str, str] | None = None,
+    signer: Any = None,
 ) -> bytes:
-    """Serialise a message; `codec_overrides` picks a codec per tensor name (labels stay raw)."""
+    """Serialise a message; `codec_overrides` picks a codec per tensor name (labels stay raw).
+
+    `signer` (a `jetsplit.identity.Signer`) signs with the sender's own Ed25519 key;
+    `fleet_key` with the fleet's shared HMAC key; not both."""
+    if signer is not None and fleet_key:
+        raise ValueError("sign with a device key or the fleet key, not both")
     descriptors: list[dict[str, Any]] = []
     payloads: list[bytes | memoryview] = []
     for name, array in msg.tensors.items():
@@ -170,7 +179,7 @@ def encode_message(
     except (TypeError, ValueError) as exc:
         raise MalformedHeader(f"header is not JSON-serialisable: {exc}") from None
     body_len = sum(len(p) for p in payloads)
-    flags = FLAG_SIGNED if fleet_key else 0
+    flags = FLAG_SIGNED if fleet_key else FLAG_ED25519 if signer is not None else 0
     prefix = PREFIX.pack(MAGIC, WIRE_VERSION, int(msg.type), flags, 0, len(header_bytes),
                          body_len)
     parts: list[bytes | memoryview] = [prefix, header_bytes, *payloads]
@@ -183,7 +192,13 @@ def encode_message(
         for part in parts[:-1]:
             mac.update(part)
         parts.append(mac.digest())
-    return b"".join(parts)
+    out = b"".join(parts)
+    if signer is not None:
+        signature = signer.sign(out[:len(out) - CRC.size])
+        if len(signature) != ED25519_BYTES:
+            raise ValueError("an Ed25519 signature has 64 bytes")
+        out += signature
+    return out
 
 
 def peek_type(data: bytes | memoryview) -> MessageType:
@@ -206,19 +221,25 @@ def decode_message(
     *,
     fleet_key: bytes | None = None,
     limits: Limits = Limits(),
+    keyring: Any = None,
 ) -> Message:
-    """Parse and verify one message from untrusted bytes (raises a typed WireError)."""
+    """Parse and verify one message from untrusted bytes (raises a typed WireError).
+
+    With a `keyring` (a `jetsplit.identity.KeyRing`) every message must carry an Ed25519
+    signature that verifies under the key of the sender its header names; the header is
+    parsed (bounded) to learn that name, and verified before any tensor is decoded."""
     view = memoryview(data).cast("B") if not isinstance(data, memoryview) else data.cast("B")
     if len(view) > limits.max_message_bytes:
         raise OversizedMessage(f"message of {len(view)} bytes exceeds {limits.max_message_bytes}")
     mtype = peek_type(view)
     _, _, _, flags, reserved, header_len, body_len = PREFIX.unpack_from(view)
-    if reserved != 0 or flags & ~FLAG_SIGNED:
+    if reserved != 0 or flags & ~(FLAG_SIGNED | FLAG_ED25519) or flags == 3:
         raise MalformedHeader(f"unknown flags {flags:#x}/{reserved:#x}")
     if header_len > limits.max_header_bytes:
         raise OversizedMessage(f"header of {header_len} bytes exceeds {limits.max_header_bytes}")
     signed = bool(flags & FLAG_SIGNED)
-    trailer = CRC.size + (HMAC_BYTES if signed else 0)
+    device_signed = bool(flags & FLAG_ED25519)
+    trailer = CRC.size + (HMAC_BYTES if signed else ED25519_BYTES if device_signed else 0)
     expected = PREFIX.size + header_len + body_len + trailer
     if len(view) != expected:
         cls = TruncatedMessage if len(view) < expected else MalformedHeader
@@ -233,12 +254,18 @@ def decode_message(
         digest = hmac.new(fleet_key, view[:covered], hashlib.sha256).digest()
         if not hmac.compare_digest(digest, bytes(view[covered + CRC.size:])):
             raise BadSignature("HMAC mismatch: wrong fleet key or tampered message")
+    if keyring is not None and not device_signed:
+        raise BadSignature("message without a device signature rejected: this fleet "
+                           "requires one")
     header = _parse_header(view[PREFIX.size:PREFIX.size + header_len], limits)
+    if keyring is not None:
+        keyring.verify(header.sender, view[:covered], view[covered + CRC.size:])
     body = view[PREFIX.size + header_len:covered]
     tensors = _decode_tensors(header.tensors, body, limits)
     return Message(type=mtype, run=header.run, sender=header.sender, seq=header.seq,
                    round=header.round, step=header.step, kind=header.kind, meta=header.meta,
-                   tensors=tensors, ts=header.ts, signed=signed and fleet_key is not None)
+                   tensors=tensors, ts=header.ts,
+                   signed=(signed and fleet_key is not None) or keyring is not None)
 
 
 def _finite(text: str) -> float:

@@ -1,0 +1,121 @@
+"""Per-device message signing: each device signs with its own Ed25519 key, and a receiver
+verifies against the public key provisioned for the sender the message names.
+
+Unlike the shared fleet key (HMAC, one secret on every device, so any holder can speak for
+any agent or the coordinator), a device here can only sign as itself: agents hold only
+their own private key and the coordinator's public key, so only the coordinator's key can
+sign commands. `cryptography` is imported only when a key is loaded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from jetsplit.errors import ConfigError
+from jetsplit.wire.errors import BadSignature
+
+SIGNATURE_BYTES = 64
+PUBLIC_SUFFIX = ".pub"
+
+
+def _crypto() -> Any:  # noqa: ANN401 - the module, imported lazily
+    try:
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import ed25519
+    except ImportError:
+        raise ConfigError("per-device signing needs the cryptography package: "
+                          "pip install cryptography") from None
+    return serialization, ed25519
+
+
+class Signer:
+    """Signs envelopes as one identity (its own private key)."""
+
+    def __init__(self, name: str, private_key: Any) -> None:  # noqa: ANN401
+        self.name, self._key = name, private_key
+
+    def sign(self, data: bytes) -> bytes:
+        return self._key.sign(data)
+
+    def public_pem(self) -> bytes:
+        serialization, _ = _crypto()
+        return self._key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+    @classmethod
+    def generate(cls, name: str) -> Signer:
+        _, ed25519 = _crypto()
+        return cls(name, ed25519.Ed25519PrivateKey.generate())
+
+    def private_pem(self) -> bytes:
+        serialization, _ = _crypto()
+        return self._key.private_bytes(serialization.Encoding.PEM,
+                                       serialization.PrivateFormat.PKCS8,
+                                       serialization.NoEncryption())
+
+
+class KeyRing:
+    """Public keys by sender id; a message verifies only under its own sender's key."""
+
+    def __init__(self, keys: dict[str, Any]) -> None:
+        self._keys = dict(keys)
+
+    def __contains__(self, sender: str) -> bool:
+        return sender in self._keys
+
+    @property
+    def senders(self) -> list[str]:
+        return sorted(self._keys)
+
+    def verify(self, sender: str, data: bytes, signature: bytes) -> None:
+        key = self._keys.get(sender)
+        if key is None:
+            raise BadSignature(f"no provisioned key for sender {sender!r}")
+        from cryptography.exceptions import InvalidSignature
+
+        try:
+            key.verify(bytes(signature), bytes(data))
+        except InvalidSignature:
+            raise BadSignature(f"signature does not verify under {sender}'s key") from None
+
+
+def load_signer(path: str | Path, name: str) -> Signer:
+    """This device's private signing key (PKCS#8 PEM, as `jetsplit provision` writes it)."""
+    serialization, ed25519 = _crypto()
+    path = Path(path).expanduser()
+    try:
+        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    except OSError as exc:
+        raise ConfigError(f"signing key {path}: cannot read: {exc.strerror or exc}") from None
+    except (ValueError, TypeError):
+        raise ConfigError(f"signing key {path}: not a PEM private key") from None
+    if not isinstance(key, ed25519.Ed25519PrivateKey):
+        raise ConfigError(f"signing key {path}: not an Ed25519 key")
+    return Signer(name, key)
+
+
+def load_public_key(path: Path) -> Any:  # noqa: ANN401
+    serialization, ed25519 = _crypto()
+    try:
+        key = serialization.load_pem_public_key(path.read_bytes())
+    except OSError as exc:
+        raise ConfigError(f"public key {path}: cannot read: {exc.strerror or exc}") from None
+    except (ValueError, TypeError):
+        raise ConfigError(f"public key {path}: not a PEM public key") from None
+    if not isinstance(key, ed25519.Ed25519PublicKey):
+        raise ConfigError(f"public key {path}: not an Ed25519 key")
+    return key
+
+
+def load_keyring(folder: str | Path) -> KeyRing:
+    """Every `<sender>.pub` in `folder` (the coordinator: one per agent; an agent: the
+    coordinator's only)."""
+    folder = Path(folder).expanduser()
+    if not folder.is_dir():
+        raise ConfigError(f"trusted keys {folder}: not a folder")
+    keys = {p.name[:-len(PUBLIC_SUFFIX)]: load_public_key(p)
+            for p in sorted(folder.glob(f"*{PUBLIC_SUFFIX}"))}
+    if not keys:
+        raise ConfigError(f"trusted keys {folder}: no *{PUBLIC_SUFFIX} files")
+    return KeyRing(keys)

@@ -1,0 +1,237 @@
+"""Per-device identity: Ed25519-signed envelopes, `jetsplit provision` kits, and a real
+Mosquitto running the provisioned config (mutual TLS, identities from certificates, ACL)."""
+
+from __future__ import annotations
+
+import itertools
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jetsplit.broker_url import BrokerAddress
+from jetsplit.errors import ConfigError
+from jetsplit.identity import load_keyring, load_signer
+from jetsplit.server.brokers import MosquittoProcess
+from jetsplit.server.provision import provision
+from jetsplit.transport.mqtt import MqttEndpoint
+from jetsplit.transport.settings import MqttSection
+from jetsplit.wire import Message, MessageType, decode_message, encode_message
+from jetsplit.wire import errors as wire_errors
+
+_ids = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def kits(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("kits") / "sec"
+    provision("sec", ["a0", "a1", "x9"], out)
+    return out
+
+
+def kit_section(kit: Path, broker: str = "mqtts://localhost:1") -> MqttSection:
+    return MqttSection(broker=broker, tls_ca=str(kit / "ca.crt"),
+                       tls_cert=str(kit / "client.crt"), tls_key=str(kit / "client.key"),
+                       signing_key=str(kit / "signing.key"),
+                       trusted_keys=str(kit / "trusted"))
+
+
+def _msg(sender: str, **kw: object) -> Message:
+    return Message(MessageType.REPLY, run="r", sender=sender, seq=kw.pop("seq", 1),  # type: ignore[arg-type]
+                   kind="status", tensors={"x": np.arange(4, dtype=np.float32)}, **kw)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- signatures, in process
+
+
+def test_each_device_signs_as_itself_only(kits: Path) -> None:
+    a0 = load_signer(kits / "a0" / "signing.key", "a0")
+    coordinator_ring = load_keyring(kits / "coordinator" / "trusted")
+    agent_ring = load_keyring(kits / "a0" / "trusted")
+    assert coordinator_ring.senders == ["a0", "a1", "x9"]
+    assert agent_ring.senders == ["coordinator"]
+
+    good = encode_message(_msg("a0"), signer=a0)
+    msg = decode_message(good, keyring=coordinator_ring)
+    assert msg.signed and msg.sender == "a0"
+    with pytest.raises(wire_errors.BadSignature, match="a1"):  # a0's key, a1's name
+        decode_message(encode_message(_msg("a1"), signer=a0), keyring=coordinator_ring)
+    with pytest.raises(wire_errors.BadSignature, match="coordinator"):  # a0 cannot command
+        decode_message(encode_message(_msg("coordinator"), signer=a0), keyring=agent_ring)
+    with pytest.raises(wire_errors.BadSignature, match="without a device signature"):
+        decode_message(encode_message(_msg("a0")), keyring=coordinator_ring)
+    with pytest.raises(wire_errors.BadSignature, match="without a device signature"):
+        decode_message(encode_message(_msg("a0"), fleet_key=b"k" * 32), keyring=coordinator_ring)
+    tampered = bytearray(good)
+    tampered[-70] ^= 1  # in the body; CRC fixed up so only the signature can notice
+    import zlib
+
+    covered = len(tampered) - 64 - 4
+    tampered[covered:covered + 4] = zlib.crc32(bytes(tampered[:covered])).to_bytes(4, "big")
+    with pytest.raises(wire_errors.BadSignature):
+        decode_message(bytes(tampered), keyring=coordinator_ring)
+
+
+def test_settings_load_a_kit_and_refuse_half_or_mixed_setups(kits: Path, tmp_path: Path) -> None:
+    options = kit_section(kits / "a0").endpoint_options()
+    assert options.signer is not None and options.keyring.senders == ["coordinator"]
+    assert options.authenticated
+    with pytest.raises(ConfigError, match="go together"):
+        MqttSection(signing_key=str(kits / "a0" / "signing.key")).endpoint_options()
+    key = tmp_path / "fleet.key"
+    key.write_text("k" * 32)
+    mixed = kit_section(kits / "a0").model_copy(update={"fleet_key_file": str(key)})
+    with pytest.raises(ConfigError, match="not both"):
+        mixed.endpoint_options()
+    with pytest.raises(ConfigError, match="not a PEM private key"):
+        load_signer(kits / "a0" / "ca.crt", "a0")
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["--agents", "a0,coordinator"], "reserved"),
+    (["--agents", "a0,a0"], "repeat"),
+    (["--agents", "a b"], "agent 'a b'"),
+    (["--agents", "a0", "--broker-host", ","], "at least one host"),
+])
+def test_provision_mistakes_end_in_one_line(tmp_path: Path, args: list[str],
+                                            expected: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "jetsplit.cli", "provision", "--fleet", "f",
+                           "--out", str(tmp_path / "k"), *args],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and expected in lines[0]
+
+
+def test_provision_never_overwrites_keys(kits: Path) -> None:
+    with pytest.raises(ConfigError, match="not empty"):
+        provision("sec", ["a0"], kits)
+    assert (kits / "ca" / "ca.key").stat().st_mode & 0o077 == 0
+    assert (kits / "a0" / "signing.key").stat().st_mode & 0o077 == 0
+    assert "use_identity_as_username true" in (kits / "broker" / "mosquitto.conf").read_text()
+    assert "require_certificate true" in (kits / "broker" / "mosquitto.conf").read_text()
+    assert "peer_cert_as_username = cn" in (kits / "README.md").read_text()
+
+
+# ---------------------------------------------------------------- the provisioned broker
+
+
+@pytest.fixture(scope="module")
+def broker(kits: Path) -> Iterator[MosquittoProcess]:
+    with MosquittoProcess(provisioned=kits / "broker") as process:
+        yield process
+
+
+def _endpoint(kits: Path, who: str, broker: MosquittoProcess,
+              topics: tuple[str, ...] = (), **kw: object) -> MqttEndpoint:
+    options = kit_section(kits / who, f"mqtts://localhost:{broker.port}").endpoint_options()
+    return MqttEndpoint(BrokerAddress("localhost", broker.port, tls=True),
+                        f"{who}-{next(_ids)}", options, subscriptions=topics,
+                        **kw).start(wait_s=15)  # type: ignore[arg-type]
+
+
+def _raw_publish_codes(kits: Path, who: str, port: int, topics: list[str]) -> list[int]:
+    """PUBACK reason codes the broker answers an MQTT 5 client with `who`'s certificate."""
+    import paho.mqtt.client as mqtt
+
+    codes: dict[int, int] = {}
+    done = threading.Event()
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"raw-{next(_ids)}",
+                         protocol=mqtt.MQTTv5)
+    client.tls_set(ca_certs=str(kits / who / "ca.crt"), certfile=str(kits / who / "client.crt"),
+                   keyfile=str(kits / who / "client.key"), cert_reqs=ssl.CERT_REQUIRED)
+
+    def on_publish(c, userdata, mid, reason, properties) -> None:  # noqa: ANN001
+        codes[mid] = reason.value
+        if len(codes) == len(topics):
+            done.set()
+
+    client.on_publish = on_publish
+    client.connect("localhost", port)
+    client.loop_start()
+    try:
+        mids = [client.publish(t, b"forged", qos=1).mid for t in topics]
+        assert done.wait(10)
+    finally:
+        client.loop_stop()
+        client.disconnect()
+    return [codes[m] for m in mids]
+
+
+NOT_AUTHORIZED = 135
+
+
+def test_broker_refuses_publishing_outside_the_acl(kits: Path, broker: MosquittoProcess) -> None:
+    base = "jetsplit/v1/sec"
+    watcher = _endpoint(kits, "coordinator", broker, (f"{base}/up/+", f"{base}/presence/+"))
+    try:
+        codes = _raw_publish_codes(kits, "a0", broker.port, [
+            f"{base}/up/a1", f"{base}/presence/a1", f"{base}/down/all", f"{base}/down/a1",
+            f"{base}/up/a0"])
+        assert codes[:4] == [NOT_AUTHORIZED] * 4
+        assert codes[4] in (0, 16)  # its own topic: accepted (16: no subscriber matched yet)
+        coordinator_codes = _raw_publish_codes(kits, "coordinator", broker.port,
+                                               [f"{base}/up/a0", f"{base}/down/a0"])
+        assert coordinator_codes[0] == NOT_AUTHORIZED and coordinator_codes[1] in (0, 16)
+        time.sleep(0.5)
+        assert watcher.inbox.qsize() == 0 or all(
+            i.topic == f"{base}/up/a0" for i in list(watcher.inbox.queue))
+    finally:
+        watcher.close()
+
+
+def test_signed_messages_cross_the_broker_and_forgeries_are_counted(
+        kits: Path, broker: MosquittoProcess) -> None:
+    from jetsplit.transport import Topics
+
+    topics = Topics("sec")
+    coordinator = _endpoint(kits, "coordinator", broker, (topics.up_any, topics.presence_any),
+                            topic_owner=topics.agent_of)
+    a0 = _endpoint(kits, "a0", broker)
+    try:
+        a0.send(topics.up("a0"), _msg("a0", seq=a0.next_seq()))
+        got = coordinator.inbox.get(timeout=10)
+        assert got.message.sender == "a0" and got.message.signed
+        # a0 signs a message in a1's name, on its own topic: a1's key does not verify it
+        forged = encode_message(_msg("a1", seq=a0.next_seq()),
+                                signer=load_signer(kits / "a0" / "signing.key", "a0"))
+        a0.publish_raw(topics.up("a0"), forged)
+        unsigned = encode_message(_msg("a0", seq=a0.next_seq()))
+        a0.publish_raw(topics.up("a0"), unsigned)
+        again = a0.prepare(_msg("a0", seq=a0.next_seq()))
+        a0.publish_parts(topics.up("a0"), again)
+        a0.publish_parts(topics.up("a0"), again)  # the same signed bytes twice: a replay
+        deadline = time.monotonic() + 10
+        while sum(coordinator.rejected.values()) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert coordinator.rejected["BadSignature"] == 2
+        assert coordinator.rejected["ReplayedMessage"] == 1
+        assert coordinator.inbox.get(timeout=5).message.seq == decode_message(again[0]).seq
+    finally:
+        a0.close()
+        coordinator.close()
+
+
+def test_a_kit_from_another_fleet_is_refused_at_connect_in_one_line(
+        broker: MosquittoProcess, tmp_path: Path) -> None:
+    provision("other", ["a0"], tmp_path / "other")
+    config = tmp_path / "a0.toml"
+    kit = tmp_path / "other" / "a0"
+    config.write_text(
+        f'fleet = "sec"\nagent = "a0"\nstate_dir = "{tmp_path / "state"}"\n'
+        f'[mqtt]\nbroker = "mqtts://localhost:{broker.port}"\ntls_ca = "{kit / "ca.crt"}"\n'
+        f'tls_cert = "{kit / "client.crt"}"\ntls_key = "{kit / "client.key"}"\n'
+        f'signing_key = "{kit / "signing.key"}"\ntrusted_keys = "{kit / "trusted"}"\n'
+        '[data]\ndataset = "digits"\n')
+    done = subprocess.run([sys.executable, "-m", "jetsplit.cli", "agent", "run", "--config",
+                           str(config)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "failed TLS verification" in errors[0], done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
