@@ -26,9 +26,10 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Set, Tuple
+from typing import Any, Optional, Set, Tuple
 
 from jetsplit.compat import removeprefix, removesuffix
+from jetsplit.edge_agent.kit import REPLACED, apply_kit, copy_kit, read_kit
 from jetsplit.errors import JetsplitError
 
 # Fixed paths: systemd/jetsplit-agent.service names the same ones (a test holds them equal).
@@ -36,6 +37,7 @@ VENV = "/opt/jetsplit/venv"
 PROFILES_DIR = "/opt/jetsplit/profiles"
 CONFIG_DIR = "/etc/jetsplit"
 CONFIG = "/etc/jetsplit/agent.toml"
+KIT_DIR = "/etc/jetsplit/kit"
 ENV_FILE = "/etc/jetsplit/agent.env"
 STATE_DIR = "/var/lib/jetsplit"
 UNIT_NAME = "jetsplit-agent.service"
@@ -77,6 +79,7 @@ class Options:
     user: bool = True
     venv: bool = True
     jetson_extra: bool = False
+    kit: Optional[Path] = None  # a `jetsplit provision` startup kit for this device
 
 
 @dataclass
@@ -258,6 +261,9 @@ def plan(opts: Options, host: Host, profile: str | None) -> list[Step]:
     owner = None if fake_root or not (opts.user or host.user_exists) else USER
     agent_text, commented = render_agent_toml(
         (opts.source / "systemd/agent.toml").read_text(), opts, profile, root)
+    if opts.kit is not None:
+        agent_text = apply_kit(agent_text, KIT_DIR)
+        commented = [c for c in commented if c not in REPLACED]
     venv_python = at(VENV) / "bin/python"
 
     if opts.venv:
@@ -289,6 +295,10 @@ def plan(opts: Options, host: Host, profile: str | None) -> list[Step]:
                       f"{'root:' + owner if owner else 'owner unchanged'}, mode 0750)",
                       lambda: _ensure_dir(at(CONFIG_DIR), 0o750, "root" if owner else None,
                                           owner)))
+    if opts.kit is not None:
+        kit = read_kit(opts.kit)
+        steps.append(Step(f"copy the startup kit {opts.kit} to {at(KIT_DIR)} (keys mode 0640)",
+                          lambda: copy_kit(kit, at(KIT_DIR), owner)))
     steps.append(Step(
         f"write {at(CONFIG)} (agent {opts.agent}, fleet {opts.fleet}, broker "
         f"{_safe_url(opts.broker)}, profile {profile or 'none'}; mode 0640)",
@@ -486,7 +496,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="jetsplit agent install",
         description="Install the edge agent as a systemd service on this device (Jetson or "
                     "any Linux): venv, package, user, /etc/jetsplit config, unit. Idempotent.")
-    parser.add_argument("--agent", required=True, help="this device's agent id (unique)")
+    parser.add_argument("--agent", help="this device's agent id (unique; default: the kit's)")
     parser.add_argument("--broker", required=True,
                         help="mqtt[s]://[user:pass@]host:port of the fleet's broker")
     parser.add_argument("--fleet", default="default", help="fleet name (default: default)")
@@ -505,9 +515,26 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"do not create the {USER} user or change its groups")
     parser.add_argument("--no-venv", dest="venv", action="store_false",
                         help=f"leave {VENV} as it is (no venv, no pip)")
+    parser.add_argument("--kit", type=Path, help="startup kit from `jetsplit provision` "
+                        "(mutual TLS + signing key; sets agent id and fleet)")
     parser.add_argument("--jetson", dest="jetson_extra", action="store_true",
                         help="also install the [jetson] extra (jetson-stats, AGPL-3.0)")
     return parser
+
+
+def _kit_identity(args: argparse.Namespace) -> dict[str, Any]:
+    """Agent id and fleet from --kit (flags that disagree with it are an error)."""
+    if args.kit is None:
+        if not args.agent:
+            raise InstallError("the following arguments are required: --agent (see --help)")
+        return {}
+    kit = read_kit(args.kit.resolve())
+    for flag, given, own in (("--agent", args.agent, kit.agent),
+                             ("--fleet", None if args.fleet == "default" else args.fleet,
+                              kit.fleet)):
+        if given is not None and given != own:
+            raise InstallError(f"{flag} {given} disagrees with the kit ({own})")
+    return {"agent": kit.agent, "fleet": kit.fleet, "kit": kit.path}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -516,9 +543,9 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # --help, or a usage error already printed
         return int(exc.code or 0)
-    opts = Options(**{**vars(args), "source": args.source.resolve(),
-                      "root": args.root.resolve()})
     try:
+        opts = Options(**{**vars(args), **_kit_identity(args), "source": args.source.resolve(),
+                          "root": args.root.resolve()})
         return install(opts)
     except JetsplitError as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)

@@ -206,8 +206,10 @@ class MosquittoProcess:
         self._process: subprocess.Popen[bytes] | None = None
         if provisioned is not None:
             self.ca_file = provisioned / "ca.crt"
+            ours = ("persistence ", "log_type ", "max_queued_messages ")
             lines = [f"listener {self.port} {LOOPBACK}" if line.startswith("listener ") else line
-                     for line in (provisioned / "mosquitto.conf").read_text().splitlines()]
+                     for line in (provisioned / "mosquitto.conf").read_text().splitlines()
+                     if not line.startswith(ours)]
             if hasattr(os, "geteuid") and os.geteuid() == 0:
                 lines.append("user root")  # the kit's keys are 0600, owned by us
             self.config.write_text("\n".join([*lines, "persistence false", "log_type error",

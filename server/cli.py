@@ -93,3 +93,6 @@ def run(
                f"in {summary['seconds']:.1f}s, final accuracy "
                f"{'n/a' if accuracy is None else f'{accuracy:.4f}'}; "
                f"metrics and summary in {out_dir}; report: {report}")
+    rejected = sorted(engine.endpoint.rejected.items())
+    if rejected:  # forged, replayed, malformed or flooding messages that were dropped
+        typer.echo("rejected messages: " + ", ".join(f"{k} {n}" for k, n in rejected))

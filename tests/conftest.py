@@ -19,19 +19,30 @@ def mosquitto() -> Iterator[MosquittoProcess]:
         yield broker
 
 
+def kit_lines(kit: Path) -> str:
+    """The `[mqtt]` lines that point a config at a startup kit."""
+    return "".join(f'{name} = "{kit / file}"\n' for name, file in (
+        ("tls_ca", "ca.crt"), ("tls_cert", "client.crt"), ("tls_key", "client.key"),
+        ("signing_key", "signing.key"), ("trusted_keys", "trusted")))
+
+
 class AgentFleet:
     """Agent daemons as real processes (`jetsplit agent run`), one config file each:
     clients a0…, and with `edges` also data-less edge agents e0… (role `edge`)."""
 
     def __init__(self, root: Path, broker_url: str, fleet: str, count: int, *,
                  dataset: str = "digits", threads: int = 1, fleet_key_file: Path | None = None,
-                 edges: int = 0) -> None:
+                 edges: int = 0, kits: Path | None = None) -> None:
+        """`kits`: a `jetsplit provision` output; each agent uses its own kit (mTLS +
+        signing key)."""
         self.root, self.broker_url, self.fleet = root, broker_url, fleet
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.configs: dict[str, Path] = {}
         for i in range(count):
             agent = f"a{i}"
             key = f'fleet_key_file = "{fleet_key_file}"\n' if fleet_key_file else ""
+            if kits is not None:
+                key += kit_lines(kits / agent)
             path = root / f"{agent}.toml"
             path.write_text(
                 f'fleet = "{fleet}"\nagent = "{agent}"\nstate_dir = "{root / "state"}"\n'

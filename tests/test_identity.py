@@ -235,3 +235,33 @@ def test_a_kit_from_another_fleet_is_refused_at_connect_in_one_line(
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "failed TLS verification" in errors[0], done.stderr[-2000:]
     assert "Traceback" not in done.stderr
+
+
+def test_agent_install_with_a_kit_points_the_config_at_it(kits: Path, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]
+                                                          ) -> None:
+    from jetsplit.cli import main as cli
+    from jetsplit.edge_agent import install as inst
+    from jetsplit.edge_agent.config import load_agent_config
+
+    flags = ["agent", "install", "--kit", str(kits / "a1"), "--broker", "mqtts://broker:8883",
+             "--root", str(tmp_path), "--no-enable", "--no-user", "--no-venv"]
+    assert cli(flags) == 0, capsys.readouterr().err
+    cfg = load_agent_config(tmp_path / inst.CONFIG.lstrip("/"))
+    assert (cfg.agent, cfg.fleet) == ("a1", "sec")
+    installed = tmp_path / inst.KIT_DIR.lstrip("/")
+    assert cfg.mqtt.signing_key == f"{inst.KIT_DIR}/signing.key"
+    assert cfg.mqtt.trusted_keys == f"{inst.KIT_DIR}/trusted" and cfg.mqtt.fleet_key_file is None
+    assert (installed / "signing.key").read_bytes() == (kits / "a1" / "signing.key").read_bytes()
+    assert (installed / "signing.key").stat().st_mode & 0o777 == 0o640
+    assert (installed / "trusted" / "coordinator.pub").is_file()
+    # the installed files load (paths re-rooted under the fake root)
+    rooted = cfg.mqtt.model_copy(update={k: str(tmp_path) + getattr(cfg.mqtt, k) for k in (
+        "tls_ca", "tls_cert", "tls_key", "signing_key", "trusted_keys")})
+    assert rooted.endpoint_options().keyring.senders == ["coordinator"]
+    capsys.readouterr()
+    assert cli([*flags, "--agent", "a0"]) == 2
+    assert capsys.readouterr().err == "error: --agent a0 disagrees with the kit (a1)\n"
+    assert cli(["agent", "install", "--kit", str(kits / "coordinator"), "--broker",
+                "mqtt://h", "--root", str(tmp_path)]) == 2
+    assert "coordinator's kit" in capsys.readouterr().err

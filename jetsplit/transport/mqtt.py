@@ -346,7 +346,12 @@ class MqttEndpoint:
             self._chunk_bytes[key] = self._chunk_bytes.get(key, 0) + size
             while len(self._chunk_bytes) > 4 * self._reassembler.max_in_flight:
                 self._chunk_bytes.popitem(last=False)
+            evicted = self._reassembler.evicted
             whole = self._reassembler.feed(message)
+            if self._reassembler.evicted > evicted:  # the sender went over its own budget
+                self.rejected["ReassemblyEvicted"] += self._reassembler.evicted - evicted
+                log.warning("dropped an unfinished chunked message from %s: over its budget",
+                            message.sender)
             if whole is None:
                 return
             size = self._chunk_bytes.pop(key, size)
