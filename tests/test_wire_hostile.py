@@ -24,6 +24,9 @@ from jetsplit.wire import (
 from jetsplit.wire import errors as wire_errors
 from jetsplit.wire.envelope import DEFAULT_MAX_MESSAGE_BYTES
 
+# torch-free device side: `.ci/run` also runs this on Python 3.9
+pytestmark = pytest.mark.device_pure
+
 # Peak Python-heap growth allowed while fuzzing: every fuzz frame is under 64 KB, so no
 # frame may make the decoder hold more than a few MiB (the limit itself is 64 MiB).
 FUZZ_PEAK_BYTES = 16 * 1024 * 1024
