@@ -61,9 +61,15 @@ def main() -> int:
     parser.add_argument("--python", default=sys.executable)
     args = parser.parse_args()
     if args.frames:
-        for label, key in (("unsigned", None), ("fleet-key HMAC", fuzz.FUZZ_KEY)):
+        from jetsplit.identity import KeyRing, Signer
+
+        signer = Signer.generate("s")  # the seed messages' sender
+        modes = (("unsigned", None, None), ("fleet-key HMAC", fuzz.FUZZ_KEY, None),
+                 ("device key Ed25519", signer, KeyRing({"s": signer.public_key()})))
+        for label, key, keyring in modes:
             start = time.perf_counter()
-            counts = fuzz.run(args.frames, args.seed, key=key, count_untyped=True)
+            counts = fuzz.run(args.frames, args.seed, key=key, keyring=keyring,
+                              count_untyped=True)
             elapsed = time.perf_counter() - start
             untyped = sum(n for k, n in counts.items() if k.startswith("untyped:"))
             accepted = counts.get("accepted", 0)

@@ -38,6 +38,9 @@ class Signer:
     def sign(self, data: bytes) -> bytes:
         return self._key.sign(data)
 
+    def public_key(self) -> Any:  # noqa: ANN401 - an Ed25519PublicKey
+        return self._key.public_key()
+
     def public_pem(self) -> bytes:
         serialization, _ = _crypto()
         return self._key.public_key().public_bytes(

@@ -20,7 +20,7 @@ from jetsplit.errors import ConfigError
 from jetsplit.identity import load_keyring, load_signer
 from jetsplit.server.brokers import MosquittoProcess
 from jetsplit.server.provision import provision
-from jetsplit.transport.mqtt import MqttEndpoint
+from jetsplit.transport.mqtt import EndpointOptions, MqttEndpoint
 from jetsplit.transport.settings import MqttSection
 from jetsplit.wire import Message, MessageType, decode_message, encode_message
 from jetsplit.wire import errors as wire_errors
@@ -48,6 +48,21 @@ def _msg(sender: str, **kw: object) -> Message:
 
 
 # ---------------------------------------------------------------- signatures, in process
+
+
+def test_a_thousand_fuzzed_device_signed_frames_raise_only_typed_errors() -> None:
+    """The wire fuzzer (tests/test_wire_hostile.py) with per-device signatures: mutated
+    frames are re-signed, so the header and codec checks behind the signature get fuzzed."""
+    from jetsplit.identity import KeyRing, Signer
+    from jetsplit.wire import fuzz
+
+    signer = Signer.generate("s")
+    counts = fuzz.run(1_000, 11, key=signer, keyring=KeyRing({"s": signer.public_key()}))
+    assert 1_000 - counts.get("accepted", 0) > 850
+    assert {"MalformedHeader", "CodecError", "OversizedMessage"} <= set(counts)
+    other = Signer.generate("s")  # the right name, the wrong key: nothing gets through
+    counts = fuzz.run(200, 12, key=signer, keyring=KeyRing({"s": other.public_key()}))
+    assert "accepted" not in counts and counts.get("BadSignature", 0) > 50
 
 
 def test_each_device_signs_as_itself_only(kits: Path) -> None:
@@ -265,3 +280,28 @@ def test_agent_install_with_a_kit_points_the_config_at_it(kits: Path, tmp_path: 
     assert cli(["agent", "install", "--kit", str(kits / "coordinator"), "--broker",
                 "mqtt://h", "--root", str(tmp_path)]) == 2
     assert "coordinator's kit" in capsys.readouterr().err
+
+
+def test_a_forged_sender_cannot_poison_another_senders_replay_window(
+        mosquitto: MosquittoProcess) -> None:
+    """The shared-key attack: a key holder signs as a0 with seq 2^62 on up/a1. The topic
+    owner check runs before the replay window, so a0's genuine messages still pass."""
+    from jetsplit.transport import Topics
+
+    key = b"shared-fleet-key-0123456789"
+    topics = Topics("poison")
+    options = EndpointOptions(fleet_key=key)
+    coordinator = MqttEndpoint(mosquitto.address, f"c-{next(_ids)}", options,
+                               subscriptions=(topics.up_any,),
+                               topic_owner=topics.agent_of).start(wait_s=10)
+    a1 = MqttEndpoint(mosquitto.address, f"a1-{next(_ids)}", options).start(wait_s=10)
+    try:
+        a1.publish_raw(topics.up("a1"), encode_message(_msg("a0", seq=2**62), fleet_key=key))
+        a1.send(topics.up("a0"), _msg("a0", seq=a1.next_seq()))  # stands in for genuine a0
+        got = coordinator.inbox.get(timeout=10)
+        assert got.message.sender == "a0" and got.topic == topics.up("a0")
+        assert coordinator.rejected["SenderMismatch"] == 1
+        assert "ReplayedMessage" not in coordinator.rejected
+    finally:
+        a1.close()
+        coordinator.close()

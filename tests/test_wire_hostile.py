@@ -190,3 +190,16 @@ def test_a_sender_over_its_byte_budget_evicts_only_its_own_messages() -> None:
     assert results[-1] is not None
     with pytest.raises(wire_errors.OversizedMessage, match="budget"):
         reassembler.feed(_chunks("a0", "big", 200_000)[0])
+
+
+def test_presence_must_be_fresh_and_never_older_than_the_last_one() -> None:
+    from jetsplit.wire import PresenceGuard
+
+    guard = PresenceGuard(max_age_s=3600, max_skew_s=60)
+    now = 1_000_000.0
+    guard.check("a0", 5, now - 10, now=now)
+    guard.check("a0", 5, now - 10, now=now)  # the same retained message again: fine
+    for seq, ts in ((6, now - 365 * 86400), (7, now + 3600), (8, math.nan), (4, now - 20)):
+        with pytest.raises(wire_errors.StalePresence):
+            guard.check("a0", seq, ts, now=now)
+    guard.check("a0", 9, now, now=now)

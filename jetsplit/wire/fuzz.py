@@ -2,7 +2,8 @@
 
 Used by the test suite (a fast and a slow run) and by `benchmarks/fuzz_wire.py`, which also
 measures peak memory. Nothing here runs on a device; it builds hostile frames on purpose.
-Frames are rebuilt with correct lengths, CRC and (when a key is given) HMAC, so mutated
+Frames are rebuilt with correct lengths, CRC and (when a key is given) the fleet HMAC or the
+sender's Ed25519 signature (`key` a `jetsplit.identity.Signer`), so mutated
 headers reach the header parser, the size checks and the codecs instead of stopping at the
 checksum.
 """
@@ -23,6 +24,7 @@ from jetsplit.wire.chunking import Reassembler
 from jetsplit.wire.codecs import CODECS, COMPRESSIONS
 from jetsplit.wire.envelope import (
     CRC,
+    FLAG_ED25519,
     FLAG_SIGNED,
     MAGIC,
     PREFIX,
@@ -41,16 +43,20 @@ _ODD = [None, True, "x", "Infinity", "NaN", [], {}, 1.5, -0.0, 1e308]
 
 
 def frame(mtype: int, header: dict[str, Any], body: bytes = b"", *,
-          key: bytes | None = None, raw_header: bytes | None = None) -> bytes:
+          key: Any = None, raw_header: bytes | None = None) -> bytes:
     """An envelope with consistent lengths, CRC and HMAC around any header and body."""
     head = raw_header if raw_header is not None else json.dumps(
         header, separators=(",", ":")).encode()
-    prefix = PREFIX.pack(MAGIC, WIRE_VERSION, mtype, FLAG_SIGNED if key else 0, 0, len(head),
+    hmac_key = key if isinstance(key, bytes) else None
+    flags = FLAG_SIGNED if hmac_key else FLAG_ED25519 if key is not None else 0
+    prefix = PREFIX.pack(MAGIC, WIRE_VERSION, mtype, flags, 0, len(head),
                          len(body))
     covered = prefix + head + body
     out = covered + CRC.pack(zlib.crc32(covered))
-    if key:
-        out += hmac.new(key, covered, hashlib.sha256).digest()
+    if hmac_key:
+        out += hmac.new(hmac_key, covered, hashlib.sha256).digest()
+    elif key is not None:
+        out += key.sign(covered)
     return out
 
 
@@ -100,7 +106,12 @@ def bombs() -> dict[str, bytes]:
     }
 
 
-def seeds(key: bytes | None = None) -> list[bytes]:
+def _signing(key: Any) -> dict[str, Any]:
+    """encode_message's arguments for a fleet key (bytes) or a device Signer."""
+    return {"fleet_key": key} if isinstance(key, bytes) or key is None else {"signer": key}
+
+
+def seeds(key: Any = None) -> list[bytes]:
     """Valid messages of every codec and compression, plus a chunk and a signed ACK."""
     rng = np.random.default_rng(0)
     out = []
@@ -111,14 +122,14 @@ def seeds(key: bytes | None = None) -> list[bytes]:
                           tensors={"act": rng.standard_normal((2, 3, 4, 4)).astype(np.float32),
                                    "labels": np.arange(2)})
             out.append(encode_message(msg, codec=codec, compression=compression,
-                                      fleet_key=key))
+                                      **_signing(key)))
     piece = np.frombuffer(bytes(range(200)), dtype=np.uint8)
     out.append(encode_message(Message(MessageType.CHUNK, run="r", sender="s", seq=9,
                                       kind="chunk", meta={"id": "m", "index": 1, "count": 3,
                                                           "total": 500, "size": 200},
-                                      tensors={"data": piece}), fleet_key=key))
+                                      tensors={"data": piece}), **_signing(key)))
     out.append(encode_message(Message(MessageType.ACK, run="r", sender="s", seq=1),
-                              fleet_key=key))
+                              **_signing(key)))
     return out
 
 
@@ -156,7 +167,7 @@ def _mutate_value(value: Any, rng: random.Random) -> Any:
 
 
 def _mutate_header(mtype: int, header: dict[str, Any], body: bytes, rng: random.Random,
-                   key: bytes | None) -> bytes:
+                   key: Any) -> bytes:
     """Change one header field (shapes, dtypes, codecs, params, lengths, meta, ts, seq) and
     re-frame it, so the decoder's schema, size checks and codecs see the lie."""
     header = json.loads(json.dumps(header))
@@ -199,7 +210,7 @@ def _mutate_header(mtype: int, header: dict[str, Any], body: bytes, rng: random.
     return frame(mtype, {}, body, key=key, raw_header=head)
 
 
-def frames(count: int, seed: int = 1234, key: bytes | None = None) -> Iterator[bytes]:
+def frames(count: int, seed: int = 1234, key: Any = None) -> Iterator[bytes]:
     """`count` hostile frames: random bytes, byte-level and header-level mutations."""
     rng = random.Random(seed)
     valid = seeds(key)
@@ -215,7 +226,7 @@ def frames(count: int, seed: int = 1234, key: bytes | None = None) -> Iterator[b
             yield _mutate_header(mtype, header, body, rng, key)
 
 
-def run(count: int, seed: int = 1234, *, key: bytes | None = None,
+def run(count: int, seed: int = 1234, *, key: Any = None, keyring: Any = None,
         limits: Limits = Limits(), decode: Callable[[bytes], Any] | None = None,
         count_untyped: bool = False) -> dict[str, int]:
     """Decode `count` hostile frames (chunks also go through a Reassembler); returns counts
@@ -225,7 +236,8 @@ def run(count: int, seed: int = 1234, *, key: bytes | None = None,
         reassembler = Reassembler(limits)
 
         def decode(data: bytes) -> Any:
-            message = decode_message(data, fleet_key=key, limits=limits)
+            message = decode_message(data, fleet_key=key if isinstance(key, bytes) else None,
+                                     limits=limits, keyring=keyring)
             if message.type == MessageType.CHUNK:
                 reassembler.feed(message)
             return message
