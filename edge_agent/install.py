@@ -8,7 +8,9 @@ in-process where that code imports, else with the new venv's Python.
 
 On a Jetson the venv is made with `--system-site-packages` so NVIDIA's torch wheel (the only
 CUDA torch for aarch64) is reused, and pip is held to that torch by a constraint: it can
-never replace it with a CPU wheel from PyPI.
+never replace it with a CPU wheel from PyPI; numpy is held to what that torch was built
+against, and an onnxruntime-gpu already there is kept (CPU onnxruntime only where none is).
+Which Python and wheel folder each JetPack needs lives in edge_agent/jetpack.py.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any, Optional, Set, Tuple
 
 from jetsplit.compat import removeprefix, removesuffix
+from jetsplit.edge_agent import jetpack
 from jetsplit.edge_agent.kit import REPLACED, apply_kit, copy_kit, read_kit
 from jetsplit.errors import JetsplitError
 
@@ -44,17 +47,6 @@ UNIT_NAME = "jetsplit-agent.service"
 UNIT = f"/etc/systemd/system/{UNIT_NAME}"
 USER = "jetsplit"
 PROFILES_ENV = "JETSPLIT_PROFILES_DIR"
-MIN_PYTHON = (3, 10)
-
-# L4T major.minor → NVIDIA's PyTorch wheel folder for that JetPack (Python of that JetPack).
-TORCH_WHEELS = {
-    (36, 4): "https://developer.download.nvidia.com/compute/redist/jp/v61/pytorch/",
-    (36, 3): "https://developer.download.nvidia.com/compute/redist/jp/v60/pytorch/",
-    (36, 2): "https://developer.download.nvidia.com/compute/redist/jp/v60/pytorch/",
-    (35, 4): "https://developer.download.nvidia.com/compute/redist/jp/v512/pytorch/",
-    (32, 7): "https://developer.download.nvidia.com/compute/redist/jp/v461/pytorch/",
-}
-JETPACK = {32: "JetPack 4", 34: "JetPack 5", 35: "JetPack 5", 36: "JetPack 6"}
 # Device-tree model text → bundled profile; first match wins (so "orin nano" before "nano").
 MODEL_PROFILES = (("agx orin", "agx-orin-64gb"), ("orin nx", "orin-nx-16gb"),
                   ("orin nano", "orin-nano-8gb"), ("xavier nx", "xavier-nx-8gb"),
@@ -95,6 +87,8 @@ class Host:
     euid: int
     groups: Set[str] = field(default_factory=set)  # of video, jtop: those that exist
     user_exists: bool = False
+    numpy: Optional[str] = None  # numpy version that interpreter sees
+    onnxruntime: Optional[str] = None  # "onnxruntime-gpu 1.17.0" (or CPU onnxruntime), if any
 
     @property
     def jetson(self) -> bool:
@@ -116,14 +110,13 @@ def detect_host(root: Path) -> Host:
         l4t = (int(match.group(1)), int(match.group(2))) if match else (0, 0)
     model = _read(root / "proc/device-tree/model")
     python = getattr(sys, "_base_executable", None) or sys.executable
-    probe = subprocess.run(
-        [python, "-c", "import importlib.metadata as m, sys\n"
-         "try: print(m.version('torch'))\nexcept m.PackageNotFoundError: pass\n"
-         "print('%d.%d' % sys.version_info[:2], file=sys.stderr)"],
-        capture_output=True, text=True, timeout=60)
+    probe = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=60)
     if probe.returncode != 0 or not probe.stderr.strip():
         raise InstallError(f"{python} does not run: {probe.stderr.strip()[-200:]}")
     major, minor = (int(p) for p in probe.stderr.strip().splitlines()[-1].split("."))
+    found = dict(line.split("=", 1) for line in probe.stdout.splitlines() if "=" in line)
+    ort = next((f"{name} {found[name]}" for name in ("onnxruntime-gpu", "onnxruntime")
+                if found.get(name)), None)
     groups = set()
     for name in ("video", "jtop"):
         try:
@@ -138,8 +131,25 @@ def detect_host(root: Path) -> Host:
         user_exists = False
     return Host(l4t=l4t, l4t_text=release.splitlines()[0].lstrip("# ")[:80] if release else None,
                 model=model.strip("\x00 \n") if model else None, python=python,
-                python_version=(major, minor), torch=probe.stdout.strip() or None,
-                euid=os.geteuid(), groups=groups, user_exists=user_exists)
+                python_version=(major, minor), torch=found.get("torch") or None,
+                euid=os.geteuid(), groups=groups, user_exists=user_exists,
+                numpy=found.get("numpy") or None, onnxruntime=ort)
+
+
+# Runs in the interpreter the venv is made from, which may be too old for this module (a
+# Nano's 3.6): its version goes first, on stderr, so preflight can say what it needs.
+_PROBE = """import sys
+print('%d.%d' % sys.version_info[:2], file=sys.stderr)
+try:
+    import importlib.metadata as m
+except ImportError:
+    sys.exit(0)
+for name in ('torch', 'numpy', 'onnxruntime-gpu', 'onnxruntime'):
+    try:
+        print(name + '=' + m.version(name))
+    except m.PackageNotFoundError:
+        pass
+"""
 
 
 def preflight(opts: Options, host: Host) -> str | None:
@@ -153,12 +163,11 @@ def preflight(opts: Options, host: Host) -> str | None:
         if not (opts.source / name).is_file():
             raise InstallError(f"--source {opts.source}: not a jetsplit checkout ({name} "
                                "missing); pass the directory that holds pyproject.toml")
-    if opts.venv and host.python_version < MIN_PYTHON:
-        raise InstallError(f"jetsplit needs Python >= {'.'.join(map(str, MIN_PYTHON))} "
-                           f"(JetPack 6 ships 3.10); {host.python} is "
-                           f"{'.'.join(map(str, host.python_version))}")
-    if opts.venv and host.jetson and host.torch is None:
-        raise InstallError(_torch_hint(host))
+    problem = jetpack.python_problem(host.l4t, host.python_version, host.torch)
+    if opts.venv and problem:
+        raise InstallError(f"{host.python}: {problem}")
+    if opts.venv and host.l4t is not None and host.torch is None:
+        raise InstallError(jetpack.torch_hint(host.l4t, host.python, host.python_version))
     profile = opts.profile or guess_profile(host.model)
     if profile and "/" not in profile and not (opts.source / "profiles" /
                                                f"{removesuffix(profile, '.toml')}.toml").is_file():
@@ -171,20 +180,6 @@ def preflight(opts: Options, host: Host) -> str | None:
 def guess_profile(model: str | None) -> str | None:
     text = (model or "").lower()
     return next((name for key, name in MODEL_PROFILES if key in text), None)
-
-
-def _torch_hint(host: Host) -> str:
-    major, minor = host.l4t or (0, 0)
-    url = TORCH_WHEELS.get((major, minor)) or next(
-        (u for (ma, _), u in sorted(TORCH_WHEELS.items(), reverse=True) if ma == major), None)
-    where = f"L4T R{major}.{minor} ({JETPACK.get(major, 'JetPack ?')})"
-    if url is None:
-        return (f"torch is missing on this Jetson ({where}): install NVIDIA's PyTorch wheel "
-                f"for your JetPack into {host.python} first (see NVIDIA's 'Installing PyTorch "
-                "for Jetson Platform'), then re-run; never `pip install torch` from PyPI here")
-    return (f"torch is missing on this Jetson ({where}): install NVIDIA's wheel from {url} into "
-            f"{host.python} first (sudo {host.python} -m pip install <that .whl>), then "
-            "re-run; a PyPI torch would be CPU-only")
 
 
 # --------------------------------------------------------------------------------- rendering
@@ -276,9 +271,19 @@ def plan(opts: Options, host: Host, profile: str | None) -> list[Step]:
                 lambda: _run([host.python, "-m", "venv", "--system-site-packages",
                               str(at(VENV))])))
         extras = "agent,jetson" if opts.jetson_extra else "agent"
-        pin = f", torch held at {host.torch}" if host.torch else ""
-        steps.append(Step(f"pip install {opts.source}[{extras}] into the venv{pin}",
-                          lambda: _pip_install(venv_python, opts.source, extras, host.torch)))
+        pins = constraints(host)
+        held = f", held to {', '.join(pins)}" if pins else ""
+        steps.append(Step(f"pip install {opts.source}[{extras}] into the venv{held}",
+                          lambda: _pip_install(venv_python, [f"{opts.source}[{extras}]"],
+                                               pins)))
+        if host.onnxruntime:
+            steps.append(Step(f"keep {host.onnxruntime} (PyPI's CPU onnxruntime is never "
+                              "installed over it)", lambda: _ensure_onnxruntime(venv_python,
+                                                                                pins)))
+        else:
+            steps.append(Step("pip install onnxruntime (CPU) into the venv unless an "
+                              "onnxruntime or onnxruntime-gpu is importable there",
+                              lambda: _ensure_onnxruntime(venv_python, pins)))
     steps.append(Step(f"copy the device profiles to {at(PROFILES_DIR)}",
                       lambda: _copy_profiles(opts.source / "profiles", at(PROFILES_DIR))))
     if opts.user and not fake_root:
@@ -338,16 +343,33 @@ def _check_venv(venv: Path) -> str:
     return "kept"
 
 
-def _pip_install(python: Path, source: Path, extras: str, torch: str | None) -> str:
+def constraints(host: Host) -> list[str]:
+    """What pip may not change: NVIDIA's CUDA torch (never swapped for a PyPI CPU wheel) and
+    the numpy that torch was built against."""
+    pins = [f"torch=={host.torch}"] if host.torch else []
+    numpy = jetpack.numpy_constraint(host.torch, host.numpy)
+    return pins + ([numpy] if numpy else [])
+
+
+def _pip_install(python: Path, requirements: list[str], pins: list[str]) -> str:
     with tempfile.TemporaryDirectory(prefix="jetsplit-install-") as tmp:
-        command = [str(python), "-m", "pip", "install", "--upgrade",
-                   f"{source}[{extras}]"]
-        if torch:  # never let pip swap NVIDIA's CUDA torch for a CPU wheel
-            constraints = Path(tmp) / "constraints.txt"
-            constraints.write_text(f"torch=={torch}\n")
-            command += ["--constraint", str(constraints)]
+        command = [str(python), "-m", "pip", "install", "--upgrade", *requirements]
+        if pins:
+            path = Path(tmp) / "constraints.txt"
+            path.write_text("".join(f"{pin}\n" for pin in pins))
+            command += ["--constraint", str(path)]
         _run(command)
     return "installed"
+
+
+def _ensure_onnxruntime(python: Path, pins: list[str]) -> str:
+    """CPU onnxruntime only where no onnxruntime (NVIDIA's onnxruntime-gpu included, which
+    imports under the same name) is importable from the venv."""
+    found = subprocess.run([str(python), "-c", "import onnxruntime as o; print(o.__version__)"],
+                           capture_output=True, text=True, timeout=300)
+    if found.returncode == 0:
+        return f"kept onnxruntime {found.stdout.strip()}"
+    return _pip_install(python, ["onnxruntime"], pins)
 
 
 def _copy_profiles(source: Path, target: Path) -> str:
@@ -459,8 +481,8 @@ def install(opts: Options, host: Host | None = None, echo: Callable[[str], None]
             check_config_text(text, "(from the install flags)")
         except JetsplitError as exc:
             raise InstallError(str(exc)) from None
-    where = (f"Jetson {host.model or ''} L4T R{host.l4t[0]}.{host.l4t[1]} "
-             f"({JETPACK.get(host.l4t[0], 'JetPack ?')})" if host.l4t else "not a Jetson")
+    where = (f"Jetson {host.model or ''} {jetpack.describe(host.l4t)}" if host.l4t
+             else "not a Jetson")
     echo(f"jetsplit agent install: {where.strip()}; torch "
          f"{host.torch or 'absent (pip will install it)'}"
          + (f"; profile {profile}" + ("" if opts.profile else " (guessed from the model)")

@@ -39,7 +39,8 @@ def test_dry_run_lists_every_step_and_changes_nothing(capsys: pytest.CaptureFixt
     assert cli(["agent", "install", *FLAGS, "--dry-run"]) == 0
     out = capsys.readouterr().out
     steps = [line for line in out.splitlines() if line.startswith("[")]
-    expected = ["venv /opt/jetsplit/venv", "pip install", "profiles to /opt/jetsplit/profiles",
+    expected = ["venv /opt/jetsplit/venv", "pip install", "onnxruntime",
+                "profiles to /opt/jetsplit/profiles",
                 "user jetsplit", "/var/lib/jetsplit", "create /etc/jetsplit ",
                 "/etc/jetsplit/agent.toml (agent orin-07, fleet lab", "/etc/jetsplit/agent.env",
                 "check /etc/jetsplit/agent.toml", "jetsplit-agent.service into "
@@ -59,14 +60,29 @@ def test_dry_run_on_a_jetson_holds_nvidias_torch(capsys: pytest.CaptureFixture[s
     out = capsys.readouterr().out
     assert "L4T R36.4 (JetPack 6)" in out and "profile orin-nano-8gb (guessed" in out
     assert "--system-site-packages" in out and "reuses NVIDIA's torch 2.4.0a0" in out
-    assert "[agent,jetson] into the venv, torch held at 2.4.0a0+3bcc3cddb5.nv24.07" in out
+    assert "[agent,jetson] into the venv, held to torch==2.4.0a0+3bcc3cddb5.nv24.07\n" in out
+    assert "pip install onnxruntime (CPU) into the venv unless an onnxruntime or " \
+           "onnxruntime-gpu is importable there" in out
     assert "groups video,jtop" in out
 
 
 @pytest.mark.parametrize("host, opts, message", [
     (_host(l4t=(36, 4)), _opts(), "compute/redist/jp/v61/pytorch/"),
     (_host(l4t=(36, 3)), _opts(), "compute/redist/jp/v60/pytorch/"),
-    (_host(python_version=(3, 8)), _opts(), "needs Python >= 3.10"),
+    (_host(python_version=(3, 7)), _opts(), "the agent needs Python >= 3.8"),
+    (_host(l4t=(32, 7), python_version=(3, 6)), _opts(),
+     "Jetson Nano: Ubuntu 18.04, Python 3.6) cannot run the agent, which needs Python >= 3.8 "
+     "and torch >= 1.13: put an Ubuntu 20.04 image with Python 3.8 and a torch 1.13"),
+    (_host(l4t=(32, 7), python_version=(3, 8)), _opts(), "NVIDIA has no torch >= 1.13 for "
+     "JetPack 4; install a torch 1.13 built for Python 3.8"),
+    (_host(l4t=(35, 4), python_version=(3, 8)), _opts(), "L4T R35.4 (JetPack 5)): install "
+     "NVIDIA's wheel from https://developer.download.nvidia.com/compute/redist/jp/v512/"),
+    (_host(l4t=(35, 6), python_version=(3, 8)), _opts(), "compute/redist/jp/v512/pytorch/"),
+    (_host(l4t=(35, 4), python_version=(3, 10)), _opts(), "wheels for JetPack 5 are built for "
+     "Python 3.8, this is 3.10; re-run with PYTHON=/usr/bin/python3.8"),
+    (_host(l4t=(35, 1), python_version=(3, 8), torch="1.12.0a0+2c916ef.nv22.3"), _opts(),
+     "torch 1.12.0a0+2c916ef.nv22.3 is older than the agent needs (1.13); install NVIDIA's "
+     "newer wheel from https://developer.download.nvidia.com/compute/redist/jp/v502/"),
     (_host(euid=1000), _opts(), "needs root: run it with sudo"),
     (_host(), _opts(profile="jetson-tx9"), "--profile jetson-tx9: no such bundled profile"),
     (_host(), _opts(source=ROOT / "tests"), "not a jetsplit checkout"),
@@ -171,3 +187,128 @@ def test_unit_matches_installer_paths_and_field_notes_hardening() -> None:
     assert "PrivateDevices" not in lines  # would hide the GPU's device nodes
     template = (ROOT / "systemd" / "agent.toml").read_text()
     assert f'state_dir = "{inst.STATE_DIR}"' in template
+
+
+def test_dry_run_on_jetpack_5_keeps_onnxruntime_gpu_and_numpy_1(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    host = _host(l4t=(35, 4), model="NVIDIA Jetson Xavier NX Developer Kit",
+                 python_version=(3, 8), torch="2.0.0+nv23.05", numpy="1.17.4",
+                 onnxruntime="onnxruntime-gpu 1.16.0")
+    assert inst.install(_opts(dry_run=True), host) == 0
+    out = capsys.readouterr().out
+    assert "L4T R35.4 (JetPack 5)" in out and "profile xavier-nx-8gb (guessed" in out
+    assert "[agent] into the venv, held to torch==2.0.0+nv23.05, numpy<2\n" in out
+    assert "would keep onnxruntime-gpu 1.16.0 (PyPI's CPU onnxruntime is never installed" in out
+    assert "pip install onnxruntime" not in out
+
+
+@pytest.mark.parametrize("torch, numpy, pin", [
+    ("2.0.0+nv23.05", None, "numpy<2"),  # built against numpy 1.x
+    ("2.1.0", "2.0.2", "numpy<2"),
+    ("2.5.0a0+872d972e41.nv24.08", "1.26.4", "numpy<2"),  # keep the system's 1.x
+    ("2.5.0", "2.1.3", None),
+    (None, None, None),
+    ("1.13.0", "1.24.4", "numpy<2"),
+])
+def test_numpy_is_held_to_what_torch_was_built_against(torch: str | None, numpy: str | None,
+                                                       pin: str | None) -> None:
+    from jetsplit.edge_agent import jetpack
+
+    assert jetpack.numpy_constraint(torch, numpy) == pin
+    pins = inst.constraints(_host(torch=torch, numpy=numpy))
+    assert pins == [p for p in (f"torch=={torch}" if torch else None, pin) if p]
+
+
+@pytest.mark.parametrize("release, model, l4t, profile, python", [
+    ("# R35 (release), REVISION: 4.1, GCID: 33958178, BOARD: t186ref, EABI: aarch64, "
+     "DATE: Tue Aug  1 19:57:35 UTC 2023\n", "NVIDIA Jetson Xavier NX Developer Kit\x00",
+     (35, 4), "xavier-nx-8gb", (3, 8)),
+    ("# R36 (release), REVISION: 4.3, GCID: 38968081, BOARD: generic, EABI: aarch64, "
+     "DATE: Wed Jan  8 01:49:37 UTC 2025\n", "NVIDIA Jetson AGX Orin Developer Kit\x00",
+     (36, 4), "agx-orin-64gb", (3, 10)),
+    ("# R32 (release), REVISION: 7.1, GCID: 29818004, BOARD: t210ref, EABI: aarch64, "
+     "DATE: Sat Feb 19 17:05:08 UTC 2022\n", "NVIDIA Jetson Nano Developer Kit\x00",
+     (32, 7), "jetson-nano-4gb", (3, 6)),
+])
+def test_release_files_in_a_fake_root_pick_the_jetpack(
+        tmp_path: Path, release: str, model: str, l4t: tuple[int, int], profile: str,
+        python: tuple[int, int]) -> None:
+    from jetsplit.edge_agent import jetpack
+
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc/nv_tegra_release").write_text(release)
+    (tmp_path / "proc/device-tree").mkdir(parents=True)
+    (tmp_path / "proc/device-tree/model").write_text(model)
+    host = inst.detect_host(tmp_path)
+    assert host.l4t == l4t and inst.guess_profile(host.model) == profile
+    found = jetpack.release(host.l4t)
+    assert found is not None and found.python == python
+    assert (jetpack.torch_wheels(l4t) is None) == (l4t[0] == 32)
+
+
+def test_onnxruntime_already_importable_is_kept() -> None:
+    """The real check, with this venv's interpreter (it has onnxruntime): no pip runs."""
+    import onnxruntime
+
+    assert inst._ensure_onnxruntime(Path(sys.executable), ["torch==9.9"]) == \
+        f"kept onnxruntime {onnxruntime.__version__}"
+
+
+def test_onnxruntime_is_installed_only_where_none_imports(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """An interpreter without onnxruntime gets PyPI's, under the same constraints (the pip
+    command is captured here instead of run)."""
+    bare = tmp_path / "python"
+    bare.write_text(f"#!/bin/sh\nexec {sys.executable} -I -S \"$@\"\n")  # no site-packages
+    bare.chmod(0o755)
+    ran: list[tuple[list[str], str]] = []
+
+    def fake_run(command: list[str]) -> None:
+        constraint = command[command.index("--constraint") + 1]
+        ran.append((command, Path(constraint).read_text()))
+
+    monkeypatch.setattr(inst, "_run", fake_run)
+    assert inst._ensure_onnxruntime(bare, ["torch==2.0.0+nv23.05", "numpy<2"]) == "installed"
+    [(command, constraints)] = ran
+    assert command[1:6] == ["-m", "pip", "install", "--upgrade", "onnxruntime"]
+    assert constraints == "torch==2.0.0+nv23.05\nnumpy<2\n"
+
+
+def test_agent_extra_never_pulls_cpu_onnxruntime_and_floors_fit_jetpack_5() -> None:
+    from jetsplit.config_io import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    agent = project["optional-dependencies"]["agent"]
+    assert not [r for r in agent if r.split(">")[0].split("=")[0].split(";")[0].strip()
+                in ("onnxruntime", "onnxruntime-gpu")]
+    assert project["requires-python"] == ">=3.8"
+    assert "torch>=1.13,<3" in project["dependencies"]
+
+
+def test_shell_script_says_what_a_nano_needs_and_refuses_old_pythons(tmp_path: Path) -> None:
+    from jetsplit.edge_agent import jetpack
+
+    script = ROOT / "scripts" / "install-agent.sh"
+    assert f'echo "error: {jetpack.NANO_LINE}"' in script.read_text()
+    old = tmp_path / "python3.6"
+    old.write_text("#!/bin/sh\nexit 1\n")  # fails the version check, like a 3.6 would
+    old.chmod(0o755)
+    done = subprocess.run(["bash", str(script), "--agent", "a1", "--broker", "mqtt://h"],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHON": str(old)})
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert done.stderr.startswith("error: ") and "Python >= 3.8" in done.stderr
+
+
+def test_shell_script_runs_from_a_checkout_with_nothing_installed(tmp_path: Path) -> None:
+    """A fresh device: an interpreter that has no jetsplit (no site-packages at all)."""
+    bare = tmp_path / "python3"
+    bare.write_text(f"#!/bin/sh\nexec {sys.executable} -I -S \"$@\"\n")
+    bare.chmod(0o755)
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "install-agent.sh"), "--agent", "a1",
+                           "--broker", "mqtt://h", "--root", str(tmp_path / "root"),
+                           "--dry-run", "--no-user", "--no-venv"],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHON": str(bare)}, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "would write" in done.stdout and not (tmp_path / "root").exists()

@@ -1,0 +1,127 @@
+"""What each JetPack release gives the agent: its Python, NVIDIA's PyTorch wheel folder, and
+what pip must leave alone (NVIDIA's torch, onnxruntime-gpu, the numpy torch was built with).
+
+Standard library only: the installer runs this from a checkout before anything is installed.
+The agent needs Python >= 3.8 and torch >= 1.13: JetPack 5 (Python 3.8) and JetPack 6
+(Python 3.10) qualify; JetPack 4 (the Nano's last release: Ubuntu 18.04, Python 3.6) does
+not, so a Nano needs an Ubuntu 20.04 image with Python 3.8 and a torch 1.13 built for it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
+
+MIN_PYTHON = (3, 8)
+MIN_TORCH = (1, 13)
+_REDIST = "https://developer.download.nvidia.com/compute/redist/jp"
+
+
+@dataclass(frozen=True)
+class JetPack:
+    name: str  # "JetPack 5"
+    ubuntu: str
+    python: Tuple[int, int]  # the Python NVIDIA's torch wheels for it are built for
+
+
+# L4T major → release. R34/R35 are JetPack 5 (Xavier NX, AGX Xavier, Orin on JP5).
+RELEASES: Dict[int, JetPack] = {
+    32: JetPack("JetPack 4", "18.04", (3, 6)),
+    34: JetPack("JetPack 5", "20.04", (3, 8)),
+    35: JetPack("JetPack 5", "20.04", (3, 8)),
+    36: JetPack("JetPack 6", "22.04", (3, 10)),
+}
+
+# L4T (major, minor) → NVIDIA's PyTorch wheel folder for that JetPack; a minor that is not
+# listed takes the newest folder of its major (5.1.3/5.1.4 use 5.1.2's wheels).
+TORCH_WHEELS: Dict[Tuple[int, int], str] = {
+    (36, 4): f"{_REDIST}/v61/pytorch/",
+    (36, 3): f"{_REDIST}/v60/pytorch/",
+    (36, 2): f"{_REDIST}/v60/pytorch/",
+    (35, 4): f"{_REDIST}/v512/pytorch/",
+    (35, 3): f"{_REDIST}/v511/pytorch/",
+    (35, 2): f"{_REDIST}/v51/pytorch/",
+    (35, 1): f"{_REDIST}/v502/pytorch/",
+    (34, 1): f"{_REDIST}/v50/pytorch/",
+}
+
+NANO_LINE = ("JetPack 4 (Jetson Nano: Ubuntu 18.04, Python 3.6) cannot run the agent, which "
+             "needs Python >= 3.8 and torch >= 1.13: put an Ubuntu 20.04 image with Python 3.8 "
+             "and a torch 1.13 built for it on the Nano, then re-run with PYTHON=python3.8")
+
+
+def release(l4t: Optional[Tuple[int, int]]) -> Optional[JetPack]:
+    return RELEASES.get(l4t[0]) if l4t else None
+
+
+def describe(l4t: Tuple[int, int]) -> str:
+    """"L4T R35.4 (JetPack 5)"."""
+    found = release(l4t)
+    return f"L4T R{l4t[0]}.{l4t[1]} ({found.name if found else 'JetPack ?'})"
+
+
+def torch_wheels(l4t: Tuple[int, int]) -> Optional[str]:
+    """NVIDIA's wheel folder for this L4T release (None where NVIDIA has none we know)."""
+    if l4t in TORCH_WHEELS:
+        return TORCH_WHEELS[l4t]
+    same_major = sorted(k for k in TORCH_WHEELS if k[0] == l4t[0])
+    return TORCH_WHEELS[same_major[-1]] if same_major else None
+
+
+def version_tuple(text: Optional[str]) -> Optional[Tuple[int, int]]:
+    """(major, minor) of "2.4.0a0+3bcc3cddb5.nv24.07", "1.13.0", "1.24.4"; None if absent."""
+    match = re.match(r"\s*(\d+)\.(\d+)", text or "")
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def numpy_constraint(torch: Optional[str], numpy: Optional[str]) -> Optional[str]:
+    """The numpy pin that keeps the system torch loadable: torch < 2.3 was built against
+    numpy 1.x (numpy 2 breaks its C API), and a system numpy 1.x is what NVIDIA's wheel
+    was built with; None where pip may choose freely."""
+    torch_v, numpy_v = version_tuple(torch), version_tuple(numpy)
+    if (torch_v is not None and torch_v < (2, 3)) or (numpy_v is not None and numpy_v[0] < 2):
+        return "numpy<2"
+    return None
+
+
+def python_problem(l4t: Optional[Tuple[int, int]], python: Tuple[int, int],
+                   torch: Optional[str]) -> Optional[str]:
+    """One line when this interpreter cannot run the agent here, else None."""
+    found = release(l4t)
+    if python < MIN_PYTHON:
+        if found is not None and found.name == "JetPack 4":
+            return NANO_LINE
+        return (f"the agent needs Python >= {MIN_PYTHON[0]}.{MIN_PYTHON[1]} (JetPack 5 ships "
+                f"3.8, JetPack 6 3.10); this is {python[0]}.{python[1]}")
+    torch_v = version_tuple(torch)
+    if torch_v is not None and torch_v < MIN_TORCH:
+        where = torch_wheels(l4t) if l4t else None
+        return (f"torch {torch} is older than the agent needs ({MIN_TORCH[0]}.{MIN_TORCH[1]}"
+                + (f"); install NVIDIA's newer wheel from {where}" if where else
+                   "); install torch >= 1.13 first"))
+    return None
+
+
+def torch_hint(l4t: Tuple[int, int], python_path: str, python: Tuple[int, int]) -> str:
+    """What to do when a Jetson's interpreter has no torch: NVIDIA's wheel, for the Python
+    that JetPack ships (a PyPI torch would be CPU-only)."""
+    found, url = release(l4t), torch_wheels(l4t)
+    where = describe(l4t)
+    if found is not None and found.name == "JetPack 4":
+        return (f"torch is missing on this Jetson ({where}): NVIDIA has no torch >= 1.13 for "
+                f"JetPack 4; install a torch 1.13 built for Python {python[0]}.{python[1]} "
+                f"into {python_path} first, then re-run")
+    if found is not None and python != found.python:
+        want = f"{found.python[0]}.{found.python[1]}"
+        return (f"torch is missing on this Jetson ({where}): NVIDIA's wheels for "
+                f"{found.name} are built for Python {want}, this is {python[0]}.{python[1]}; "
+                f"re-run with PYTHON=/usr/bin/python{want} after installing the wheel from "
+                f"{url or 'NVIDIA'} into it")
+    if url is None:
+        return (f"torch is missing on this Jetson ({where}): install NVIDIA's PyTorch wheel "
+                f"for your JetPack into {python_path} first (see NVIDIA's 'Installing PyTorch "
+                "for Jetson Platform'), then re-run; never `pip install torch` from PyPI here")
+    return (f"torch is missing on this Jetson ({where}): install NVIDIA's wheel from {url} "
+            f"into {python_path} first (sudo {python_path} -m pip install <that .whl>), then "
+            "re-run; a PyPI torch would be CPU-only")
