@@ -114,14 +114,15 @@ def test_settings_load_a_kit_and_refuse_half_or_mixed_setups(kits: Path, tmp_pat
     (["--agents", "a b"], "agent 'a b'"),
     (["--agents", "a0", "--broker-host", ","], "at least one host"),
 ])
-def test_provision_mistakes_end_in_one_line(tmp_path: Path, args: list[str],
-                                            expected: str) -> None:
-    done = subprocess.run([sys.executable, "-m", "jetsplit.cli", "provision", "--fleet", "f",
-                           "--out", str(tmp_path / "k"), *args],
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode != 0
-    lines = done.stderr.strip().splitlines()
+def test_provision_mistakes_end_in_one_line(tmp_path: Path, args: list[str], expected: str,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    from jetsplit.cli import main as cli
+
+    code = cli(["provision", "--fleet", "f", "--out", str(tmp_path / "k"), *args])
+    assert code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and expected in lines[0]
+    assert not (tmp_path / "k").exists()
 
 
 def test_provision_never_overwrites_keys(kits: Path) -> None:
