@@ -18,9 +18,18 @@ if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -m pip --version >/dev/nu
   .venv/bin/python -m pip install --quiet --target "$SITE" --python-version 3.9 \
     --only-binary=:all: pip
 fi
-"$VENV/bin/python" -m pip install --quiet "pydantic>=2.5" "typing_extensions>=4.6" \
-  "tomli>=2.0" "typer>=0.12" "rich>=13" "numpy>=1.24" "paho-mqtt>=2.0,<3" "lz4>=4" \
-  "zstandard>=0.22" "psutil>=5.9" "pytest>=8" "pytest-timeout>=2.2" "hypothesis>=6.90"
+# What a device installs (the base dependencies and the agent extra), torch left out, plus
+# the test tools: read from pyproject.toml so the two cannot drift.
+mapfile -t DEPS < <(.venv/bin/python - <<'PY'
+import tomllib
+project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+for dep in project["dependencies"] + project["optional-dependencies"]["agent"]:
+    if not dep.startswith("torch"):
+        print(dep)
+PY
+)
+"$VENV/bin/python" -m pip install --quiet "${DEPS[@]}" "pytest>=8" "pytest-timeout>=2.2" \
+  "hypothesis>=6.90"
 "$VENV/bin/python" -m pip install --quiet --no-deps -e .
 if "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   echo "error: $VENV has torch; the device_pure tests must run without it" >&2

@@ -346,9 +346,7 @@ def _check_venv(venv: Path) -> str:
 def constraints(host: Host) -> list[str]:
     """What pip may not change: NVIDIA's CUDA torch (never swapped for a PyPI CPU wheel) and
     the numpy that torch was built against."""
-    pins = [f"torch=={host.torch}"] if host.torch else []
-    numpy = jetpack.numpy_constraint(host.torch, host.numpy)
-    return pins + ([numpy] if numpy else [])
+    return jetpack.pins(host.torch, host.numpy)
 
 
 def _pip_install(python: Path, requirements: list[str], pins: list[str]) -> str:

@@ -10,8 +10,9 @@ not, so a Nano needs an Ubuntu 20.04 image with Python 3.8 and a torch 1.13 buil
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 MIN_PYTHON = (3, 8)
 MIN_TORCH = (1, 13)
@@ -85,6 +86,24 @@ def numpy_constraint(torch: Optional[str], numpy: Optional[str]) -> Optional[str
     return None
 
 
+def pins(torch: Optional[str], numpy: Optional[str]) -> List[str]:
+    """pip constraints that keep what the system's torch needs: NVIDIA's CUDA torch itself
+    (never swapped for a PyPI CPU wheel) and the numpy it was built against."""
+    held = [f"torch=={torch}"] if torch else []
+    pin = numpy_constraint(torch, numpy)
+    return held + ([pin] if pin else [])
+
+
+def installed(name: str) -> Optional[str]:
+    """Version of a distribution this interpreter sees, None where absent."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def python_problem(l4t: Optional[Tuple[int, int]], python: Tuple[int, int],
                    torch: Optional[str]) -> Optional[str]:
     """One line when this interpreter cannot run the agent here, else None."""
@@ -125,3 +144,18 @@ def torch_hint(l4t: Tuple[int, int], python_path: str, python: Tuple[int, int]) 
     return (f"torch is missing on this Jetson ({where}): install NVIDIA's wheel from {url} "
             f"into {python_path} first (sudo {python_path} -m pip install <that .whl>), then "
             "re-run; a PyPI torch would be CPU-only")
+
+
+def main(argv: List[str]) -> int:
+    """`python3 edge_agent/jetpack.py constraints`: the pins for this interpreter, one per
+    line (Dockerfile.jetson feeds them to pip; runs from a checkout, nothing installed)."""
+    if argv != ["constraints"]:
+        print("usage: jetpack.py constraints", file=sys.stderr)
+        return 2
+    for line in pins(installed("torch"), installed("numpy")):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -312,3 +312,32 @@ def test_shell_script_runs_from_a_checkout_with_nothing_installed(tmp_path: Path
                           env={**os.environ, "PYTHON": str(bare)}, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "would write" in done.stdout and not (tmp_path / "root").exists()
+
+
+def test_constraints_command_runs_from_a_bare_checkout(tmp_path: Path) -> None:
+    """Dockerfile.jetson runs `python3 edge_agent/jetpack.py constraints` before anything is
+    installed: it must print the installer's own pins for that interpreter."""
+    from jetsplit.edge_agent import jetpack
+
+    script = str(ROOT / "edge_agent" / "jetpack.py")
+    done = subprocess.run([sys.executable, script, "constraints"], capture_output=True,
+                          text=True, timeout=60, check=True)
+    expected = jetpack.pins(jetpack.installed("torch"), jetpack.installed("numpy"))
+    assert expected and done.stdout.splitlines() == expected
+    bare = subprocess.run([sys.executable, "-I", "-S", script, "constraints"],
+                          capture_output=True, text=True, timeout=60, check=True)
+    assert bare.stdout == ""  # no torch, no numpy: pip may choose
+    assert subprocess.run([sys.executable, script], capture_output=True,
+                          timeout=60).returncode == 2
+
+
+def test_dockerfile_jetson_builds_on_l4t_pytorch_from_what_exists() -> None:
+    text = (ROOT / "Dockerfile.jetson").read_text()
+    base = next(line.split("=", 1)[1] for line in text.splitlines()
+                if line.startswith("ARG BASE="))
+    assert base.startswith("nvcr.io/nvidia/l4t-pytorch:r35") and "FROM ${BASE}" in text
+    sources = [line.split()[1] for line in text.splitlines() if line.startswith("COPY ")]
+    assert sources and all((ROOT / s).exists() for s in sources), sources
+    assert "python3 edge_agent/jetpack.py constraints" in text
+    assert text.count("--constraint /tmp/constraints.txt") == 2
+    assert 'python3 -c "import onnxruntime"' in text  # CPU onnxruntime only as a fallback
