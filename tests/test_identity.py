@@ -250,6 +250,7 @@ def test_a_kit_from_another_fleet_is_refused_at_connect_in_one_line(
     assert done.returncode == 2
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "failed TLS verification" in errors[0], done.stderr[-2000:]
+    assert f"not signed by {kit / 'ca.crt'}" in errors[0]
     assert "Traceback" not in done.stderr
 
 

@@ -52,6 +52,7 @@ log = logging.getLogger("jetsplit.transport")
 Protocol = Literal["auto", "5", "3.1.1"]
 _UNSUPPORTED_PROTOCOL = 132  # CONNACK reason code (3.1.1's return code 1 maps to it in paho)
 _CLOSED_BEFORE_CONNACK = -1  # some 3.1.1 brokers (amqtt) drop an MQTT 5 CONNECT silently
+_HOSTNAME_MISMATCH = 62  # X509_V_ERR_HOSTNAME_MISMATCH
 _AUTH_FAILURES = {134: "bad user name or password", 135: "not authorized"}
 
 
@@ -230,6 +231,13 @@ class MqttEndpoint:
         client.on_socket_open = _disable_nagle  # every new socket, reconnects and TLS included
         return client
 
+    def _trust_hint(self, exc: ssl.SSLCertVerificationError) -> str:
+        """Where the name is right but the issuer is not ours: say which CA was expected."""
+        ca = (self.options.tls or TlsOptions()).ca_file
+        if ca is None or exc.verify_code == _HOSTNAME_MISMATCH:
+            return ""
+        return f" (its certificate is not signed by {ca}: a kit or CA from another fleet?)"
+
     def _connect_until_up(self) -> None:
         """First connection: try MQTT 5 then 3.1.1 (auto), back off while unreachable.
         Later reconnects are paho's own (same client, same session)."""
@@ -252,7 +260,7 @@ class MqttEndpoint:
                                        keepalive=self.options.keepalive_s)
                 except ssl.SSLCertVerificationError as exc:  # wrong CA or name: retrying won't help
                     self._fatal = (f"broker {self.address.url()} failed TLS verification: "
-                                   f"{exc.verify_message or exc.reason}")
+                                   f"{exc.verify_message or exc.reason}{self._trust_hint(exc)}")
                     return
                 except (OSError, ssl.SSLError) as exc:
                     log.info("broker %s not reachable (%s); retrying in %.1fs",
