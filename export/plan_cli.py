@@ -23,7 +23,7 @@ def plan(
     model: Annotated[str, typer.Option("--model", help="Zoo model id, e.g. resnet18.")],
     profile: Annotated[list[str], typer.Option(
         "--profile", help="Device profile (path or bundled name); repeat for a fleet.")],
-    algorithm: Annotated[str, typer.Option("--algorithm", help=_ALGO_HELP)] = "splitfed-v1",
+    algorithm: Annotated[str, typer.Option("--algorithm", help=_ALGO_HELP)] = "scala",
     batch: Annotated[int, typer.Option("--batch", help="Batch size per device.")] = 32,
     local_steps: Annotated[int, typer.Option(
         "--local-steps", help="T: iterations per round (Ampere: per epoch).")] = 10,

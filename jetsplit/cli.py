@@ -14,6 +14,8 @@ import typer
 from jetsplit import __version__
 from jetsplit.errors import JetsplitError
 
+HELP = {"help_option_names": ["-h", "--help"]}
+
 
 def _version(value: bool) -> None:
     if value:
@@ -63,6 +65,7 @@ def build_app(device: bool = False) -> typer.Typer:
         no_args_is_help=True,
         pretty_exceptions_enable=False,
         add_completion=False,
+        context_settings=HELP,  # inherited by every sub-command: -h works everywhere
     )
     app.callback()(_root)
     from jetsplit.edge_agent.cli import app as agent_app

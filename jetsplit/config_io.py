@@ -77,6 +77,15 @@ def _describe(err: Mapping[str, Any], errors: list[Any],
     return f"{msg} (got {value!r})"
 
 
+def field_problem(exc: ValidationError,
+                  model: type[BaseModel] | None = None) -> tuple[tuple[Any, ...], str]:
+    """The most telling error of a validation: its field path and the problem in words (CLI
+    commands put the flag name in front of it)."""
+    errors = exc.errors(include_url=False)
+    first = min(errors, key=lambda e: e.get("type") != "extra_forbidden")
+    return tuple(first["loc"]), _describe(first, errors, model)
+
+
 def validation_message(what: str, source: str, exc: ValidationError,
                        model: type[BaseModel] | None = None) -> str:
     """`<what> <source>: <dotted.field>: <problem>` for the most telling of the errors."""

@@ -14,6 +14,9 @@ def broker(
     host: str = typer.Option(LOOPBACK, help="Bind address (loopback unless you mean it)."),
 ) -> None:
     """Run an embedded amqtt broker until interrupted; prints its URL for --broker."""
+    from jetsplit.server.preflight import check_port
+
+    check_port(port, "--port")  # before amqtt, which would print its own traceback
     with EmbeddedBroker(port or None, host) as running:
         typer.echo(f"broker listening: --broker {running.address.url()}  (Ctrl-C stops it)")
         try:

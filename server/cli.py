@@ -31,25 +31,69 @@ def run(
     resume: Annotated[Path | None, typer.Option(
         "--resume", help="Continue the run in DIR from its last checkpoint (same config).")
     ] = None,
+    auto_resume: Annotated[bool, typer.Option(
+        "--auto-resume", help="Continue OUT/RUN from its checkpoint when it has one, else "
+        "start it (for a service restarted after a crash; needs --run or `run`).")] = False,
+    algorithm: Annotated[str | None, typer.Option(
+        "--algorithm", help="Overrides train.algorithm.")] = None,
+    rounds: Annotated[int | None, typer.Option("--rounds", help="Overrides train.rounds.")
+                      ] = None,
+    local_steps: Annotated[int | None, typer.Option(
+        "--local-steps", help="Overrides train.local_steps.")] = None,
+    batch: Annotated[int | None, typer.Option("--batch", help="Overrides train.batch.")
+                     ] = None,
+    lr: Annotated[float | None, typer.Option("--lr", help="Overrides train.lr.")] = None,
+    fraction: Annotated[float | None, typer.Option(
+        "--fraction", help="Overrides train.fraction.")] = None,
+    deadline_s: Annotated[float | None, typer.Option(
+        "--deadline-s", help="Overrides train.deadline_s.")] = None,
+    codec: Annotated[str | None, typer.Option("--codec", help="Overrides train.codec.")
+                     ] = None,
+    compression: Annotated[str | None, typer.Option(
+        "--compression", help="Overrides train.compression.")] = None,
 ) -> None:
     """Wait for the fleet, ship the bundle, train, write metrics, summary and weights."""
     from jetsplit.config_io import model_from_dict
     from jetsplit.data import load_dataset_split
     from jetsplit.errors import ConfigError
-    from jetsplit.server.config import ServerConfig, load_server_config
+    from jetsplit.server.config import ServerConfig, TrainSection, load_server_config
     from jetsplit.server.coordinator import prepare_bundle
     from jetsplit.server.fleet_books import FleetBooks
     from jetsplit.server.mqtt_engine import MqttEngine
+    from jetsplit.server.preflight import (
+        check_data_options,
+        check_port,
+        check_split,
+        validate_options,
+    )
     from jetsplit.server.prometheus import round_callback
     from jetsplit.server.training import run_training
 
+    check_port(metrics_port, "--metrics-port")
+    if resume is not None and auto_resume:
+        raise ConfigError("--resume and --auto-resume: give one of them")
     cfg = load_server_config(config)
     data = cfg.model_dump()
     overrides = {"fleet": fleet, "agents": agents, "out": out, "run": run_id}
     data.update({k: v for k, v in overrides.items() if v is not None})
+    train = {"algorithm": algorithm, "rounds": rounds, "local_steps": local_steps,
+             "batch": batch, "lr": lr, "fraction": fraction, "deadline_s": deadline_s,
+             "codec": codec, "compression": compression}
+    train = {k: v for k, v in train.items() if v is not None}
+    if train:
+        data["train"] = validate_options(TrainSection, {**data["train"], **train}, {}
+                                         ).model_dump()
     if broker:
         data["mqtt"]["broker"] = broker
     cfg = model_from_dict(ServerConfig, data, "server config", str(config))
+    check_data_options(cfg.data.dataset)
+    if auto_resume:
+        if cfg.run is None:
+            raise ConfigError("--auto-resume needs a fixed run name (--run NAME or `run`)")
+        candidate = Path(cfg.out) / cfg.run
+        if (candidate / "checkpoint" / "state.json").is_file():
+            resume = candidate
+            typer.echo(f"resuming {candidate} from its checkpoint")
     logging.basicConfig(level=cfg.log_level.upper(),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     run_name = cfg.run or time.strftime("run-%Y%m%d-%H%M%S", time.gmtime())
@@ -59,6 +103,10 @@ def run(
     out_dir.mkdir(parents=True, exist_ok=True)
     if resume is None:
         shutil.copyfile(config, out_dir / "config.toml")  # what this run used, for its report
+    _, test = load_dataset_split(cfg.data.dataset, cfg.data.test_fraction, cfg.data.seed)
+    if cfg.model.bundle is None:
+        check_split(cfg.model.name, tuple(cfg.model.input_shape), cfg.model.classes,
+                    cfg.model.split, flag="model.split")
     engine = MqttEngine(cfg.mqtt.address(), cfg.fleet, run_id=run_name,
                         options=cfg.mqtt.endpoint_options()).start(cfg.mqtt.connect_wait_s)
     exporter = None
@@ -72,7 +120,6 @@ def run(
         if len(online) < cfg.agents:
             raise ConfigError(f"only {len(online)} of {cfg.agents} agents registered within "
                               f"{cfg.wait_s:.0f}s ({', '.join(online) or 'none'})")
-        _, test = load_dataset_split(cfg.data.dataset, cfg.data.test_fraction, cfg.data.seed)
         with tempfile.TemporaryDirectory(prefix="jetsplit-server-") as tmp:
             archive = (out_dir / "checkpoint" / "bundle.tar.gz" if resume is not None
                        else prepare_bundle(cfg, Path(tmp)))

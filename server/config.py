@@ -30,11 +30,11 @@ class ModelSection(BaseModel):
 class TrainSection(BaseModel):
     """How to train (names as in DESIGN.md: T local iterations, fraction r, total batch B)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     algorithm: Literal["fedavg", "splitfed-v1", "splitfed-v2", "psl", "scala", "ca-sfl",
                        "lla-sfl", "gapsl", "ampere", "ampere-noconsolidation", "sherl"
-                       ] = "psl"
+                       ] = "scala"
     rounds: Annotated[int, Field(ge=1, le=100_000)] = 10
     local_steps: Annotated[int, Field(ge=1, le=1_000_000)] = 10
     batch: Annotated[int, Field(ge=1, le=1 << 20)] = 64  # B over all selected agents

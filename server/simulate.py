@@ -136,14 +136,15 @@ def simulate_command(
     split: Annotated[int, typer.Option("--split", help="Layers on the device.")] = 2,
     dataset: Annotated[str, typer.Option(
         "--dataset", help="mnist | digits | npz:PATH | cifar10:DIR | folder:DIR")] = "mnist",
-    clients: Annotated[int, typer.Option("--clients", help="Simulated agents K.")] = 10,
+    clients: Annotated[int, typer.Option("--agents", "--clients", help="Simulated agents K."
+                                         )] = 4,
     fraction: Annotated[float, typer.Option("--fraction", help="Share selected per round.")
                         ] = 1.0,
-    rounds: Annotated[int, typer.Option("--rounds", help="Training rounds.")] = 5,
+    rounds: Annotated[int, typer.Option("--rounds", help="Training rounds.")] = 10,
     local_steps: Annotated[int, typer.Option("--local-steps", help="T iterations per round.")
                            ] = 10,
     partition: Annotated[str, typer.Option(
-        "--partition", help="iid | quantity:A | dirichlet:B | ampere:A")] = "iid",
+        "--partition", help="iid | quantity:A | dirichlet:B | ampere:A")] = "dirichlet:0.5",
     batch: Annotated[int, typer.Option("--batch", help="B per iteration, split ∝ |D_k|.")
                      ] = 64,
     lr: Annotated[float, typer.Option("--lr", help="SGD learning rate.")] = 0.01,

@@ -32,6 +32,13 @@ import typer
 
 from jetsplit.edge_agent.emulation import EmulationSection
 from jetsplit.errors import ConfigError, JetsplitError
+from jetsplit.server.preflight import (
+    check_data_options,
+    check_port,
+    check_split,
+    validate_options,
+    wait_for_fleet,
+)
 from jetsplit.server.simulate import agent_name, edge_name, sherl_topology
 
 log = logging.getLogger("jetsplit.trial")
@@ -153,33 +160,26 @@ def plan_split(spec: TrialSpec, input_shape: tuple[int, int, int], classes: int,
 # --------------------------------------------------------------------------- agents
 
 
-def _toml(value: Any) -> str:
-    return json.dumps(value)  # strings, numbers, booleans: JSON spelling is valid TOML
-
-
 def agent_config(spec: TrialSpec, agent: str, broker_url: str, state_dir: Path,
                  emulation: EmulationSection) -> str:
     """agent.toml for a trial agent: client aN keeps shard N of the dataset; edge eN has
     no data; each emulates its device."""
+    import tomli_w
+
     protocol = "3.1.1" if spec.broker is None else "auto"  # amqtt speaks 3.1.1 only
     edge = agent.startswith("e")
     index = int(agent[1:])
-    lines = [
-        f"fleet = {_toml('trial')}", f"agent = {_toml(agent)}",
-        f"role = {_toml('edge' if edge else 'client')}",
-        f"profile = {_toml(emulation.profile)}", f"state_dir = {_toml(str(state_dir))}",
-        'device = "cpu"', "threads = 1", f"seed = {spec.seed + index}", 'log_level = "info"',
-        "", "[mqtt]", f"broker = {_toml(broker_url)}", f"protocol = {_toml(protocol)}",
-        "", "[data]", f"dataset = {_toml(spec.dataset)}",
-        f"partition = {_toml(spec.partition)}", f"clients = {spec.agents}",
-        f"index = {0 if edge else index}", f"seed = {spec.seed}",
-        f"test_fraction = {spec.test_fraction}",
-        "", "[emulation]",
-    ]
-    for key, value in emulation.model_dump().items():
-        if value is not None:
-            lines.append(f"{key} = {_toml(value)}")
-    return "\n".join(lines) + "\n"
+    doc: dict[str, Any] = {
+        "fleet": "trial", "agent": agent, "role": "edge" if edge else "client",
+        "profile": emulation.profile, "state_dir": str(state_dir), "device": "cpu",
+        "threads": 1, "seed": spec.seed + index, "log_level": "info",
+        "mqtt": {"broker": broker_url, "protocol": protocol},
+        "data": {"dataset": spec.dataset, "partition": spec.partition,
+                 "clients": spec.agents, "index": 0 if edge else index, "seed": spec.seed,
+                 "test_fraction": spec.test_fraction},
+        "emulation": {k: v for k, v in emulation.model_dump().items() if v is not None},
+    }
+    return tomli_w.dumps(doc)
 
 
 class AgentProcesses:
@@ -226,7 +226,6 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
               metrics_port: int | None = None, live: bool | None = None) -> dict[str, Any]:
     """Run (or resume) a whole trial; returns the training summary plus the report path."""
     from jetsplit.broker_url import parse_broker_url
-    from jetsplit.config_io import model_from_dict
     from jetsplit.data import load_dataset_split
     from jetsplit.profiles import resolve_profile
     from jetsplit.server.brokers import EmbeddedBroker
@@ -240,19 +239,26 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
     from jetsplit.server.training import Settings, run_training
     from jetsplit.transport.mqtt import EndpointOptions
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    train = model_from_dict(TrainSection, {
+    # Every option is checked before anything expensive (benchmark, broker, agents).
+    train = validate_options(TrainSection, {
         "algorithm": spec.algorithm, "rounds": spec.rounds, "local_steps": spec.local_steps,
         "batch": spec.batch, "lr": spec.lr, "fraction": spec.fraction, "codec": spec.codec},
-        "option", "--")
+        {})
     if spec.agents < 1:
         raise ConfigError(f"--agents must be at least 1, got {spec.agents}")
+    check_port(metrics_port, "--metrics-port")
+    check_data_options(spec.dataset, spec.partition)
+    if spec.broker is not None:
+        parse_broker_url(spec.broker)
     device_profiles = spec.device_profiles()
     topology = sherl_topology(spec.algorithm, spec.edges, spec.agents)
     profiles = {name: resolve_profile(name) for name in sorted(set(device_profiles.values()))}
+    resolve_profile(spec.server_profile)
+    _, test = load_dataset_split(spec.dataset, spec.test_fraction, spec.seed)
+    check_split(spec.model, test.input_shape, test.num_classes, spec.split)
+    out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / SPEC_FILE).write_text(json.dumps(asdict(spec), indent=2))
 
-    _, test = load_dataset_split(spec.dataset, spec.test_fraction, spec.seed)
     per_agent = max(1, spec.batch // max(1, round(spec.agents * spec.fraction)))
     dataset_size = int(len(test) / spec.test_fraction * (1 - spec.test_fraction)) // spec.agents
     split, plan = plan_split(spec, test.input_shape, test.num_classes, per_agent, dataset_size)
@@ -292,7 +298,8 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
     try:
         engine.start(10.0)
         fleet = len(device_profiles)
-        online = engine.wait_for_agents(fleet, 60.0 + 10.0 * fleet)
+        online = wait_for_fleet(engine.wait_for_agents, fleet, 60.0 + 10.0 * fleet,
+                                agents.dead, lambda name: agent_dir / f"{name}.log")
         if len(online) < fleet:
             raise JetsplitError(f"only {len(online)} of {fleet} agents registered "
                                 f"(dead: {', '.join(agents.dead()) or 'none'}; logs in "
@@ -328,16 +335,19 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
 
 def _server_toml(cfg: Any, broker_url: str) -> str:
     """The coordinator config this trial ran with, as a server.toml users can reuse."""
-    m, t = cfg.model, cfg.train
-    lines = [f"fleet = {_toml(cfg.fleet)}", f"agents = {cfg.agents}", f"seed = {cfg.seed}",
-             "", "[mqtt]", f"broker = {_toml(broker_url)}", "", "[model]",
-             f"name = {_toml(m.name)}", f"input_shape = {_toml(m.input_shape)}",
-             f"classes = {m.classes}", f"split = {m.split}", "", "[train]"]
-    lines += [f"{k} = {_toml(v)}" for k, v in t.model_dump().items() if v is not None]
+    import tomli_w
+
+    m = cfg.model
+    doc: dict[str, Any] = {
+        "fleet": cfg.fleet, "agents": cfg.agents, "seed": cfg.seed,
+        "mqtt": {"broker": broker_url},
+        "model": {"name": m.name, "input_shape": list(m.input_shape), "classes": m.classes,
+                  "split": m.split},
+        "train": {k: v for k, v in cfg.train.model_dump().items() if v is not None},
+    }
     if cfg.topology.edges:
-        lines += ["", "[topology.edges]"]
-        lines += [f"{edge} = {_toml(clients)}" for edge, clients in cfg.topology.edges.items()]
-    return "\n".join(lines) + "\n"
+        doc["topology"] = {"edges": {e: list(c) for e, c in cfg.topology.edges.items()}}
+    return tomli_w.dumps(doc)
 
 
 def load_spec(run_dir: Path) -> TrialSpec:
@@ -359,7 +369,8 @@ def trial_command(
     broker: Annotated[str | None, typer.Option(
         "--broker", help="mqtt[s]://host:port; default: start the embedded broker.")] = None,
     profiles: Annotated[list[str] | None, typer.Option(
-        "--profiles", help="Device profile per agent (repeat; cycled over the agents).")
+        "--profile", "--profiles",
+        help="Device profile per agent (repeat; cycled over the agents).")
     ] = None,
     out: Annotated[Path | None, typer.Option("--out", help="Run folder (default "
                                              "runs/trial-<UTC time>).")] = None,
