@@ -16,6 +16,7 @@ from collections import OrderedDict
 from dataclasses import replace
 
 from jetsplit.broker_url import BrokerAddress
+from jetsplit.edge_agent.log_tail import LogTail
 from jetsplit.edge_agent.service import SystemdNotifier
 from jetsplit.edge_agent.worker import AgentWorker, respond
 from jetsplit.errors import ConfigError
@@ -62,6 +63,8 @@ class AgentDaemon:
         self.options = options
         self.cache = ReplyCache()
         self.ignored = 0
+        self.log_tail = LogTail()
+        worker.log_tail = self.log_tail
         self._offline = presence_payload("-", self.agent, "offline", fleet_key=options.fleet_key,
                                          signer=options.signer)
         self.endpoint = MqttEndpoint(
@@ -120,6 +123,7 @@ class AgentDaemon:
         log.info("agent %s serving fleet %s via %s", self.agent, self.topics.fleet,
                  self.endpoint.address.url())
         notifier.ready(f"agent {self.agent} serving fleet {self.topics.fleet}")
+        logging.getLogger().addHandler(self.log_tail)
         try:
             while not stop.is_set():
                 if self.endpoint.fatal:  # e.g. a kit from another fleet: retrying won't help
@@ -130,7 +134,11 @@ class AgentDaemon:
                 except queue.Empty:
                     continue
                 self.handle(inbound)
+                if self.worker.shutdown_requested:
+                    log.info("agent %s: shutdown requested by the coordinator", self.agent)
+                    break
         finally:
+            logging.getLogger().removeHandler(self.log_tail)
             notifier.stopping()
             self.endpoint.close(final=(self.topics.presence(self.agent), self._offline))
 

@@ -37,6 +37,7 @@ from jetsplit.protocol import (
     EvalArgs,
     ForwardArgs,
     GenerateArgs,
+    Kind,
     OptimizerArgs,
     ProtocolError,
     TrainArgs,
@@ -135,6 +136,12 @@ class AgentWorker(EdgeRole):
         self.edge_tier: EdgeTier | None = None
         self.commands_done = 0
         self.clock = clock or DeviceClock()  # time books; emulates a device in trials
+        # What `jetsplit fleet` shows: the last training round and command, the last error.
+        self.last_round: int | None = None
+        self.last_command: str | None = None
+        self.last_error: str | None = None
+        self.log_tail: Any = None  # a LogTail when run by the daemon
+        self.shutdown_requested = False
 
     # ------------------------------------------------------------------ identity
 
@@ -188,6 +195,10 @@ class AgentWorker(EdgeRole):
         """Execute one command; user-caused problems raise JetsplitError (→ ERROR reply)."""
         args = parse_args(kind, meta)
         handler = getattr(self, f"_do_{kind}")
+        if kind not in (Kind.STATUS.value, Kind.SHUTDOWN.value):
+            self.last_command = kind
+            self.last_round = round_ if self.last_round is None else max(self.last_round,
+                                                                          round_)
         with self.clock.compute():
             result: Result = handler(args, round_, step, tensors)
         self.commands_done += 1
@@ -419,9 +430,20 @@ class AgentWorker(EdgeRole):
     def _do_status(self, args: Any, round_: int, step: int, tensors: Tensors) -> Result:
         from jetsplit.edge_agent.telemetry import sample  # psutil is an agent extra; import on use
 
-        return Result(meta={"bundle": self.bundle_sha, "commands": self.commands_done,
-                            "pending_forwards": len(self._pending), "telemetry": sample(),
-                            "time": self.clock.snapshot()})
+        profile = self.profile.get("name") if isinstance(self.profile, dict) else None
+        meta = {"bundle": self.bundle_sha, "commands": self.commands_done,
+                "pending_forwards": len(self._pending), "telemetry": sample(),
+                "time": self.clock.snapshot(), "role": self.role, "profile": profile,
+                "split": None if self.bundle is None else self.bundle.split,
+                "last_round": self.last_round, "last_command": self.last_command,
+                "last_error": self.last_error}
+        if args.logs and self.log_tail is not None:
+            meta["logs"] = self.log_tail.lines(args.logs)
+        return Result(meta=meta)
+
+    def _do_shutdown(self, args: Any, round_: int, step: int, tensors: Tensors) -> Result:
+        self.shutdown_requested = True  # the daemon exits after sending this reply
+        return Result(meta={"stopping": True})
 
 
 def respond(worker: AgentWorker, command: Message, seq: int) -> tuple[Message, str, str]:
@@ -436,6 +458,7 @@ def respond(worker: AgentWorker, command: Message, seq: int) -> tuple[Message, s
     except Exception as exc:  # noqa: BLE001 - any failure becomes an ERROR reply; we live on
         text = str(exc) if isinstance(exc, JetsplitError) else f"{type(exc).__name__}: {exc}"
         text = " ".join(text.split())[:2000]
+        worker.last_error = text
         log.warning("command %s (round %d step %d) failed: %s", command.kind, command.round,
                     command.step, text)
         return (Message(MessageType.ERROR, meta={"re": re, "error": text}, **base),

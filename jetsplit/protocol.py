@@ -40,7 +40,8 @@ class Kind(str, Enum):
     GET_WEIGHTS = "get_weights"  # upload block weights
     SET_WEIGHTS = "set_weights"  # replace block weights
     GENERATE = "generate"  # forward-only over local data (ONNX Runtime/TensorRT)
-    STATUS = "status"  # health and counters
+    STATUS = "status"  # health and counters (answered at any time, also when idle)
+    SHUTDOWN = "shutdown"  # `jetsplit fleet stop`: reply, then the daemon exits cleanly
     RELEASE = "release"  # free blocks and optimizer state until needed again
     # SHeRL-FL's edge tier (role `edge`): install the edge block, train it on relayed client
     # activations with the contrastive loss, upload its detached embeddings to the cloud.
@@ -124,6 +125,10 @@ class EdgeStepArgs(_Args):
     compression: CompressionName = "none"
 
 
+class StatusArgs(_Args):
+    logs: Annotated[int, Field(ge=0, le=500)] = 0  # last log lines to include (fleet logs)
+
+
 class EdgeUploadArgs(_Args):
     codec: CodecName = "fp32"
     compression: CompressionName = "none"
@@ -139,7 +144,8 @@ _ARGS: dict[str, type[_Args]] = {
     Kind.GET_WEIGHTS.value: WeightsArgs,
     Kind.SET_WEIGHTS.value: _Args,
     Kind.GENERATE.value: GenerateArgs,
-    Kind.STATUS.value: _Args,
+    Kind.STATUS.value: StatusArgs,
+    Kind.SHUTDOWN.value: _Args,
     Kind.RELEASE.value: _Args,
     Kind.EDGE_LOAD.value: EdgeLoadArgs,
     Kind.EDGE_STEP.value: EdgeStepArgs,
