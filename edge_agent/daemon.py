@@ -119,11 +119,11 @@ class AgentDaemon:
         """Serve until `stop` is set; the endpoint retries the broker with backoff. Under
         systemd: READY=1 once serving, WATCHDOG=1 from this loop, STOPPING=1 at the end."""
         notifier = notifier or SystemdNotifier()
+        logging.getLogger().addHandler(self.log_tail)
         self.endpoint.start()
         log.info("agent %s serving fleet %s via %s", self.agent, self.topics.fleet,
                  self.endpoint.address.url())
         notifier.ready(f"agent {self.agent} serving fleet {self.topics.fleet}")
-        logging.getLogger().addHandler(self.log_tail)
         try:
             while not stop.is_set():
                 if self.endpoint.fatal:  # e.g. a kit from another fleet: retrying won't help

@@ -430,7 +430,8 @@ class AgentWorker(EdgeRole):
     def _do_status(self, args: Any, round_: int, step: int, tensors: Tensors) -> Result:
         from jetsplit.edge_agent.telemetry import sample  # psutil is an agent extra; import on use
 
-        profile = self.profile.get("name") if isinstance(self.profile, dict) else None
+        device = self.profile.get("device") if isinstance(self.profile, dict) else None
+        profile = device.get("name") if isinstance(device, dict) else None
         meta = {"bundle": self.bundle_sha, "commands": self.commands_done,
                 "pending_forwards": len(self._pending), "telemetry": sample(),
                 "time": self.clock.snapshot(), "role": self.role, "profile": profile,

@@ -80,6 +80,7 @@ def build_app(device: bool = False) -> typer.Typer:
     from jetsplit.export.profile_cli import profile
     from jetsplit.server.broker_cli import broker
     from jetsplit.server.cli import app as server_app
+    from jetsplit.server.fleet_cli import app as fleet_app
     from jetsplit.server.provision import provision_command
     from jetsplit.server.report import report_command
     from jetsplit.server.simulate import simulate_command
@@ -91,6 +92,7 @@ def build_app(device: bool = False) -> typer.Typer:
     )
     app.add_typer(agent_app, name="agent", help="The edge agent daemon.")
     app.add_typer(server_app, name="server", help="The coordinator.")
+    app.add_typer(fleet_app, name="fleet", help="See and steer a fleet: ls, status, logs, stop.")
     app.command("simulate", help="Simulate a fleet in one process (in-process engine).")(
         simulate_command
     )
