@@ -307,3 +307,30 @@ def test_a_forged_sender_cannot_poison_another_senders_replay_window(
     finally:
         a1.close()
         coordinator.close()
+
+
+def test_the_last_will_is_accepted_after_newer_online_presence(
+        kits: Path, broker: MosquittoProcess) -> None:
+    """An agent's signed will is built at connect, before its online presence; when the
+    agent dies the coordinator must still take it (ordered among offline messages)."""
+    from jetsplit.transport import Topics
+    from jetsplit.transport.mqtt import presence_payload
+
+    topics = Topics("sec")
+    coordinator = _endpoint(kits, "coordinator", broker, (topics.presence_any,),
+                            topic_owner=topics.agent_of)
+    signer = load_signer(kits / "a1" / "signing.key", "a1")
+    will = presence_payload("-", "a1", "offline", fleet_key=None, signer=signer)
+    time.sleep(0.01)
+    a1 = _endpoint(kits, "a1", broker, will=(topics.presence("a1"), will))
+    try:
+        a1.publish_raw(topics.presence("a1"), presence_payload(
+            "-", "a1", "online", fleet_key=None, signer=signer), retain=True)
+        states = [coordinator.inbox.get(timeout=10).message.meta["state"]]
+        a1._client.socket().close()  # dies without DISCONNECT: the broker sends the will
+        while "offline" not in states:
+            states.append(coordinator.inbox.get(timeout=15).message.meta["state"])
+        assert states[-1] == "offline" and "StalePresence" not in coordinator.rejected
+    finally:
+        a1.close(graceful=False)
+        coordinator.close()

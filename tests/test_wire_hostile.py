@@ -195,7 +195,7 @@ def test_a_sender_over_its_byte_budget_evicts_only_its_own_messages() -> None:
 def test_presence_must_be_fresh_and_never_older_than_the_last_one() -> None:
     from jetsplit.wire import PresenceGuard
 
-    guard = PresenceGuard(max_age_s=3600, max_skew_s=60)
+    guard = PresenceGuard(max_age_s=3600, max_skew_s=60, will_max_age_s=7 * 86400)
     now = 1_000_000.0
     guard.check("a0", 5, now - 10, now=now)
     guard.check("a0", 5, now - 10, now=now)  # the same retained message again: fine
@@ -203,3 +203,10 @@ def test_presence_must_be_fresh_and_never_older_than_the_last_one() -> None:
         with pytest.raises(wire_errors.StalePresence):
             guard.check("a0", seq, ts, now=now)
     guard.check("a0", 9, now, now=now)
+    # the last will was built at connect, before the newest online message: still accepted,
+    # and ordered among offline messages only
+    guard.check("a0", 3, now - 2 * 86400, "offline", now=now)
+    with pytest.raises(wire_errors.StalePresence, match="older"):
+        guard.check("a0", 2, now - 3 * 86400, "offline", now=now)
+    with pytest.raises(wire_errors.StalePresence, match="off now"):
+        guard.check("a1", 2, now - 365 * 86400, "offline", now=now)

@@ -341,7 +341,8 @@ class MqttEndpoint:
         # Retained presence is redelivered by design: fresh and monotonic, not once-only.
         if message.type == MessageType.PRESENCE:
             if self._presence is not None:
-                self._presence.check(message.sender, message.seq, message.ts)
+                self._presence.check(message.sender, message.seq, message.ts,
+                                     str(message.meta.get("state", "")))
         elif self._replay is not None:
             self._replay.check(message.sender, message.seq, message.ts)
         return message

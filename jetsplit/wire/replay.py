@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections import deque
+from collections import OrderedDict, deque
 
 from jetsplit.wire.errors import ReplayedMessage, StalePresence
 
@@ -62,24 +62,33 @@ class ReplayGuard:
 
 
 class PresenceGuard:
-    """Retained presence is redelivered by design, so it gets its own check: finite and
-    fresh (no older than `max_age_s`, no further ahead than `max_skew_s`) and never older
-    than the newest presence already accepted from that sender."""
+    """Retained presence is redelivered by design, so it gets its own check: a finite
+    timestamp, not ahead of now by more than `max_skew_s`, no older than `max_age_s`, and
+    never older than the newest presence of the same state already accepted from that
+    sender. The last will (`offline`) is built when the agent connects and published by
+    the broker when it dies, possibly days later and after newer `online` messages: it is
+    ordered among offline messages only and may be as old as `will_max_age_s`."""
 
     def __init__(self, max_age_s: float = 24 * 3600.0, max_skew_s: float = 300.0,
-                 max_senders: int = 4096) -> None:
+                 will_max_age_s: float = 30 * 24 * 3600.0, max_senders: int = 4096) -> None:
         self.max_age_s, self.max_skew_s, self.max_senders = max_age_s, max_skew_s, max_senders
-        self._newest: dict[str, tuple[float, int]] = {}
+        self.will_max_age_s = will_max_age_s
+        self._newest: OrderedDict[tuple[str, str], tuple[float, int]] = OrderedDict()
 
-    def check(self, sender: str, seq: int, ts: float, now: float | None = None) -> None:
+    def check(self, sender: str, seq: int, ts: float, state: str = "online",
+              now: float | None = None) -> None:
         now = time.time() if now is None else now
         if not (isinstance(ts, (int, float)) and math.isfinite(ts)):
             raise StalePresence(f"{sender} presence: timestamp {ts!r} is not a finite number")
-        if ts > now + self.max_skew_s or now - ts > self.max_age_s:
-            raise StalePresence(f"{sender} presence: timestamp {now - ts:+.0f}s off now")
-        newest = self._newest.get(sender)
+        max_age = self.will_max_age_s if state == "offline" else self.max_age_s
+        if ts > now + self.max_skew_s or now - ts > max_age:
+            raise StalePresence(f"{sender} presence ({state}): timestamp {now - ts:+.0f}s "
+                                "off now")
+        key = (sender, state)
+        newest = self._newest.get(key)
         if newest is not None and (ts, seq) < newest:
-            raise StalePresence(f"{sender} presence: older than the last one accepted")
-        if sender not in self._newest and len(self._newest) >= self.max_senders:
-            del self._newest[next(iter(self._newest))]
-        self._newest[sender] = (ts, seq)
+            raise StalePresence(f"{sender} presence ({state}): older than the last one "
+                                "accepted")
+        if newest is None and len(self._newest) >= self.max_senders:
+            self._newest.popitem(last=False)
+        self._newest[key] = (ts, seq)
