@@ -25,7 +25,7 @@ from jetsplit.protocol import (
     OptimizerArgs,
     ProtocolError,
 )
-from jetsplit.tiers import carve, check_edge_layers, contrastive_loss
+from jetsplit.tiers import contrastive_loss
 
 if TYPE_CHECKING:
     from jetsplit.edge_agent.worker import Result
@@ -124,16 +124,18 @@ class EdgeRole:
 
     def _do_edge_load(self, args: EdgeLoadArgs, round_: int, step: int, tensors: Tensors
                       ) -> Result:
-        """Install the cloud's edge-tier model: server-block layers [:layers] with the
-        weights sent (edge/… names), and a fresh optimizer."""
+        """Install the cloud's edge-tier model: the edge bundle's middle block (server
+        layers [:layers]; the edge never holds the classifier) with the weights sent
+        (edge/… names), and a fresh optimizer."""
         from jetsplit.edge_agent.worker import Result
 
         bundle = self._edge_bundle()
         if any(not name.startswith("edge/") for name in tensors):
             raise ProtocolError("edge_load: tensors must all be named edge/…")
-        server = bundle.server_module()
-        check_edge_layers(len(server), args.layers)
-        block, _ = carve(server, args.layers)
+        if args.layers != bundle.manifest.edge_layers:
+            raise ProtocolError(f"edge_load: {args.layers} layers, but the edge bundle holds "
+                                f"{bundle.manifest.edge_layers}")
+        block = bundle.edge_module()
         load_strict(block, from_arrays(tensors, "edge"), "edge_load", ProtocolError)
         shape = tuple(bundle.manifest.activation_shape)
         self.edge_tier = EdgeTier(block, shape, self.optimizer_args, self.device)

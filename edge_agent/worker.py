@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -23,10 +24,18 @@ import torch
 from torch import nn
 
 from jetsplit import __version__
-from jetsplit.bundle import Bundle, load_bundle
+from jetsplit.bundle import (
+    AGENT_ACCEPTS,
+    MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
+    Bundle,
+    load_bundle,
+    parse_manifest,
+)
 from jetsplit.data import ArrayDataset
 from jetsplit.edge_agent.edge import EdgeRole, EdgeTier
 from jetsplit.edge_agent.emulation import DeviceClock
+from jetsplit.edge_agent.file_cache import FileCache, missing_files
 from jetsplit.errors import BundleError, JetsplitError
 from jetsplit.models import ZOO_VERSION
 from jetsplit.models.split import eval_mode
@@ -34,6 +43,7 @@ from jetsplit.models.weights import from_arrays, load_strict, to_arrays
 from jetsplit.protocol import (
     BackwardArgs,
     BundleArgs,
+    BundlePartArgs,
     EvalArgs,
     ForwardArgs,
     GenerateArgs,
@@ -122,6 +132,7 @@ class AgentWorker(EdgeRole):
             self._tmp = tempfile.TemporaryDirectory(prefix=f"jetsplit-{agent_id}-")
             state_dir = self._tmp.name
         self.state_dir = Path(state_dir)
+        self._files: FileCache | None = None  # content-addressed, made on first bundle
         self.sampler = BatchSampler(len(data), seed)
         # Simulations share verified bundles between in-process agents (one copy in memory).
         self.bundle_cache = bundle_cache
@@ -164,8 +175,9 @@ class AgentWorker(EdgeRole):
         if self.bundle is None:
             return None
         if name not in self._modules:
-            if name == "aux" and not self.bundle.has_aux:
-                return None
+            if (name == "aux" and not self.bundle.has_aux) or \
+                    (name != "aux" and not self.bundle.has_block(name)):
+                return None  # a role-true bundle ships only the blocks its role runs
             build = {"client": self.bundle.client_module, "aux": self.bundle.aux_module,
                      "server": self.bundle.server_module}[name]
             self._modules[name] = build().to(self.device)
@@ -204,9 +216,17 @@ class AgentWorker(EdgeRole):
         self.commands_done += 1
         return result
 
-    def _require_bundle(self) -> Bundle:
-        if self.bundle is None or self.client is None:
+    def _installed(self) -> Bundle:
+        if self.bundle is None:
             raise ProtocolError(f"agent {self.agent_id}: no bundle installed yet")
+        return self.bundle
+
+    def _require_bundle(self) -> Bundle:
+        self._installed()
+        assert self.bundle is not None
+        if self.client is None:
+            raise ProtocolError(f"agent {self.agent_id}: its {self.bundle.role} bundle has no "
+                                "client block")
         return self.bundle
 
     def _optimizer(self, target: str) -> torch.optim.Optimizer:
@@ -235,16 +255,41 @@ class AgentWorker(EdgeRole):
 
     # ------------------------------------------------------------------ commands
 
+    @property
+    def files(self) -> FileCache:
+        """The content-addressed cache of bundle files in the state dir."""
+        if self._files is None:
+            self._files = FileCache(self.state_dir / "cache")
+        return self._files
+
     def _do_bundle(self, args: BundleArgs, round_: int, step: int, tensors: Tensors) -> Result:
-        raw = tensors.get("bundle")
-        if raw is None or raw.dtype != np.uint8 or raw.ndim != 1:
-            raise ProtocolError("bundle command needs a 1-D uint8 tensor 'bundle'")
-        digest = hashlib.sha256(memoryview(raw)).hexdigest()
+        """A bundle offer: refuse a role this agent does not run (or a manifest naming a
+        block the role does not need); install from the file cache when every file is
+        there, else answer which files are missing and how many of their bytes we hold."""
+        raw = tensors.get("manifest")
+        if raw is None or raw.dtype != np.uint8 or raw.ndim != 1 \
+                or not 0 < raw.nbytes <= MAX_MANIFEST_BYTES:
+            raise ProtocolError(f"bundle command needs a 1-D uint8 tensor 'manifest' of "
+                                f"1..{MAX_MANIFEST_BYTES} bytes")
+        data = raw.tobytes()
+        digest = hashlib.sha256(data).hexdigest()
         if digest != args.sha256:
-            raise BundleError(f"bundle transfer corrupted: sha256 {digest[:12]}… "
+            raise BundleError(f"bundle transfer corrupted: manifest sha256 {digest[:12]}… "
                               f"!= announced {args.sha256[:12]}…")
+        manifest = parse_manifest(data, f"bundle {digest[:12]}")
+        accepted = AGENT_ACCEPTS.get(self.role, ())
+        if manifest.role != args.role or manifest.role not in accepted:
+            raise BundleError(f"bundle {digest[:12]}: refused: a {manifest.role} bundle for an "
+                              f"agent with role {self.role} (it runs only "
+                              f"{' or '.join(accepted)} bundles)")
         started = time.perf_counter()
-        bundle = (self.bundle_cache or {}).get(digest) or self._install(raw, digest)
+        bundle = (self.bundle_cache or {}).get(digest)
+        if bundle is None:
+            wanted = [(entry.sha256, entry.size) for entry in manifest.files.values()]
+            missing = missing_files(self.files, wanted)
+            if missing is not None:
+                return Result(meta={"installed": False, "missing": missing})
+            bundle = self._install(data, digest, manifest.files)
         if self.bundle_cache is not None:
             self.bundle_cache[digest] = bundle
         self.bundle, self.bundle_sha = bundle, digest
@@ -254,24 +299,46 @@ class AgentWorker(EdgeRole):
         self._optimizers.clear()
         self._pending.clear()
         self._onnx_current, self._onnx_block = True, None
-        return Result(meta={"model": bundle.spec.name, "split": bundle.split,
-                            "sha256": digest, "verify_s": round(time.perf_counter() - started, 3)})
+        return Result(meta={"installed": True, "model": bundle.spec.name, "split": bundle.split,
+                            "role": bundle.role, "sha256": digest,
+                            "verify_s": round(time.perf_counter() - started, 3)})
 
     def _do_trained_bundle(self, args: BundleArgs, round_: int, step: int, tensors: Tensors
                            ) -> Result:
         """A bundle with trained weights (Ampere's phase 2): installed like any bundle."""
         return self._do_bundle(args, round_, step, tensors)
 
-    def _install(self, raw: np.ndarray, digest: str) -> Bundle:
-        """Write the archive, verify every file (hashes, versions, safe paths), extract."""
-        root = self.state_dir / "bundles" / digest
-        archive = root.with_suffix(".tar.gz")
-        archive.parent.mkdir(parents=True, exist_ok=True)
-        archive.write_bytes(memoryview(raw))
-        if root.exists():  # an earlier copy of the same bundle: verify it again, fully
+    def _do_bundle_part(self, args: BundlePartArgs, round_: int, step: int, tensors: Tensors
+                        ) -> Result:
+        """Some bytes of one bundle file, appended to its download in the cache."""
+        raw = tensors.get("data")
+        if raw is None or raw.dtype != np.uint8 or raw.ndim != 1:
+            raise ProtocolError("bundle_part needs a 1-D uint8 tensor 'data'")
+        held = self.files.write(args.sha256, args.size, args.offset, memoryview(raw))
+        return Result(meta={"received": held})
+
+    def _do_trained_bundle_part(self, args: BundlePartArgs, round_: int, step: int,
+                                tensors: Tensors) -> Result:
+        return self._do_bundle_part(args, round_, step, tensors)
+
+    def _install(self, manifest: bytes, digest: str, files: Any) -> Bundle:
+        """Assemble the bundle folder from the cache and verify it fully (hashes, versions,
+        names); earlier bundle folders go (their files stay in the cache)."""
+        bundles = self.state_dir / "bundles"
+        root = bundles / digest
+        if root.exists():
             shutil.rmtree(root)
-        bundle = load_bundle(archive, extract_to=root)
-        archive.unlink()
+        root.mkdir(parents=True)
+        (root / MANIFEST_NAME).write_bytes(manifest)
+        for name, entry in files.items():
+            self.files.link_into(entry.sha256, root / name)
+        bundle = load_bundle(root)
+        for entry in os.scandir(bundles):
+            if entry.name != digest:
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    os.unlink(entry.path)
         return bundle
 
     def _do_release(self, args: Any, round_: int, step: int, tensors: Tensors) -> Result:
@@ -322,7 +389,8 @@ class AgentWorker(EdgeRole):
         self._require_bundle()
         head = self.aux if target == "aux" else self.server
         if head is None:
-            raise ProtocolError("this bundle has no auxiliary head")
+            what = "auxiliary head" if target == "aux" else "server block (not a full bundle)"
+            raise ProtocolError(f"this bundle has no {what}")
         return head
 
     def _do_train(self, args: TrainArgs, round_: int, step: int, tensors: Tensors) -> Result:
@@ -366,7 +434,7 @@ class AgentWorker(EdgeRole):
 
     def _do_get_weights(self, args: WeightsArgs, round_: int, step: int, tensors: Tensors
                         ) -> Result:
-        self._require_bundle()
+        self._installed()
         out: Tensors = {}
         for name in args.blocks:
             module = self._edge().block if name == "edge" else self._blocks()[name]
@@ -376,7 +444,7 @@ class AgentWorker(EdgeRole):
         return Result(meta={"samples": len(self.data)}, tensors=out)
 
     def _do_set_weights(self, args: Any, round_: int, step: int, tensors: Tensors) -> Result:
-        self._require_bundle()
+        self._installed()
         blocks = sorted({name.split("/", 1)[0] for name in tensors})
         unknown = [b for b in blocks if b not in self._blocks()]
         if unknown or not blocks:

@@ -30,10 +30,12 @@ from jetsplit.bundle import (
     MANIFEST_NAME,
     ONNX_FILES,
     WEIGHT_FILES,
+    Bundle,
     FileEntry,
     Manifest,
     SpecEntry,
     load_bundle,
+    role_files,
     sha256_file,
 )
 from jetsplit.errors import BundleError
@@ -132,6 +134,64 @@ def _write_tar(src: Path, archive: Path) -> None:
     os.replace(tmp, archive)
 
 
+def _finish(staging: Path, manifest: Manifest, out_dir: Path) -> None:
+    """Write the manifest, check the reader accepts the folder, move it into place."""
+    text = json.dumps(manifest.model_dump(mode="json", exclude_none=False), indent=2,
+                      sort_keys=True) + "\n"
+    (staging / MANIFEST_NAME).write_text(text, encoding="utf-8")
+    for path in staging.iterdir():
+        path.chmod(0o644)  # safetensors writes 0600; agents may run as another user
+    load_bundle(staging)  # the reader accepts what the writer wrote
+    staging.chmod(0o755)
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    os.replace(staging, out_dir)
+
+
+def derive_bundle(source: Bundle, role: str, out_dir: str | Path, *, aux: bool = False,
+                  edge_layers: int | None = None) -> Manifest:
+    """A device bundle cut from a verified `full` bundle: only what `role` runs.
+
+    `client`: the client block and its ONNX (+ the aux head with `aux`); `edge`: SHeRL-FL's
+    middle block, server layers [:edge_layers] (no classifier); `full`: the whole model
+    (FedAvg). Files are copied byte for byte (their hashes carry over); an edge block is
+    saved from the server block's first layers."""
+    if source.role != "full":
+        raise BundleError(f"bundle {source.source}: device bundles are cut from a full "
+                          f"bundle, not a {source.role} one")
+    out_dir = Path(out_dir)
+    aux = aux and role != "edge"
+    if aux and not source.has_aux:
+        raise BundleError(f"bundle {source.source}: the method needs an aux head; "
+                          "re-export with one (set model.aux_ratio)")
+    _check_replaceable(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        names = sorted(role_files(role, aux))
+        for name in names:
+            if name == WEIGHT_FILES["edge"]:
+                from jetsplit.tiers import carve
+
+                if edge_layers is None:
+                    raise BundleError("an edge bundle needs edge_layers")
+                _save_weights(carve(source.server_module(), edge_layers)[0], staging / name)
+            else:
+                shutil.copyfile(source.path(name), staging / name)
+        files = {name: FileEntry(sha256=sha256_file(staging / name),
+                                 size=(staging / name).stat().st_size) for name in names}
+        manifest = source.manifest.model_copy(update={
+            "role": role, "files": files,
+            "aux_ratio": source.manifest.aux_ratio if aux else None,
+            "edge_layers": edge_layers if role == "edge" else None})
+        manifest = Manifest.model_validate(manifest.model_dump())  # re-check the invariants
+        _finish(staging, manifest, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return manifest
+
+
 def write_bundle(
     spec: ModelSpec | str,
     k: int,
@@ -181,17 +241,9 @@ def write_bundle(
             split=k, input_shape=spec.input_shape, activation_shape=act_shape,
             client_layers=tuple(n for n, _ in client.named_children()),
             server_layers=tuple(n for n, _ in server.named_children()),
-            aux_ratio=aux_ratio, opset=opset, codec="fp32", files=files,
+            aux_ratio=aux_ratio, opset=opset, codec="fp32", files=files, role="full",
         )
-        text = json.dumps(manifest.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
-        (staging / MANIFEST_NAME).write_text(text, encoding="utf-8")
-        for path in staging.iterdir():
-            path.chmod(0o644)  # safetensors writes 0600; agents may run as another user
-        load_bundle(staging)  # the reader accepts what the writer wrote
-        staging.chmod(0o755)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(staging, out_dir)
+        _finish(staging, manifest, out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -38,12 +38,32 @@ from jetsplit.models import (
 )
 from jetsplit.models.weights import load_strict
 
-BUNDLE_FORMAT_VERSION = 1
+# Format 2: the manifest names its role, and a bundle holds only what that role runs.
+BUNDLE_FORMAT_VERSION = 2
 MANIFEST_NAME = "manifest.json"
 WEIGHT_FILES = {"client": "client.safetensors", "server": "server.safetensors",
-                "aux": "aux.safetensors"}
+                "aux": "aux.safetensors", "edge": "edge.safetensors"}
 ONNX_FILES = {"client": "client.onnx", "aux": "aux.onnx"}
 ALLOWED_FILES = frozenset(WEIGHT_FILES.values()) | frozenset(ONNX_FILES.values())
+# What a device runs is all it receives (roles of the manifest):
+#   full   - the whole model: the export tool's output, the coordinator's copy, FedAvg devices
+#   client - a split-method client: its client block (+ aux head where the method uses one)
+#   edge   - a SHeRL-FL edge: its middle block only (server layers [:edge_layers], no head)
+ROLES = ("full", "client", "edge")
+_AUX_FILES = frozenset({"aux.safetensors", "aux.onnx"})
+_ROLE_FILES: dict[str, frozenset[str]] = {
+    "full": frozenset({"client.safetensors", "server.safetensors", "client.onnx"}),
+    "client": frozenset({"client.safetensors", "client.onnx"}),
+    "edge": frozenset({"edge.safetensors"}),
+}
+# Agent role (as registered) → the bundle roles it accepts.
+AGENT_ACCEPTS = {"client": ("client", "full"), "edge": ("edge",)}
+
+
+def role_files(role: str, aux: bool) -> frozenset[str]:
+    """Exactly the files a bundle of `role` holds (with an aux head or not)."""
+    files = _ROLE_FILES[role]
+    return files | _AUX_FILES if aux and role != "edge" else files
 # Engines are built on the device next to the bundle (never shipped): tolerated in a
 # directory, rejected inside a tar. Pattern follows runtimes.tensorrt_runtime.engine_filename.
 ENGINE_NAME = re.compile(r"^\.?(client|aux)\.[0-9A-Za-z.-]+\.engine(\.tmp)?$")
@@ -98,6 +118,8 @@ class Manifest(BaseModel):
     opset: int = Field(ge=7, le=30)
     codec: str = "fp32"
     files: Dict[str, FileEntry]
+    role: str = Field(pattern=r"^(full|client|edge)$")
+    edge_layers: Optional[int] = Field(default=None, ge=1, le=4096)
 
     @field_validator("codec")
     @classmethod
@@ -127,14 +149,24 @@ class Manifest(BaseModel):
                              f"{list(self.model.input_shape)}")
         if len(self.client_layers) != self.split:
             raise ValueError(f"split {self.split} but {len(self.client_layers)} client layers")
-        required = {"client.safetensors", "server.safetensors", "client.onnx"}
-        if self.aux_ratio is not None:
-            required |= {"aux.safetensors", "aux.onnx"}
-        missing = sorted(required - set(self.files))
+        if self.role == "edge":
+            if self.aux_ratio is not None:
+                raise ValueError("an edge bundle has no aux head (aux_ratio must be null)")
+            if self.edge_layers is None or self.edge_layers >= len(self.server_layers):
+                raise ValueError(f"an edge bundle needs edge_layers in "
+                                 f"1..{len(self.server_layers) - 1}")
+        elif self.edge_layers is not None:
+            raise ValueError(f"edge_layers is set but the role is {self.role}")
+        needed = role_files(self.role, self.aux_ratio is not None)
+        unneeded = sorted(set(self.files) - needed)
+        if unneeded:  # a device receives only what it runs: refuse anything more
+            if self.aux_ratio is None and _AUX_FILES & set(unneeded):
+                raise ValueError("aux files listed but aux_ratio is null")
+            raise ValueError(f"role {self.role} does not run {unneeded[0]}; refused (a "
+                             f"{self.role} bundle holds only {', '.join(sorted(needed))})")
+        missing = sorted(needed - set(self.files))
         if missing:
             raise ValueError(f"files must list {', '.join(missing)}")
-        if self.aux_ratio is None and {"aux.safetensors", "aux.onnx"} & set(self.files):
-            raise ValueError("aux files listed but aux_ratio is null")
         return self
 
 
@@ -395,16 +427,35 @@ class Bundle:
         where = f"bundle {self.source}: {WEIGHT_FILES[block]}"
         return load_strict(module, self.load_weights(block), where, BundleError)
 
+    @property
+    def role(self) -> str:
+        return self.manifest.role
+
+    def has_block(self, block: str) -> bool:
+        """Whether this bundle ships `block` (client, server, aux or edge)."""
+        return WEIGHT_FILES[block] in self.manifest.files
+
+    def _need(self, block: str) -> None:
+        if block == "aux":
+            self._need_aux()
+        if not self.has_block(block):
+            raise BundleError(f"bundle {self.source}: a {self.role} bundle has no {block} block")
+
     def _template(self, block: str) -> nn.Module:
         """Build and load a block once (weights hash-checked then); later calls copy it,
         which is what lets 100 simulated clients rebuild blocks cheaply."""
+        self._need(block)
         if block not in self._templates:
             model, client, server = self._blocks()
             if block == "aux":
-                self._need_aux()
                 assert self.manifest.aux_ratio is not None
                 module: nn.Module = build_aux_head(model, self.split, self.manifest.aux_ratio,
                                                    seed=0)
+            elif block == "edge":
+                from jetsplit.tiers import carve
+
+                assert self.manifest.edge_layers is not None
+                module = carve(server, self.manifest.edge_layers)[0]
             else:
                 module = client if block == "client" else server
             self._templates[block] = self._load_into(module, block)
@@ -415,12 +466,16 @@ class Bundle:
         return self._template("client")  # type: ignore[return-value]
 
     def server_module(self) -> nn.Sequential:
-        """The trainable server block (layers[split:]) with the bundle's weights."""
+        """The trainable server block (layers[split:]) with the bundle's weights (only a
+        `full` bundle has one: it never leaves the coordinator otherwise)."""
         return self._template("server")  # type: ignore[return-value]
+
+    def edge_module(self) -> nn.Sequential:
+        """A SHeRL-FL edge's middle block: server layers [:edge_layers], no classifier."""
+        return self._template("edge")  # type: ignore[return-value]
 
     def aux_module(self) -> AuxiliaryHead:
         """The trainable auxiliary head with the bundle's weights."""
-        self._need_aux()
         return self._template("aux")  # type: ignore[return-value]
 
     def describe(self) -> dict[str, Any]:

@@ -29,10 +29,14 @@ class Kind(str, Enum):
     DISCOVER = "discover"  # coordinator → all: please (re-)register
     REGISTER = "register"  # agent → coordinator: who I am, what I have
     PRESENCE = "presence"  # agent, retained: online / offline (last will)
-    BUNDLE = "bundle"  # install a model bundle (tar bytes, chunked)
-    # Install a bundle that carries trained weights (Ampere's phase 2): the same handling as
+    # Offer a bundle (its manifest): the agent installs it from its file cache, or answers
+    # which files (and how many of their bytes) it still lacks; `bundle_part` sends those.
+    BUNDLE = "bundle"
+    BUNDLE_PART = "bundle_part"
+    # A bundle that carries trained weights (Ampere's phase 2): the same handling as
     # `bundle`, but counted as training traffic, not setup.
     TRAINED_BUNDLE = "trained_bundle"
+    TRAINED_BUNDLE_PART = "trained_bundle_part"
     FORWARD = "forward"  # run the client block on a local batch, return activations
     BACKWARD = "backward"  # apply the returned gradient to the last forward, step
     TRAIN = "train"  # local training (client block + aux head, or the full model)
@@ -66,9 +70,24 @@ class OptimizerArgs(_Args):
     weight_decay: Annotated[float, Field(ge=0, le=1)] = 0.0
 
 
+Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
 class BundleArgs(_Args):
-    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    """Offer of a bundle: the sha256 of its manifest (sent as tensor `manifest`) and the
+    role it is for; the agent refuses a role it does not run."""
+
+    sha256: Sha256
+    role: Literal["full", "client", "edge"] = "client"
     optimizer: OptimizerArgs = OptimizerArgs()
+
+
+class BundlePartArgs(_Args):
+    """Bytes [offset, offset+len(data)) of the file with this sha256 and size."""
+
+    sha256: Sha256
+    size: Annotated[int, Field(ge=1, le=1 << 40)]
+    offset: Annotated[int, Field(ge=0, le=1 << 40)]
 
 
 class ForwardArgs(_Args):
@@ -137,6 +156,8 @@ class EdgeUploadArgs(_Args):
 _ARGS: dict[str, type[_Args]] = {
     Kind.BUNDLE.value: BundleArgs,
     Kind.TRAINED_BUNDLE.value: BundleArgs,
+    Kind.BUNDLE_PART.value: BundlePartArgs,
+    Kind.TRAINED_BUNDLE_PART.value: BundlePartArgs,
     Kind.FORWARD.value: ForwardArgs,
     Kind.BACKWARD.value: BackwardArgs,
     Kind.TRAIN.value: TrainArgs,

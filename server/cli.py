@@ -108,7 +108,8 @@ def run(
         check_split(cfg.model.name, tuple(cfg.model.input_shape), cfg.model.classes,
                     cfg.model.split, flag="model.split")
     engine = MqttEngine(cfg.mqtt.address(), cfg.fleet, run_id=run_name,
-                        options=cfg.mqtt.endpoint_options()).start(cfg.mqtt.connect_wait_s)
+                        options=cfg.mqtt.endpoint_options(),
+                        retry_s=cfg.train.retry_s).start(cfg.mqtt.connect_wait_s)
     exporter = None
     try:
         if metrics_port is not None:

@@ -42,6 +42,7 @@ class TrainSection(BaseModel):
     fraction: Annotated[float, Field(gt=0, le=1)] = 1.0
     deadline_s: Annotated[float, Field(gt=0, le=86400)] = 60.0
     bundle_deadline_s: Annotated[float, Field(gt=0, le=86400)] = 300.0
+    retry_s: Annotated[float, Field(gt=0, le=86400)] = 30.0  # re-send after silence, backs off
     codec: Literal["fp32", "fp16", "bf16", "int8"] = "fp32"
     compression: Literal["none", "lz4", "zstd"] = "none"
     k_min: Annotated[float, Field(ge=0, le=1)] = 0.2  # GAPSL

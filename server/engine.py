@@ -34,6 +34,9 @@ class Command:
     tensors: Tensors = field(default_factory=dict)
     codec: str = "fp32"
     compression: str = "none"
+    # The least wait before the first retransmission (say, what the agent's downlink needs
+    # for this command's bytes); the engine's own retry_s applies when larger.
+    retry_s: float | None = None
 
 
 @dataclass

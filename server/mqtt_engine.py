@@ -6,7 +6,8 @@ Reliability rules, all here:
   from their reply cache instead of running it twice (QoS 1 is at-least-once);
 * pending commands are re-sent when the coordinator reconnects, when an agent announces
   itself again (it reconnected, perhaps to a restarted broker that lost its session), and
-  every `retry_s` of silence;
+  after `retry_s` of silence (at least the command's own `retry_s`, e.g. the time its bytes
+  need on the agent's downlink), backing off ×2 per retry up to `MAX_RETRY_S`;
 * an agent whose presence turns `offline` (its last will) is dropped from the step at once;
   one that stays silent is dropped at the deadline; both are recorded as missed.
 """
@@ -28,6 +29,9 @@ from jetsplit.wire import Message, MessageType
 
 log = logging.getLogger("jetsplit.coordinator")
 
+DEFAULT_RETRY_S = 30.0
+MAX_RETRY_S = 600.0
+
 
 @dataclass
 class _Pending:
@@ -38,6 +42,7 @@ class _Pending:
     sent_at: float = field(default_factory=time.monotonic)
     reply: Message | None = None
     wire_bytes: int = 0
+    wait_s: float = DEFAULT_RETRY_S  # silence before the next retransmission (backs off)
 
 
 def _grouped(commands: Mapping[str, Command]) -> list[tuple[Command, list[str]]]:
@@ -52,7 +57,8 @@ class MqttEngine(Engine):
     """Coordinator side of the MQTT runtime (one instance per fleet and run)."""
 
     def __init__(self, address: BrokerAddress, fleet: str, *, run_id: str,
-                 options: EndpointOptions = EndpointOptions(), retry_s: float = 30.0) -> None:
+                 options: EndpointOptions = EndpointOptions(),
+                 retry_s: float = DEFAULT_RETRY_S) -> None:
         super().__init__(run_id)
         self.topics = Topics(fleet)
         self.retry_s = retry_s
@@ -187,6 +193,7 @@ class MqttEngine(Engine):
                      resent.step, p.agent)
             self._publish(self.topics.down(p.agent), resent, p.command, [p.agent])
             p.sent_at = time.monotonic()
+            p.wait_s = min(p.wait_s * 2, max(MAX_RETRY_S, self.retry_s))
 
     def send_and_receive(self, commands: Mapping[str, Command], *, round: int = 0,
                          step: int = 0, deadline_s: float = 60.0) -> Outcome:
@@ -250,7 +257,8 @@ class MqttEngine(Engine):
                                           to=live)
                 message.meta["cmd"] = cmd
                 for agent in live:
-                    pending = _Pending(agent, cmd, message, command)
+                    pending = _Pending(agent, cmd, message, command,
+                                       wait_s=max(self.retry_s, command.retry_s or 0.0))
                     self._pending[(agent, cmd)] = pending
                     mine.append(pending)
                     self.registry.set_state(agent, "busy")
@@ -290,7 +298,7 @@ class MqttEngine(Engine):
                         open_.clear()
                     again = [p for p in open_.values()
                              if self._resend_all or p.agent in self._resend
-                             or now - p.sent_at > self.retry_s]
+                             or now - p.sent_at > p.wait_s]
                     self._resend.difference_update(open_)
                     self._resend_all = False
                     if open_ and not again and not done:

@@ -53,6 +53,7 @@ class Settings:
     seed: int = 0
     deadline_s: float = 60.0
     bundle_deadline_s: float = 300.0
+    retry_s: float = 30.0  # MQTT: silence before a command is re-sent (then backs off)
     codec: str = "fp32"
     compression: str = "none"
     # GAPSL (gapsl.txt §III): selection-ratio bounds, alignment weight λ, threshold width η.
@@ -89,12 +90,17 @@ class Trainer:
 
     def __init__(self, engine: Engine, archive: Path, settings: Settings, test: ArrayDataset,
                  *, bundle: Bundle | None = None) -> None:
-        from jetsplit.server.coordinator import BundleShipper
+        from jetsplit.server.coordinator import CLIENT_CONTENT, BundleShipper
 
         self.engine, self.settings, self.test = engine, settings, test
         self.bundle = bundle or load_bundle(archive)
+        # Devices get only what they run: the client block (+ aux head), or for FedAvg
+        # the whole model; per-device cuts (`cuts`, agent → k) get their cut's block.
         self.shipper = BundleShipper(engine, archive, lr=settings.lr,
-                                     deadline_s=settings.bundle_deadline_s)
+                                     deadline_s=settings.bundle_deadline_s,
+                                     content=CLIENT_CONTENT.get(settings.algorithm, "client"),
+                                     seed=settings.seed)
+        self.cuts: dict[str, int] = {}
         self.server: nn.Module = self.bundle.server_module()
         self.optimizer = torch.optim.SGD(self.server.parameters(), lr=settings.lr)
         client = self.bundle.client_module()
@@ -161,7 +167,7 @@ class Trainer:
         """The selected agents not known to be offline, with the bundle installed."""
         registry = self.engine.registry
         online = [a for a in agents if registry.state(a) != "offline"]
-        return self.shipper.ensure(online, self.round)
+        return self.shipper.ensure(online, self.round, self.cuts)
 
     def select(self) -> list[str]:
         """A seeded fraction of the eligible agents. When none is online (say, a broker
@@ -348,7 +354,8 @@ def run_training(
             loss = method.run_round(selected)
             train_bytes = _delta(engine.counters.by_kind(), before)
             # Installing the bundle is setup, not training: reported apart.
-            setup_bytes = sum(train_bytes[d].pop(Kind.BUNDLE.value, 0) for d in ("up", "down"))
+            setup_bytes = sum(train_bytes[d].pop(kind, 0) for d in ("up", "down")
+                              for kind in (Kind.BUNDLE.value, Kind.BUNDLE_PART.value))
             with trainer.timed("evaluate"):
                 before_eval = engine.counters.by_kind()
                 scores = method.evaluate()

@@ -293,7 +293,8 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
     (out_dir / "config.toml").write_text(_server_toml(cfg, address.url()))
     agents = AgentProcesses(configs).start()
     engine = MqttEngine(address, "trial", run_id=out_dir.name or "trial",
-                        options=EndpointOptions(protocol="3.1.1" if broker else "auto"))
+                        options=EndpointOptions(protocol="3.1.1" if broker else "auto"),
+                        retry_s=train.retry_s)
     exporter = None
     try:
         engine.start(10.0)

@@ -170,7 +170,7 @@ def test_wrong_zoo_version_names_both_versions(copy: Path) -> None:
 
 
 def test_newer_format_version_asks_for_an_upgrade(copy: Path) -> None:
-    _edit_manifest(copy, format_version=2, something_new=True)
+    _edit_manifest(copy, format_version=3, something_new=True)
     _one_line_error(copy, "format version 2", "upgrade jetsplit")
 
 

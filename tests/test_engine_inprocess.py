@@ -40,9 +40,10 @@ def make_engine(agents: int = 2, seed: int = 0) -> InProcessEngine:
     return InProcessEngine(workers)
 
 
-def installed(archive: Path, agents: int = 2) -> InProcessEngine:
+def installed(archive: Path, agents: int = 2, content: str = "client") -> InProcessEngine:
     engine = make_engine(agents)
-    ready = BundleShipper(engine, archive, lr=0.01, deadline_s=60).ensure(engine.online())
+    ready = BundleShipper(engine, archive, lr=0.01, deadline_s=60,
+                          content=content).ensure(engine.online())
     assert ready == engine.online()
     return engine
 
@@ -93,9 +94,12 @@ def test_byte_counters_follow_each_kind(archive: Path) -> None:
     engine = installed(archive)
     one_round(engine, archive, "psl", batch=16)
     snap = engine.counters.snapshot()
-    size = archive.stat().st_size
+    client = sum((archive.parent / "bundle" / name).stat().st_size
+                 for name in ("client.safetensors", "client.onnx"))
     for agent in ("a0", "a1"):
-        assert size < snap[agent]["down"]["bundle"] < size + 4096
+        # role-true: the client block's files (and two small offers), never the server block
+        down = snap[agent]["down"]["bundle"] + snap[agent]["down"]["bundle_part"]
+        assert client < down < client + 16384
         assert snap[agent]["up"]["forward"] > 8 * 16 * 4 * 4  # 8 samples of 16×4×4 fp32
         assert snap[agent]["down"]["backward"] > 8 * 16 * 4 * 4
     assert engine.counters.total("up") == sum(
@@ -111,7 +115,7 @@ def test_failures_become_misses_with_reasons(archive: Path) -> None:
     out = engine.send_and_receive({"a1": Command(Kind.FORWARD.value, {"batch": 0})})
     assert "batch" in out.missed["a1"]
     out = engine.send_and_receive({"a1": Command(Kind.BUNDLE.value, {"sha256": "0" * 64},
-                                                 {"bundle": np.zeros(10, np.uint8)})})
+                                                 {"manifest": np.zeros(10, np.uint8)})})
     assert "sha256" in out.missed["a1"]
     assert [m.reason.startswith("error") for m in engine.registry.missed] == [True] * 4
     engine.registry.set_state("a0", "offline")
@@ -150,7 +154,7 @@ def test_weights_round_trip_and_reject_wrong_shapes(archive: Path) -> None:
 
 
 def test_generation_runs_onnx_and_matches_torch(archive: Path) -> None:
-    engine = installed(archive, agents=1)
+    engine = installed(archive, agents=1, content="aux")
     out = engine.send_and_receive({"a0": Command(Kind.GENERATE.value, {"batch": 64})})
     reply = out["a0"]
     assert reply.meta["backend"] == "CPUExecutionProvider"
@@ -170,7 +174,7 @@ def test_generation_runs_onnx_and_matches_torch(archive: Path) -> None:
 
 
 def test_local_training_with_aux_head_learns(archive: Path) -> None:
-    engine = installed(archive, agents=1)
+    engine = installed(archive, agents=1, content="aux")
     before = engine.send_and_receive({"a0": Command(Kind.EVAL.value)})["a0"].meta
     for _ in range(4):
         engine.send_and_receive({"a0": Command(Kind.TRAIN.value,

@@ -236,7 +236,8 @@ class Ampere(Method):
                     self._write_trained_bundle()
             self.shipper = BundleShipper(t.engine, archive, lr=s.lr,
                                          deadline_s=s.bundle_deadline_s,
-                                         kind=Kind.TRAINED_BUNDLE.value)
+                                         kind=Kind.TRAINED_BUNDLE.value, content="aux",
+                                         seed=s.seed)
             self.bundle_sha = self.shipper.sha256
         if self.store is None:
             # The store is tied to the trained bundle: activations of another client block

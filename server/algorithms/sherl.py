@@ -94,7 +94,7 @@ def tier_bytes(before: Snapshot, after: Snapshot, edges: set[str]) -> dict[str, 
         for direction, kinds in directions.items():
             for kind, total in kinds.items():
                 moved = total - before.get(agent, {}).get(direction, {}).get(kind, 0)
-                if moved and kind != Kind.BUNDLE.value:
+                if moved and kind not in (Kind.BUNDLE.value, Kind.BUNDLE_PART.value):
                     out[TIERS.get((role, direction, kind), "control")] += moved
     return out
 
@@ -146,6 +146,7 @@ class SHeRL(Method):
             raise ConfigError(f"{where} {k2} must lie in {k1 + 1}..{k1 + layers - 1} for "
                               f"{t.bundle.spec.name} split at {k1}") from None
         self.edge_split = k2
+        t.shipper.edge_layers = k2 - k1  # edges receive their middle block [k1:k2] only
         self.edge_view, self.head = carve(t.server, k2 - k1)
         self.edge_names = sorted(to_arrays(self.edge_view, "edge"))
         with eval_mode(self.edge_view), torch.no_grad():
