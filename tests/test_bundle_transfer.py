@@ -30,8 +30,8 @@ BUNDLE_KINDS = (Kind.BUNDLE.value, Kind.BUNDLE_PART.value)
 
 @pytest.fixture(scope="module")
 def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    report = write_bundle(ModelSpec("alexnet", (1, 8, 8), 10), 2, tmp_path_factory.mktemp("b") / "bundle", seed=0,
-                          tar=True)
+    report = write_bundle(ModelSpec("alexnet", (1, 8, 8), 10), 2,
+                          tmp_path_factory.mktemp("b") / "bundle", seed=0, tar=True)
     assert report.tar_path is not None
     return report.tar_path
 
@@ -199,3 +199,21 @@ def test_an_interrupted_transfer_resumes_at_the_missing_parts(
                                             "client.onnx", "aux.safetensors", "aux.onnx"}
     finally:
         engine.close()
+
+
+def test_bundles_per_cut_one_manifest_per_distinct_cut(archive: Path, data: ArrayDataset,
+                                                       tmp_path: Path) -> None:
+    workers = {a: AgentWorker(a, data, state_dir=tmp_path / a) for a in ("a0", "a1", "a2")}
+    engine = InProcessEngine(workers)
+    shipper = BundleShipper(engine, archive, lr=0.01, deadline_s=60)
+    cuts = {"a0": 1, "a1": 2, "a2": 2}
+    assert shipper.ensure(["a0", "a1", "a2"], cuts=cuts) == ["a0", "a1", "a2"]
+    assert [workers[a].bundle.split for a in ("a0", "a1", "a2")] == [1, 2, 2]  # type: ignore[union-attr]
+    assert workers["a1"].bundle_sha == workers["a2"].bundle_sha != workers["a0"].bundle_sha
+    assert shipper.target("a1", 2) is shipper.target("a2", 2)  # one manifest per cut
+    # The cut-1 client block holds the full bundle's weights for those layers.
+    full = BundleShipper(engine, archive, lr=0.01, deadline_s=60).bundles.full
+    want = full.client_module().state_dict()
+    got = workers["a0"].client.state_dict()  # type: ignore[union-attr]
+    assert set(got) < set(want) and all(got[k].equal(want[k]) for k in got)
+    assert not shipper.needs("a0", 1) and shipper.needs("a0", 2)  # another cut: another bundle

@@ -230,12 +230,14 @@ def bundle_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return report.tar_path
 
 
-def _install(worker: AgentWorker, archive: Path) -> None:
-    import hashlib
+def _install(workers: list[AgentWorker], archive: Path, edge_layers: int) -> None:
+    from jetsplit.server.coordinator import BundleShipper
+    from jetsplit.server.engine import InProcessEngine
 
-    raw = np.frombuffer(archive.read_bytes(), np.uint8)
-    worker.handle(Kind.BUNDLE.value, 0, 0, {"sha256": hashlib.sha256(raw).hexdigest()},
-                  {"bundle": raw})
+    engine = InProcessEngine({w.agent_id: w for w in workers})
+    shipper = BundleShipper(engine, archive, lr=0.01, deadline_s=60)
+    shipper.edge_layers = edge_layers
+    assert shipper.ensure(engine.online()) == engine.online()
 
 
 def test_edge_commands_train_the_edge_block_and_check_their_input(bundle_archive: Path
@@ -249,8 +251,12 @@ def test_edge_commands_train_the_edge_block_and_check_their_input(bundle_archive
     weights = to_arrays(edge_block, "edge")
     edge = AgentWorker("e0", no_data(), role="edge")
     client = AgentWorker("a0", load_dataset_split("digits", 0.2, 0)[0], role="client")
-    for worker in (edge, client):
-        _install(worker, bundle_archive)
+    _install([edge, client], bundle_archive, 3)
+    # Role-true: the edge holds its middle block only (no classifier, no client block).
+    assert edge.bundle is not None and edge.bundle.role == "edge"
+    assert {p.name for p in edge.bundle.root.iterdir()} == {"manifest.json", "edge.safetensors"}
+    assert edge.server is None and edge.client is None
+    assert client.bundle is not None and not client.bundle.has_block("server")
     with pytest.raises(ProtocolError, match="has role client"):
         client.handle(Kind.EDGE_LOAD.value, 0, 0, {"layers": 3}, weights)
     with pytest.raises(ProtocolError, match="no edge block loaded"):
@@ -280,7 +286,8 @@ def test_edge_commands_train_the_edge_block_and_check_their_input(bundle_archive
 
 EDGE_KINDS = {Kind.EDGE_LOAD.value, Kind.EDGE_STEP.value, Kind.EDGE_UPLOAD.value,
               Kind.GET_WEIGHTS.value}
-SETUP_KINDS = {Kind.BUNDLE.value, Kind.STATUS.value, Kind.REGISTER.value}
+SETUP_KINDS = {Kind.BUNDLE.value, Kind.BUNDLE_PART.value, Kind.STATUS.value,
+               Kind.REGISTER.value}
 
 
 def _sherl_settings(**overrides: Any) -> Settings:
@@ -367,6 +374,13 @@ def test_sherl_over_mqtt_two_edges_four_clients(mosquitto: MosquittoProcess, age
     for edge in ("e0", "e1"):
         assert set(counters[edge]["down"]) - SETUP_KINDS == EDGE_KINDS
         assert set(counters[edge]["up"]) - SETUP_KINDS == EDGE_KINDS
+    # Role-true bundles: edges hold their middle block only, clients their client block;
+    # no device ever received the server block (nor the classifier with it).
+    state = tmp_path / "state" / "sherl"
+    for edge in ("e0", "e1"):
+        (installed,) = (state / edge / "bundles").iterdir()
+        assert {p.name for p in installed.iterdir()} == {"manifest.json", "edge.safetensors"}
+    assert not list(state.rglob("server.safetensors"))
     for client in ("a0", "a1", "a2", "a3"):
         assert counters[client]["down"][Kind.BACKWARD.value] > 0
         assert not set(counters[client]["down"]) & {Kind.EDGE_STEP.value,
