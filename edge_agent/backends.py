@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import platform
+import sys
 from typing import Any
 
 import torch
@@ -11,11 +12,32 @@ from jetsplit.runtimes.onnx_runtime import onnxruntime_available
 from jetsplit.runtimes.tensorrt_runtime import tensorrt_available
 
 
-def detect_backends() -> dict[str, Any]:
-    """torch (and CUDA), ONNX Runtime (and its providers), TensorRT; absent ones are None."""
-    ort_version = onnxruntime_available()
+def _installed(*dists: str) -> str | None:
+    """The version of the first installed distribution, read from its metadata: knowing a
+    runtime is there costs nothing, importing it costs tens of MB the agent keeps."""
+    from importlib import metadata
+
+    for dist in dists:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def detect_backends(light: bool = False) -> dict[str, Any]:
+    """torch (and CUDA), ONNX Runtime (and its providers), TensorRT; absent ones are None.
+
+    `light` (an agent's registration) imports neither ONNX Runtime nor TensorRT: versions
+    come from package metadata, providers only once the agent has loaded ONNX Runtime for
+    its own work (`jetsplit doctor` does the full check)."""
+    if light:
+        ort_version = _installed("onnxruntime", "onnxruntime-gpu")
+        trt_version = _installed("tensorrt")
+    else:
+        ort_version, trt_version = onnxruntime_available(), tensorrt_available()
     providers: list[str] = []
-    if ort_version is not None:
+    if ort_version is not None and (not light or "onnxruntime" in sys.modules):
         import onnxruntime
 
         providers = list(onnxruntime.get_available_providers())
@@ -26,7 +48,7 @@ def detect_backends() -> dict[str, Any]:
         "gpu": torch.cuda.get_device_name(0) if cuda else None,
         "onnxruntime": ort_version,
         "onnxruntime_providers": providers,
-        "tensorrt": tensorrt_available(),
+        "tensorrt": trt_version,
         "machine": platform.machine(),
         "python": platform.python_version(),
     }

@@ -163,7 +163,7 @@ class AgentWorker(EdgeRole):
         return {
             "agent": self.agent_id, "role": self.role, "version": __version__,
             "zoo_version": ZOO_VERSION, "profile": self.profile,
-            "dataset": self.data.summary(), "backends": detect_backends(),
+            "dataset": self.data.summary(), "backends": detect_backends(light=True),
             "device": str(self.device), "bundle": self.bundle_sha,
         }
 

@@ -27,9 +27,9 @@ two server subprocesses). Each later round is one more shuffled epoch over the w
 agents whose upload is incomplete (offline, restarted) are asked again for the rest. Phase
 2 involves every eligible agent (the paper's K devices), whatever the round's selection.
 Slices are consumed in agent-id order (`Engine.send_and_stream`), so the MQTT and in-process
-engines still train the same model bit for bit. The bundle format requires a server block;
-the trained bundle's is zeros (devices never run it), so its download stays close to eq. 27's
-client block and aux head.
+engines still train the same model bit for bit. Devices download only the trained client
+block and aux head (a role-true client bundle, eq. 27); the coordinator's full copy holds a
+zero server block, which never leaves it.
 
 Rounds: `rounds` is the whole budget; phase 1 takes up to min(N_d, rounds − 1) of them and
 every remaining round is one server epoch (N_s = rounds − phase-1 rounds). `local_steps` is
