@@ -430,7 +430,7 @@ def _delta(after: dict[str, dict[str, int]], before: dict[str, dict[str, int]]
 
 
 # Settings a resumed run may change: how long to wait and how far to go, not what to train.
-RESUMABLE_CHANGES = {"rounds", "deadline_s", "bundle_deadline_s"}
+RESUMABLE_CHANGES = {"rounds", "deadline_s", "bundle_deadline_s", "retry_s"}
 
 
 def _save(directory: Path, round_: int, settings: Settings, trainer: Trainer,
