@@ -7,6 +7,7 @@ import logging
 import torch
 
 from jetsplit.data import ArrayDataset, load_dataset_split, partition
+from jetsplit.devices import resolve_device
 from jetsplit.edge_agent.config import AgentConfig
 from jetsplit.edge_agent.edge import no_data
 from jetsplit.edge_agent.emulation import DeviceClock
@@ -29,11 +30,7 @@ def local_dataset(config: AgentConfig) -> ArrayDataset:
 
 
 def pick_device(choice: str) -> str:
-    if choice == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("agent config: device = \"cuda\" but torch sees no CUDA device")
-    if choice == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return choice
+    return resolve_device(choice, "agent config: device")
 
 
 def build_worker(config: AgentConfig) -> AgentWorker:
@@ -48,4 +45,5 @@ def build_worker(config: AgentConfig) -> AgentWorker:
     data = local_dataset(config) if config.role == "client" else no_data()
     return AgentWorker(config.agent, data, role=config.role,
                        seed=config.seed, state_dir=state, device=pick_device(config.device),
-                       profile=profile, clock=DeviceClock(config.emulation))
+                       profile=profile, clock=DeviceClock(config.emulation),
+                       threads=config.threads)

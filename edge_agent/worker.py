@@ -121,11 +121,15 @@ class AgentWorker(EdgeRole):
         profile: dict[str, Any] | None = None,
         bundle_cache: dict[str, Bundle] | None = None,
         clock: DeviceClock | None = None,
+        threads: int = 0,
     ) -> None:
         if len(data) == 0 and role != "edge":  # an edge trains on its clients' activations
             raise JetsplitError(f"agent {agent_id}: its dataset is empty")
         self.agent_id, self.data, self.role, self.seed = agent_id, data, role, seed
         self.device = torch.device(device)
+        # Intra-op torch threads its compute runs with (0: the process's). An agent process
+        # sets it once at start; the in-process engine applies it around each command.
+        self.threads = threads
         self.profile = profile
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if state_dir is None:

@@ -51,10 +51,14 @@ def run(
                      ] = None,
     compression: Annotated[str | None, typer.Option(
         "--compression", help="Overrides train.compression.")] = None,
+    device: Annotated[str | None, typer.Option(
+        "--device", help="auto | cpu | cuda: where server blocks, aggregation and evaluation "
+        "run (overrides server.device).")] = None,
 ) -> None:
     """Wait for the fleet, ship the bundle, train, write metrics, summary and weights."""
     from jetsplit.config_io import model_from_dict
     from jetsplit.data import load_dataset_split
+    from jetsplit.devices import resolve_device
     from jetsplit.errors import ConfigError
     from jetsplit.server.config import ServerConfig, TrainSection, load_server_config
     from jetsplit.server.coordinator import prepare_bundle
@@ -85,7 +89,10 @@ def run(
                                          ).model_dump()
     if broker:
         data["mqtt"]["broker"] = broker
+    if device is not None:
+        data["server"]["device"] = device
     cfg = model_from_dict(ServerConfig, data, "server config", str(config))
+    resolve_device(cfg.server.device, "--device" if device is not None else "server.device")
     check_data_options(cfg.data.dataset)
     if auto_resume:
         if cfg.run is None:

@@ -89,6 +89,19 @@ class TopologySection(BaseModel):
         return self
 
 
+class ServerSection(BaseModel):
+    """Where the coordinator computes: its server blocks, aggregation and evaluation
+    (`auto`: CUDA when torch sees a GPU), optional mixed precision on the server block, and
+    the intra-op torch threads its compute runs with (0: torch's default for this machine;
+    set it to compare runs bit for bit across machines or engines)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    autocast: Literal["off", "bf16", "fp16"] = "off"
+    threads: Annotated[int, Field(ge=0, le=1024)] = 0
+
+
 class ServerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -100,6 +113,7 @@ class ServerConfig(BaseModel):
     seed: Annotated[int, Field(ge=0)] = 0
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     mqtt: MqttSection = MqttSection()
+    server: ServerSection = ServerSection()
     model: ModelSection = ModelSection()
     train: TrainSection = TrainSection()
     data: DataSection = DataSection()
@@ -108,7 +122,8 @@ class ServerConfig(BaseModel):
     def settings(self) -> Settings:
         """The engine-neutral training settings this config describes."""
         return Settings(seed=self.seed, edges=self.topology.edges,
-                        edge_split=self.topology.edge_split, **self.train.model_dump())
+                        edge_split=self.topology.edge_split, **self.server.model_dump(),
+                        **self.train.model_dump())
 
 
 def load_server_config(path: str | Path) -> ServerConfig:

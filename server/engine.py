@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from jetsplit.devices import torch_threads
 from jetsplit.server.registry import FleetRegistry, MissedStep
 from jetsplit.transport import COORDINATOR, ByteCounters
 from jetsplit.wire import Message, MessageType, decode_message, encode_message
@@ -132,6 +133,7 @@ class AgentLike(Protocol):
     """What the in-process engine needs from an agent (`edge_agent.worker.AgentWorker`)."""
 
     agent_id: str
+    threads: int  # intra-op torch threads its compute runs with (0: the process's)
 
     def registration(self) -> dict[str, Any]: ...
 
@@ -140,6 +142,8 @@ class InProcessEngine(Engine):
     """Agents are objects in this process; commands run one agent after another in id order.
 
     Deterministic and fast: the engine for accuracy experiments with 100+ simulated clients.
+    Each agent's compute runs under that agent's torch thread count, as in its own process,
+    so a run here matches the same fleet over MQTT bit for bit whatever this process uses.
     """
 
     def __init__(self, workers: Mapping[str, AgentLike], run_id: str = "local") -> None:
@@ -183,7 +187,9 @@ class InProcessEngine(Engine):
         msg = command_message(self.run_id, next(self._seq), command, round=round, step=step)
         down = encode_message(msg, codec=command.codec, compression=command.compression)
         self.counters.add(agent, command.kind, "down", len(down))
-        reply, codec, compression = self._respond(worker, decode_message(down), next(self._seq))
+        with torch_threads(getattr(worker, "threads", 0)):
+            reply, codec, compression = self._respond(worker, decode_message(down),
+                                                      next(self._seq))
         up = encode_message(reply, codec=codec, compression=compression)
         self.counters.add(agent, reply.kind, "up", len(up))
         holding = sum(1 for w in self.workers.values() if getattr(w, "holds_blocks", False))

@@ -27,18 +27,20 @@ class Evaluation:
 
 
 def evaluate(model: nn.Module, test: ArrayDataset, batch: int = 512) -> Evaluation:
-    """Accuracy of `model` (client∘server or the full model) on the test split."""
+    """Accuracy of `model` (client∘server or the full model) on the test split, computed on
+    the device the model's weights are on."""
+    device = next(model.parameters()).device
     correct = np.zeros(test.num_classes, np.int64)
     count = np.bincount(test.y, minlength=test.num_classes)
     loss_sum = 0.0
     with eval_mode(model), torch.no_grad():
         for start in range(0, len(test), batch):
-            x = torch.from_numpy(test.x[start:start + batch])
-            y = torch.from_numpy(test.y[start:start + batch])
+            x = torch.from_numpy(test.x[start:start + batch]).to(device)
+            y = torch.from_numpy(test.y[start:start + batch]).to(device)
             logits = model(x)
             loss_sum += float(nn.functional.cross_entropy(logits, y, reduction="sum"))
-            hits = (logits.argmax(1) == y).numpy()
-            np.add.at(correct, y.numpy()[hits], 1)
+            hits = (logits.argmax(1) == y).cpu().numpy()
+            np.add.at(correct, test.y[start:start + batch][hits], 1)
     present = count > 0
     per_class = np.where(present, correct / np.maximum(count, 1), np.nan)
     return Evaluation(float(correct.sum() / len(test)),

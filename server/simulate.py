@@ -37,10 +37,13 @@ def simulate(
     resume: bool = False,
 ) -> dict[str, Any]:
     """Partition `dataset` over `clients` in-process agents and train; returns the summary.
+    The simulated agents compute on the coordinator's device (`settings.device`): one GPU
+    runs the whole fleet.
     The arguments go to `out_dir/simulation.json`, so `--resume DIR` needs nothing else.
     The edges of `settings.edges` (SHeRL-FL) join as data-less agents with role `edge`."""
     from jetsplit.bundle import Bundle
     from jetsplit.data import load_dataset_split, partition
+    from jetsplit.devices import resolve_device
     from jetsplit.edge_agent.edge import no_data
     from jetsplit.edge_agent.worker import AgentWorker
     from jetsplit.export.bundle_writer import write_bundle
@@ -48,14 +51,17 @@ def simulate(
     from jetsplit.server.engine import InProcessEngine
     from jetsplit.server.training import run_training
 
+    device = resolve_device(settings.device, "--device")
     train, test = load_dataset_split(dataset, test_fraction, settings.seed)
     shards = partition(train.y, clients, partition_scheme, settings.seed, train.num_classes)
     cache: dict[str, Bundle] = {}
     workers = {agent_name(i): AgentWorker(agent_name(i), train.subset(shard),
-                                          seed=settings.seed + i, bundle_cache=cache)
+                                          seed=settings.seed + i, bundle_cache=cache,
+                                          device=device)
                for i, shard in enumerate(shards)}
     workers.update({edge: AgentWorker(edge, no_data(), role="edge", seed=settings.seed,
-                                      bundle_cache=cache) for edge in sorted(settings.edges)})
+                                      bundle_cache=cache, device=device)
+                    for edge in sorted(settings.edges)})
     del train, shards  # from here on each client's shard is the only copy of its data
     spec = ModelSpec(model, test.input_shape, test.num_classes)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -175,16 +181,26 @@ def simulate_command(
         "before phase 2.")] = 5,
     device_epochs: Annotated[int, typer.Option(
         "--device-epochs", help="ampere: at most this many device epochs (N_d).")] = 100,
+    device: Annotated[str, typer.Option(
+        "--device", help="auto | cpu | cuda: where the server blocks, evaluation and the "
+        "simulated agents compute.")] = "auto",
+    autocast: Annotated[str, typer.Option(
+        "--autocast", help="off | bf16 | fp16: mixed precision on the server block.")
+    ] = "off",
 ) -> None:
     """Simulate a fleet in one process: same methods and metrics as over MQTT."""
     from jetsplit.config_io import model_from_dict
-    from jetsplit.server.config import TrainSection
+    from jetsplit.devices import resolve_device
+    from jetsplit.server.config import ServerSection, TrainSection
 
     train = model_from_dict(TrainSection, {
         "algorithm": algorithm, "rounds": rounds, "local_steps": local_steps,
         "fraction": fraction, "batch": batch, "lr": lr, "codec": codec, "tau1": tau1,
         "tau2": tau2, "margin": margin, "cloud_lr": cloud_lr, "patience": patience,
         "device_epochs": device_epochs}, "option", "--")
+    server = model_from_dict(ServerSection, {"device": device, "autocast": autocast},
+                             "option", "--")
+    resolve_device(server.device, "--device")  # fail before loading any data
     if clients < 1:
         from jetsplit.errors import ConfigError
 
@@ -199,7 +215,7 @@ def simulate_command(
         out_dir = out or Path("runs") / time.strftime("sim-%Y%m%d-%H%M%S", time.gmtime())
         topology = sherl_topology(algorithm, edges, clients)
         settings = Settings(seed=seed, edges=topology, edge_split=edge_split,
-                            **train.model_dump())
+                            **server.model_dump(), **train.model_dump())
         summary = simulate(settings, model=model, split=split, dataset=dataset, clients=clients,
                            partition_scheme=partition, out_dir=out_dir)
     short = {k: summary[k] for k in ("algorithm", "rounds", "final_accuracy",

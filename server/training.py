@@ -17,7 +17,7 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +27,13 @@ from torch import nn
 
 from jetsplit.bundle import Bundle, load_bundle
 from jetsplit.data import ArrayDataset
+from jetsplit.devices import resolve_device, torch_threads
 from jetsplit.errors import JetsplitError
 from jetsplit.models import ZOO_VERSION
 from jetsplit.models.split import eval_mode
 from jetsplit.models.weights import from_arrays, load_strict, to_arrays
 from jetsplit.protocol import Kind
+from jetsplit.server.compute import autocast, to_device, to_host
 from jetsplit.server.engine import Command, Engine, Outcome
 from jetsplit.server.evaluation import Evaluation, evaluate, summarize
 
@@ -83,6 +85,12 @@ class Settings:
     cloud_lr: float = 1e-3  # the cloud's Adam on the task head (see server/algorithms/sherl)
     edges: dict[str, list[str]] = field(default_factory=dict)
     edge_split: int | None = None
+    # Where the coordinator computes ([server] in server.toml): device auto|cpu|cuda for the
+    # server blocks and evaluation; autocast off|bf16|fp16 on the server block's steps;
+    # intra-op torch threads for the coordinator's compute (0: the process's setting).
+    device: str = "auto"
+    autocast: str = "off"
+    threads: int = 0
 
 
 class Trainer:
@@ -101,7 +109,8 @@ class Trainer:
                                      content=CLIENT_CONTENT.get(settings.algorithm, "client"),
                                      seed=settings.seed)
         self.cuts: dict[str, int] = {}
-        self.server: nn.Module = self.bundle.server_module()
+        self.device = torch.device(resolve_device(settings.device, "device"))
+        self.server: nn.Module = self.bundle.server_module().to(self.device)
         self.optimizer = torch.optim.SGD(self.server.parameters(), lr=settings.lr)
         client = self.bundle.client_module()
         self.global_client: Arrays = to_arrays(client, "client")
@@ -145,6 +154,21 @@ class Trainer:
             yield
         finally:
             self.phases[phase] += time.perf_counter() - started
+
+    @contextlib.contextmanager
+    def server_compute(self) -> Iterator[None]:
+        """A server-block step: timed as "server", under the configured autocast."""
+        with self.timed("server"), autocast(self.device, self.settings.autocast):
+            yield
+
+    def inputs(self, out: Outcome) -> tuple[list[str], list[torch.Tensor], list[torch.Tensor]]:
+        """The forward replies' activations and labels on the server's device, per agent in
+        id order: one transfer each for all agents' activations and labels, then views."""
+        agents = out.agents
+        acts = to_device([out[a].tensors["activations"] for a in agents], np.float32,
+                         self.device)
+        labels = to_device([out[a].tensors["labels"] for a in agents], np.int64, self.device)
+        return agents, acts, labels
 
     def note(self, outcome: Outcome) -> Outcome:
         """Remember who missed this exchange (for the round's report)."""
@@ -244,9 +268,9 @@ class Trainer:
 
     def backward(self, grads: dict[str, torch.Tensor], step: int) -> Outcome:
         s = self.settings
-        commands = {a: Command(Kind.BACKWARD.value, {},
-                               {"grad": g.detach().contiguous().numpy()}, codec=s.codec,
-                               compression=s.compression) for a, g in grads.items()}
+        host = to_host(list(grads.values()))  # one transfer back for all agents
+        commands = {a: Command(Kind.BACKWARD.value, {}, {"grad": g}, codec=s.codec,
+                               compression=s.compression) for a, g in zip(grads, host, strict=True)}
         with self.timed("backward"):
             out = self.note(self.engine.send_and_receive(
                 commands, round=self.round, step=step, deadline_s=s.deadline_s))
@@ -288,7 +312,8 @@ class Trainer:
         """client∘server as one module, with the client block's weights from `client`."""
         block = self.bundle.client_module()
         load_strict(block, from_arrays(client, "client"), "client weights")
-        return nn.Sequential(*block.children(), *(server or self.server).children())
+        return nn.Sequential(*block.to(self.device).children(),
+                             *(server or self.server).children())
 
     def evaluate_global(self) -> dict[str, Any]:
         return evaluate(self.composed(self.global_client), self.test).as_dict()
@@ -319,7 +344,18 @@ def run_training(
     With `checkpoint`, the state after every round goes to `out_dir/checkpoint`; with
     `resume`, training continues after the last checkpointed round (its bundle is shipped,
     its metrics rows are kept) and ends exactly where an uninterrupted run would.
-    `row_extras(row)` may add fields to each metrics row before it is written."""
+    `row_extras(row)` may add fields to each metrics row before it is written. The
+    coordinator's compute runs with `settings.threads` intra-op threads (0: as it is)."""
+    with torch_threads(settings.threads):
+        return _train(engine, archive, settings, test, out_dir, on_round=on_round,
+                      bundle=bundle, checkpoint=checkpoint, resume=resume,
+                      row_extras=row_extras)
+
+
+def _train(engine: Engine, archive: Path, settings: Settings, test: ArrayDataset,
+           out_dir: Path, *, on_round: Callable[[dict[str, Any]], None] | None,
+           bundle: Bundle | None, checkpoint: bool, resume: bool,
+           row_extras: Callable[[dict[str, Any]], dict[str, Any]] | None) -> dict[str, Any]:
     from jetsplit.server.algorithms.methods import build_method
     from jetsplit.server.checkpoint import load_checkpoint
 
@@ -429,8 +465,9 @@ def _delta(after: dict[str, dict[str, int]], before: dict[str, dict[str, int]]
                 if v - before[d].get(k, 0)} for d in ("up", "down")}
 
 
-# Settings a resumed run may change: how long to wait and how far to go, not what to train.
-RESUMABLE_CHANGES = {"rounds", "deadline_s", "bundle_deadline_s", "retry_s"}
+# Settings a resumed run may change: how long to wait, how far to go and where the
+# coordinator computes, not what to train.
+RESUMABLE_CHANGES = {"rounds", "deadline_s", "bundle_deadline_s", "retry_s", "device", "threads"}
 
 
 def _save(directory: Path, round_: int, settings: Settings, trainer: Trainer,
@@ -457,8 +494,9 @@ def _restore(saved: Any, settings: Settings, trainer: Trainer, method: Any) -> N
 
     meta = saved.meta
     before = meta.get("settings") or {}
+    defaults = {f.name: f.default for f in fields(Settings)}  # keys older runs lack
     changed = sorted(k for k, v in settings.__dict__.items()
-                     if k not in RESUMABLE_CHANGES and before.get(k) != v)
+                     if k not in RESUMABLE_CHANGES and before.get(k, defaults[k]) != v)
     if changed:
         raise CheckpointError(f"cannot resume: setting {changed[0]!r} was "
                               f"{before.get(changed[0])!r}, now {getattr(settings, changed[0])!r}")

@@ -74,6 +74,7 @@ class TrialSpec:
     split: int | None = None  # None: the planner's choice
     edges: int = 0  # SHeRL-FL: edge agents e0… (clients dealt to them round-robin)
     edge_profile: str = "orin-nx-16gb"
+    device: str = "auto"  # the coordinator's: auto | cpu | cuda (agents emulate on the CPU)
 
     def device_profiles(self) -> dict[str, str]:
         """Profile of each agent: clients cycle through `profiles`, edges use
@@ -227,9 +228,16 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
     """Run (or resume) a whole trial; returns the training summary plus the report path."""
     from jetsplit.broker_url import parse_broker_url
     from jetsplit.data import load_dataset_split
+    from jetsplit.devices import resolve_device
     from jetsplit.profiles import resolve_profile
     from jetsplit.server.brokers import EmbeddedBroker
-    from jetsplit.server.config import ModelSection, ServerConfig, TopologySection, TrainSection
+    from jetsplit.server.config import (
+        ModelSection,
+        ServerConfig,
+        ServerSection,
+        TopologySection,
+        TrainSection,
+    )
     from jetsplit.server.coordinator import prepare_bundle
     from jetsplit.server.fleet_books import FleetBooks
     from jetsplit.server.mqtt_engine import MqttEngine
@@ -246,6 +254,8 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
         {})
     if spec.agents < 1:
         raise ConfigError(f"--agents must be at least 1, got {spec.agents}")
+    server = validate_options(ServerSection, {"device": spec.device}, {})
+    resolve_device(server.device, "--device")
     check_port(metrics_port, "--metrics-port")
     check_data_options(spec.dataset, spec.partition)
     if spec.broker is not None:
@@ -289,7 +299,7 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
     cfg = ServerConfig(fleet="trial", agents=len(device_profiles), seed=spec.seed,
                        model=ModelSection(name=spec.model, input_shape=list(test.input_shape),
                                           classes=test.num_classes, split=split),
-                       train=train, topology=TopologySection(edges=topology))
+                       train=train, topology=TopologySection(edges=topology), server=server)
     (out_dir / "config.toml").write_text(_server_toml(cfg, address.url()))
     agents = AgentProcesses(configs).start()
     engine = MqttEngine(address, "trial", run_id=out_dir.name or "trial",
@@ -308,7 +318,8 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
         books = FleetBooks(engine)
         if metrics_port is not None:
             exporter = MetricsExporter(metrics_port).start()
-        settings = Settings(seed=spec.seed, edges=topology, **train.model_dump())
+        settings = Settings(seed=spec.seed, edges=topology, **server.model_dump(),
+                            **train.model_dump())
         with TrialProgress(spec.rounds, title="jetsplit trial", live=live) as progress:
             to_exporter = None if exporter is None else round_callback(exporter, engine, books)
 
@@ -344,6 +355,7 @@ def _server_toml(cfg: Any, broker_url: str) -> str:
         "mqtt": {"broker": broker_url},
         "model": {"name": m.name, "input_shape": list(m.input_shape), "classes": m.classes,
                   "split": m.split},
+        "server": cfg.server.model_dump(),
         "train": {k: v for k, v in cfg.train.model_dump().items() if v is not None},
     }
     if cfg.topology.edges:
@@ -402,6 +414,9 @@ def trial_command(
         "--metrics-port", help="Serve Prometheus metrics on 127.0.0.1:PORT.")] = None,
     resume: Annotated[Path | None, typer.Option(
         "--resume", help="Continue the trial in DIR from its last checkpoint.")] = None,
+    device: Annotated[str, typer.Option(
+        "--device", help="auto | cpu | cuda: where the coordinator's server blocks, "
+        "aggregation and evaluation run.")] = "auto",
 ) -> None:
     """Field trial on this machine: broker, coordinator and emulated agents; report."""
     logging.basicConfig(level=logging.WARNING,
@@ -415,7 +430,7 @@ def trial_command(
                          dataset=dataset, partition=partition, local_steps=local_steps,
                          batch=batch, lr=lr, fraction=fraction, seed=seed, broker=broker,
                          emulate=not no_emulation, split=split, edges=edges,
-                         edge_profile=edge_profile)
+                         edge_profile=edge_profile, device=device)
         out_dir = out or Path("runs") / time.strftime("trial-%Y%m%d-%H%M%S", time.gmtime())
     summary = run_trial(spec, out_dir, resume=resume is not None, metrics_port=metrics_port)
     accuracy = summary["final_accuracy"]

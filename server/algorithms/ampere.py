@@ -257,7 +257,8 @@ class Ampere(Method):
         t = self.trainer
         assert self.workdir is not None
         weights = {**from_arrays(t.global_client, "client"),
-                   **{k: torch.zeros_like(v) for k, v in t.server.state_dict().items()},
+                   **{k: torch.zeros(v.shape, dtype=v.dtype)
+                      for k, v in t.server.state_dict().items()},
                    **{f"aux.{k}": v for k, v in from_arrays(self.global_aux, "aux").items()}}
         write_bundle(t.bundle.spec, t.bundle.split, self.workdir / "bundle",
                      aux_ratio=t.bundle.manifest.aux_ratio, seed=t.settings.seed,
@@ -352,11 +353,12 @@ class Ampere(Method):
         """One SGD step of the server block on stored rows (eq. 12)."""
         with self.trainer.timed("load"):
             acts, labels = self._store().take(np.sort(rows))
-        with self.trainer.timed("server"):
+        with self.trainer.server_compute():
+            device = self.trainer.device
             server.train()
             optimizer.zero_grad(set_to_none=True)
-            loss = nn.functional.cross_entropy(server(torch.from_numpy(acts)),
-                                               torch.from_numpy(labels))
+            loss = nn.functional.cross_entropy(server(torch.from_numpy(acts).to(device)),
+                                               torch.from_numpy(labels).to(device))
             loss.backward()
             optimizer.step()
         return float(loss.detach())

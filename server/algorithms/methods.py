@@ -31,19 +31,10 @@ from jetsplit.server.checkpoint import (
     save_arrays,
     subset,
 )
-from jetsplit.server.engine import Command, Outcome
+from jetsplit.server.engine import Command
 from jetsplit.server.training import Arrays, Trainer
 
 Grads = dict[str, torch.Tensor]
-
-
-def _inputs(out: Outcome) -> tuple[list[str], list[torch.Tensor], list[torch.Tensor]]:
-    agents = out.agents
-    acts = [torch.from_numpy(np.array(out[a].tensors["activations"], dtype=np.float32))
-            for a in agents]
-    labels = [torch.from_numpy(np.array(out[a].tensors["labels"], dtype=np.int64))
-              for a in agents]
-    return agents, acts, labels
 
 
 def _save_arrays(arrays: Arrays, path: Path) -> None:
@@ -125,8 +116,8 @@ class SplitMethod(Method):
         out = t.forward(t.batches(live), step)
         if not out.agents:
             return None
-        agents, acts, labels = _inputs(out)
-        with t.timed("server"):
+        agents, acts, labels = t.inputs(out)
+        with t.server_compute():
             loss, grads = self.server_update(agents, acts, labels)
         t.backward(grads, step)
         return loss
@@ -327,8 +318,8 @@ class SplitFedV2(SplitMethod):
             out = t.forward({agent: batches[agent]}, step)
             if not out.agents:
                 continue
-            agents, acts, labels = _inputs(out)
-            with t.timed("server"):
+            agents, acts, labels = t.inputs(out)
+            with t.server_compute():
                 loss, grads = self.server_update(agents, acts, labels)
             t.backward(grads, step)
             losses.append(loss)

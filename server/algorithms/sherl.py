@@ -46,6 +46,7 @@ from jetsplit.protocol import Kind
 from jetsplit.server.aggregation import fedavg
 from jetsplit.server.algorithms.methods import Method
 from jetsplit.server.checkpoint import CheckpointError
+from jetsplit.server.compute import autocast, to_device
 from jetsplit.server.engine import Command, Outcome
 from jetsplit.server.topology import Topology, resolve
 from jetsplit.server.training import Arrays, Settings, Trainer
@@ -150,7 +151,7 @@ class SHeRL(Method):
         self.edge_view, self.head = carve(t.server, k2 - k1)
         self.edge_names = sorted(to_arrays(self.edge_view, "edge"))
         with eval_mode(self.edge_view), torch.no_grad():
-            probe = self.edge_view(torch.zeros(1, *t.activation_shape))
+            probe = self.edge_view(torch.zeros(1, *t.activation_shape, device=t.device))
         self.embedding_shape = tuple(probe.shape[1:])
         from jetsplit.export.cost_model import edge_block, get_costs
 
@@ -351,13 +352,15 @@ class SHeRL(Method):
         if not embeddings:
             return None
         t = self.trainer
-        x = torch.from_numpy(np.concatenate([embeddings[e] for e in sorted(embeddings)]))
-        y = torch.from_numpy(np.concatenate([labels[e] for e in sorted(embeddings)]))
-        self.head.train()
-        t.optimizer.zero_grad(set_to_none=True)
-        loss = nn.functional.cross_entropy(self.head(x), y)
-        loss.backward()  # x is detached: nothing reaches the edge block
-        t.optimizer.step()
+        order = sorted(embeddings)
+        [x] = to_device([np.concatenate([embeddings[e] for e in order])], np.float32, t.device)
+        [y] = to_device([np.concatenate([labels[e] for e in order])], np.int64, t.device)
+        with autocast(t.device, t.settings.autocast):
+            self.head.train()
+            t.optimizer.zero_grad(set_to_none=True)
+            loss = nn.functional.cross_entropy(self.head(x), y)
+            loss.backward()  # x is detached: nothing reaches the edge block
+            t.optimizer.step()
         return float(loss.detach())
 
     # ------------------------------------------------------------------ aggregation

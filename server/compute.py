@@ -1,0 +1,54 @@
+"""Moving a step's tensors between the wire (NumPy on the host) and the coordinator's device,
+and mixed precision on the server block.
+
+A step's activations from all agents cross to the device in one transfer (one pinned host
+buffer, one copy), and the activation gradients come back in one: with 100 clients that is
+2 copies per step instead of 200, which is what keeps a GPU coordinator busy. On CPU the same
+code runs and gives the same values (the views alias one buffer; nothing is rounded).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import numpy as np
+import torch
+
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def to_device(arrays: list[np.ndarray], dtype: type[np.generic], device: torch.device
+              ) -> list[torch.Tensor]:
+    """`arrays` (any shapes) as `dtype` tensors on `device`, each a view of one buffer that
+    crossed in a single copy."""
+    if not arrays:
+        return []
+    flat = np.concatenate([np.asarray(a, dtype=dtype).reshape(-1) for a in arrays])
+    host = torch.from_numpy(flat)
+    if device.type == "cuda":
+        host = host.pin_memory()
+    buffer = host.to(device, non_blocking=True)
+    sizes = [math.prod(a.shape) for a in arrays]
+    return [part.view(a.shape) for part, a in zip(buffer.split(sizes), arrays, strict=True)]
+
+
+def to_host(tensors: list[torch.Tensor]) -> list[np.ndarray]:
+    """Device tensors as float32 NumPy arrays (same shapes) after one copy to the host."""
+    if not tensors:
+        return []
+    flat = torch.cat([t.detach().reshape(-1).float() for t in tensors]).cpu().numpy()
+    sizes = np.cumsum([t.numel() for t in tensors])[:-1]
+    return [part.reshape(t.shape) for part, t in zip(np.split(flat, sizes), tensors,
+                                                       strict=True)]
+
+
+def autocast(device: torch.device, mode: str) -> contextlib.AbstractContextManager[None]:
+    """`off`: nothing; `bf16` / `fp16`: the server block runs its matmuls and convolutions
+    in that precision (weights, optimizer state and the gradients sent back stay fp32).
+    fp16 runs without loss scaling, so prefer bf16 where the hardware has it."""
+    if mode == "off":
+        return contextlib.nullcontext()
+    if mode not in AUTOCAST_DTYPES:
+        raise ValueError(f"autocast must be off, bf16 or fp16, got {mode!r}")
+    return torch.autocast(device.type, dtype=AUTOCAST_DTYPES[mode])
