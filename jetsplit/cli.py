@@ -102,6 +102,10 @@ def build_app(device: bool = False) -> typer.Typer:
     app.command("trial", help="Field trial on this machine: broker, coordinator, emulated "
                 "agents; report with plots.")(trial_command)
     app.command("report", help="Write report.md with plots for a run folder.")(report_command)
+    from jetsplit.export.model_cli import predict
+
+    app.command("predict", help="Accuracy and latency of an exported model on a dataset.")(
+        predict)
     app.command("provision", help="Fleet CA, per-device startup kits (mTLS + signing keys), "
                 "Mosquitto config with per-device ACLs.")(provision_command)
     return app
