@@ -42,16 +42,21 @@ def test_mqtt_and_in_process_engines_give_bit_identical_runs(
         agents: int, rounds: int, steps: int) -> None:
     """Same seed and config, fp32: the fleet over MQTT (agent processes, `jetsplit server
     run`) and in one process end with the same weights, bit for bit, and the same per-round
-    accuracy."""
+    accuracy, although this process runs torch with a different thread count (3) than the
+    agent processes (1, their config) and the coordinator process (its default): each
+    engine runs agent compute under the agents' threads and server compute under
+    `[server] threads`."""
     url = f"mqtt://127.0.0.1:{mosquitto.port}"
     fleet = agent_fleet(url, "ident", agents).start()
     config = tmp_path / "server.toml"
     config.write_text(
         f'fleet = "ident"\nagents = {agents}\nwait_s = 120\nout = "{tmp_path / "runs"}"\n'
-        'run = "mqtt"\n[model]\nname = "mobilenetv3-small"\ninput_shape = [1, 8, 8]\n'
+        'run = "mqtt"\n[server]\nthreads = 1\n'
+        '[model]\nname = "mobilenetv3-small"\ninput_shape = [1, 8, 8]\n'
         f'split = 2\n[data]\ndataset = "digits"\n[train]\nalgorithm = "{algorithm}"\n'
         f"rounds = {rounds}\nlocal_steps = {steps}\nbatch = 48\nlr = 0.05\n")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # same threads as the in-process run below
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS",
+                                                             "MKL_NUM_THREADS")}
     done = subprocess.run([sys.executable, "-m", "jetsplit.cli", "server", "run",
                            "--config", str(config), "--broker", url],
                           capture_output=True, text=True, env=env, timeout=400)
@@ -59,9 +64,9 @@ def test_mqtt_and_in_process_engines_give_bit_identical_runs(
     assert f"{rounds} rounds with {agents} agents" in done.stdout
 
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     try:
         workers = {a: build_worker(load_agent_config(p)) for a, p in fleet.configs.items()}
+        torch.set_num_threads(3)  # not the agents' 1 (build_worker set 1 process-wide)
         cfg = load_server_config(config)
         _, test = load_dataset_split("digits", 0.2, 0)
         engine = InProcessEngine(workers, run_id="local")
