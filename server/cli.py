@@ -52,8 +52,8 @@ def run(
     compression: Annotated[str | None, typer.Option(
         "--compression", help="Overrides train.compression.")] = None,
     device: Annotated[str | None, typer.Option(
-        "--device", help="auto | cpu | cuda: where server blocks, aggregation and evaluation "
-        "run (overrides server.device).")] = None,
+        "--device", help="auto | cpu | cuda: where server blocks and evaluation run "
+        "(overrides server.device).")] = None,
 ) -> None:
     """Wait for the fleet, ship the bundle, train, write metrics, summary and weights."""
     from jetsplit.config_io import model_from_dict

@@ -90,7 +90,7 @@ class TopologySection(BaseModel):
 
 
 class ServerSection(BaseModel):
-    """Where the coordinator computes: its server blocks, aggregation and evaluation
+    """Where the coordinator computes: its server blocks and evaluation
     (`auto`: CUDA when torch sees a GPU), optional mixed precision on the server block, and
     the intra-op torch threads its compute runs with (0: torch's default for this machine;
     set it to compare runs bit for bit across machines or engines)."""

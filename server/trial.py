@@ -415,8 +415,8 @@ def trial_command(
     resume: Annotated[Path | None, typer.Option(
         "--resume", help="Continue the trial in DIR from its last checkpoint.")] = None,
     device: Annotated[str, typer.Option(
-        "--device", help="auto | cpu | cuda: where the coordinator's server blocks, "
-        "aggregation and evaluation run.")] = "auto",
+        "--device", help="auto | cpu | cuda: where the coordinator's server blocks and "
+        "evaluation run.")] = "auto",
 ) -> None:
     """Field trial on this machine: broker, coordinator and emulated agents; report."""
     logging.basicConfig(level=logging.WARNING,
