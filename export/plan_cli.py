@@ -14,9 +14,9 @@ import typer
 
 from jetsplit.export.planner import ALGORITHMS, NOT_PLANNED, OBJECTIVES, FleetPlan, PlanSettings
 
-_ALGO_HELP = (" | ".join(ALGORITHMS) + ". Common split for all of them (client blocks are "
-              "FedAvg-ed or one server block is shared). " + "; ".join(NOT_PLANNED.values())
-              + ".")
+_ALGO_HELP = (" | ".join(ALGORITHMS) + ". The split methods get a cut per device (the "
+              "coordinator completes shallow devices to the deepest cut); fedavg and ampere "
+              "one common cut. " + "; ".join(NOT_PLANNED.values()) + ".")
 
 
 def plan(
@@ -51,6 +51,8 @@ def plan(
     context_mb: Annotated[float | None, typer.Option(
         "--context-mb", help="Runtime context per device in MiB (default by device kind: "
         "300 Jetson/GPU CUDA context, 250 CPU).")] = None,
+    common_split: Annotated[bool, typer.Option(
+        "--common-split", help="One cut for the whole fleet (no per-device cuts).")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Cost of every split candidate and the planner's choice."""
@@ -62,7 +64,7 @@ def plan(
     settings = PlanSettings(
         algorithm=algorithm, batch=batch, local_steps=local_steps, dataset_size=dataset_size,
         rounds=rounds, bandwidth_mbps=bandwidth, objective=objective, optimizer=optimizer,
-        codec=codec, context_mb=context_mb)
+        codec=codec, context_mb=context_mb, common_split=common_split)
     settings.validate()
     shape = parse_shape(input_shape)
     devices = [resolve_profile(p) for p in profile]
@@ -91,10 +93,30 @@ def plan_to_dict(plan: FleetPlan) -> dict[str, Any]:
     return {
         "model": plan.model, "algorithm": plan.algorithm, "objective": plan.objective,
         "settings": asdict(plan.settings), "common_split": plan.common,
-        "chosen": plan.chosen, "chosen_k": plan.common_k, "devices": devices,
+        "chosen": plan.chosen, "chosen_k": plan.common_k, "server_cut": plan.server_cut,
+        "per_device": per_device(plan), "value": plan.value,
+        "best_common_k": plan.best_common_k,
+        "best_common_value": (None if plan.best_common_k is None
+                              else plan.fleet_values[plan.best_common_k]),
+        "devices": devices,
         "fleet": [{"k": k, "value": v, "fits": plan.fleet_fits[k]}
                   for k, v in plan.fleet_values.items()],
     }
+
+
+def per_device(plan: FleetPlan) -> dict[str, dict[str, Any]]:
+    """Per profile: the chosen cut and its predicted compute, transfer, server (completion
+    included) time per iteration, and training memory against the budget."""
+    out = {}
+    for name, k in plan.chosen.items():
+        if k is None:
+            out[name] = {"cut": None}
+            continue
+        r = plan.row(name, k)
+        out[name] = {"cut": k, "cut_after": r.cut, "compute_ms": r.compute_ms,
+                     "transfer_ms": r.transfer_ms, "server_ms": r.server_ms,
+                     "memory_bytes": r.memory.total, "budget_bytes": r.budget_bytes}
+    return out
 
 
 def _bytes(n: float) -> str:
@@ -144,6 +166,8 @@ def _print_tables(plan: FleetPlan) -> None:
             fleet.add_row(str(k), "yes" if plan.fleet_fits[k] else "[red]no[/red]",
                           f"{value:,.2f}", "◀ chosen" if k == plan.common_k else "")
         console.print(fleet)
+    if not plan.common:
+        _print_per_device(console, plan)
     if plan.common_k is not None:
         cut = plan.devices[0].rows[[r.k for r in plan.devices[0].rows].index(plan.common_k)].cut
         console.print(f"chosen split: k={plan.common_k} (after {cut}) for "
@@ -151,3 +175,33 @@ def _print_tables(plan: FleetPlan) -> None:
     else:
         for name, k in plan.chosen.items():
             console.print(f"chosen split on {name}: {k if k is not None else 'none fits'}")
+
+
+def _print_per_device(console: Any, plan: FleetPlan) -> None:
+    """Each device's cut and predicted times, and the round against the best common cut."""
+    from rich.table import Table
+
+    s = plan.settings
+    table = Table(title=f"per-device cuts ({plan.objective}); the coordinator completes "
+                  f"shallow devices to k={plan.server_cut}", title_justify="left")
+    for col in ("device", "cut", "cut after", "compute ms/it", "transfer ms/it",
+                "server ms/it", "train MiB", "budget MiB"):
+        table.add_column(col, justify="left" if col in ("device", "cut after") else "right")
+    for name, d in per_device(plan).items():
+        if d["cut"] is None:
+            table.add_row(name, "none fits", *[""] * 6)
+            continue
+        table.add_row(name, str(d["cut"]), d["cut_after"], f"{d['compute_ms']:.1f}",
+                      f"{d['transfer_ms']:.1f}", f"{d['server_ms']:.1f}",
+                      f"{d['memory_bytes'] / 2**20:.0f}", f"{d['budget_bytes'] / 2**20:.0f}")
+    console.print(table)
+    common = plan.best_common_k
+    if plan.objective == "time" and plan.value is not None:
+        line = f"predicted round time (T={s.local_steps}): {plan.value * s.local_steps / 1e3:.3f} s"
+        if common is not None:
+            base = plan.fleet_values[common]
+            line += (f" per-device vs {base * s.local_steps / 1e3:.3f} s at the best common cut "
+                     f"k={common} (ratio {plan.value / base:.3f})")
+        console.print(line)
+    elif common is not None:
+        console.print(f"best common cut: k={common}")

@@ -18,7 +18,9 @@ measured profile changes times only. Time per iteration amortises per-round and 
 transfers over the T (and R × T) iterations they serve; the ``bytes`` objective is bytes
 per round with one-shot bytes amortised over R rounds (Ampere eq. 27 divided by N = R).
 Ampere's server trains on stored activations off the devices' critical path: no server
-time per iteration. Fleet rule for common splits: see ``requires_common_split``.
+time per iteration. Fleet rule for common splits: see ``requires_common_split``; the other
+split methods get a cut per device (``plan_fleet``), the coordinator completing shallow
+devices up to the deepest cut (its completion work is in each device's server time).
 """
 
 from __future__ import annotations
@@ -91,12 +93,12 @@ NOT_PLANNED = {"sherl": "sherl is planned over three tiers (client, edge, cloud)
 
 
 def requires_common_split(algorithm: Algorithm) -> bool:
-    """THE rule for fleets: every device must cut at the same k when client blocks are
-    FedAvg-ed across devices (they must have the same layers) or when one server block is
-    shared by all devices (it must start at the same layer), and trivially when there is no
-    split (FedAvg). Per-device splits are only meaningful for an algorithm that does
-    neither — none of those implemented; SHeRL-FL's client→edge tier is the candidate."""
-    return algorithm.aggregates_clients or algorithm.shares_server_block or not algorithm.splits
+    """THE rule for fleets: every device cuts at the same k when there is no split (FedAvg)
+    or when devices train without server gradients (Ampere's local loss: its auxiliary head
+    is built for one cut). The SplitFed family trains per-device cuts: the coordinator
+    completes a shallow device's activations up to the server cut with its own copies of
+    the missing layers, and averages every copy of a layer (server/hetero.py)."""
+    return not algorithm.splits or not algorithm.per_iteration_exchange
 
 
 def get_algorithm(name: str) -> Algorithm:
@@ -121,6 +123,7 @@ class PlanSettings:
     optimizer: str = "sgd"
     codec: str = "fp32"
     context_mb: float | None = None  # runtime context override (see cost_model)
+    common_split: bool = False  # one cut for the whole fleet even where per-device cuts run
 
     def validate(self) -> Algorithm:
         """Check every field users set; one ConfigError line naming the flag."""
@@ -211,11 +214,27 @@ class FleetPlan:
     fleet_values: dict[int, float] = field(default_factory=dict)  # common split: k → value
     fleet_fits: dict[int, bool] = field(default_factory=dict)
     chosen: dict[str, int | None] = field(default_factory=dict)  # profile name → k
+    value: float | None = None  # the chosen cuts' fleet objective value (time: ms/iteration)
 
     @property
     def common_k(self) -> int | None:
         values = set(self.chosen.values())
-        return values.pop() if self.common and len(values) == 1 else None
+        return values.pop() if len(values) == 1 else None
+
+    @property
+    def best_common_k(self) -> int | None:
+        """The best one cut for the whole fleet (what `--common-split` would choose)."""
+        return _argmin(self.fleet_values, self.fleet_fits) if self.fleet_values else None
+
+    @property
+    def server_cut(self) -> int | None:
+        """c*: the deepest chosen cut, where the server block starts."""
+        cuts = [k for k in self.chosen.values() if k is not None]
+        return max(cuts) if cuts and len(cuts) == len(self.chosen) else None
+
+    def row(self, profile: str, k: int) -> SplitRow:
+        device = next(d for d in self.devices if d.profile == profile)
+        return next(r for r in device.rows if r.k == k)
 
 
 def _link(profile: DeviceProfile, bandwidth_mbps: float | None) -> tuple[float, float]:
@@ -314,11 +333,39 @@ def _argmin(values: dict[int, float], feasible: dict[int, bool]) -> int | None:
     return min(k for v, k in best if v <= low + abs(low) * TIE_REL)
 
 
+def per_device_time(devices: list[DevicePlan]) -> tuple[dict[str, int], float] | None:
+    """Cuts per device minimising the fleet's time per iteration, max over devices of
+    compute + transfer plus the server's work for every device (completion layers
+    included), over rows that fit; None when some device fits nowhere. Exact: for every
+    candidate bound τ on the slowest device, each device takes the fitting cut within τ
+    with the least server time (ties: smaller k); the best τ wins (ties: smaller τ)."""
+    fitting = {d.profile: [r for r in d.rows if r.fits] for d in devices}
+    if any(not rows for rows in fitting.values()):
+        return None
+    count = {name: sum(d.profile == name for d in devices) for name in fitting}
+    best: tuple[dict[str, int], float] | None = None
+    for tau in sorted({r.compute_ms + r.transfer_ms for rows in fitting.values() for r in rows}):
+        picks = {}
+        for name, rows in fitting.items():
+            within = [r for r in rows if r.compute_ms + r.transfer_ms <= tau]
+            if not within:
+                break
+            picks[name] = min(within, key=lambda r: (r.server_ms, r.k))
+        else:
+            value = (max(r.compute_ms + r.transfer_ms for r in picks.values())
+                     + sum(count[n] * r.server_ms for n, r in picks.items()))
+            if best is None or value < best[1] - abs(best[1]) * TIE_REL:
+                best = ({n: r.k for n, r in picks.items()}, value)
+    return best
+
+
 def plan_fleet(costs: ModelCosts, profiles: list[DeviceProfile], server: DeviceProfile,
                settings: PlanSettings) -> FleetPlan:
     """Cost every split on every device and choose: one common split (argmin of the fleet
-    value over splits that fit on every device) or, where the algorithm allows, each
-    device's own argmin."""
+    value over splits that fit on every device) or, where the algorithm trains per-device
+    cuts and `settings.common_split` is off, a cut per device minimising the same fleet
+    value (time: see `per_device_time`; bytes and device FLOPs: each device's own argmin).
+    A per-device plan that is no better than the best common cut keeps the common cut."""
     algorithm = settings.validate()
     if not profiles:
         raise ConfigError("give at least one --profile")
@@ -329,18 +376,29 @@ def plan_fleet(costs: ModelCosts, profiles: list[DeviceProfile], server: DeviceP
         values = {r.k: row_value(r, settings.objective, settings.rounds) for r in rows}
         best = _argmin(values, {r.k: r.fits for r in rows})
         devices.append(DevicePlan(profile.name, rows, best, source))
-    common = requires_common_split(algorithm)
-    plan = FleetPlan(costs.name, algorithm.name, settings.objective, settings, common, devices)
-    if not common:
-        plan.chosen.update({d.profile: d.best_k for d in devices})
-        return plan
+    common = requires_common_split(algorithm) or settings.common_split
+    fleet_values: dict[int, float] = {}
+    fleet_fits: dict[int, bool] = {}
     for i, k in enumerate(r.k for r in devices[0].rows):
         per_device = [d.rows[i] for d in devices]
-        plan.fleet_values[k] = fleet_value(per_device, settings.objective, settings.rounds)
-        plan.fleet_fits[k] = all(r.fits for r in per_device)
-    k_common = _argmin(plan.fleet_values, plan.fleet_fits)
-    plan.chosen.update(dict.fromkeys(names, k_common))
-    return plan
+        fleet_values[k] = fleet_value(per_device, settings.objective, settings.rounds)
+        fleet_fits[k] = all(r.fits for r in per_device)
+    k_common = _argmin(fleet_values, fleet_fits)
+    chosen: dict[str, int | None] = dict.fromkeys(names, k_common)
+    value = None if k_common is None else fleet_values[k_common]
+    cuts: dict[str, int | None] | None = None
+    if not common and settings.objective == "time":
+        found = per_device_time(devices)
+        cuts = None if found is None else dict(found[0])
+    elif not common:
+        cuts = {d.profile: d.best_k for d in devices}
+    if cuts is not None and all(k is not None for k in cuts.values()):
+        rows = [next(r for r in d.rows if r.k == cuts[d.profile]) for d in devices]
+        per_device_value = fleet_value(rows, settings.objective, settings.rounds)
+        if value is None or per_device_value < value - abs(value) * TIE_REL:
+            chosen, value = dict(cuts), per_device_value  # else the common cut is as good
+    return FleetPlan(costs.name, algorithm.name, settings.objective, settings, common, devices,
+                     fleet_values, fleet_fits, chosen, value)
 
 
 def check_feasible(plan: FleetPlan) -> None:

@@ -16,7 +16,7 @@ import logging
 import math
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -97,8 +97,12 @@ class Trainer:
     """Shared machinery the methods use: exchanges, weights, timing, FLOP and byte books."""
 
     def __init__(self, engine: Engine, archive: Path, settings: Settings, test: ArrayDataset,
-                 *, bundle: Bundle | None = None) -> None:
+                 *, bundle: Bundle | None = None, cuts: Mapping[str, int] | None = None
+                 ) -> None:
+        """`archive` is the whole model split at the server cut c*; `cuts` gives agents
+        that train at a shallower cut theirs (the rest train at c*; see server/hetero.py)."""
         from jetsplit.server.coordinator import CLIENT_CONTENT, BundleShipper
+        from jetsplit.server.hetero import Completions, check_cuts
 
         self.engine, self.settings, self.test = engine, settings, test
         self.bundle = bundle or load_bundle(archive)
@@ -108,7 +112,8 @@ class Trainer:
                                      deadline_s=settings.bundle_deadline_s,
                                      content=CLIENT_CONTENT.get(settings.algorithm, "client"),
                                      seed=settings.seed)
-        self.cuts: dict[str, int] = {}
+        self.cuts: dict[str, int] = check_cuts(cuts or {}, self.bundle.split,
+                                               self.bundle.spec.name)
         self.device = torch.device(resolve_device(settings.device, "device"))
         self.server: nn.Module = self.bundle.server_module().to(self.device)
         self.optimizer = torch.optim.SGD(self.server.parameters(), lr=settings.lr)
@@ -119,6 +124,10 @@ class Trainer:
         with eval_mode(client), torch.no_grad():
             probe = client(torch.zeros(1, *self.bundle.spec.input_shape))
         self.activation_shape = tuple(probe.shape[1:])
+        k = self.bundle.split
+        self.completions = Completions(self.bundle.client_module(), self.cuts, settings.lr,
+                                       self.bundle.spec.input_shape, self.device)
+        self._activation_shapes = {k: self.activation_shape}
         self.rng = np.random.default_rng(settings.seed)
         self.phases: dict[str, float] = defaultdict(float)
         self.fwd_samples: dict[str, int] = defaultdict(int)
@@ -127,25 +136,66 @@ class Trainer:
         self.missed: dict[str, str] = {}
         self.round = 0
         self._last_pool = 0
-        self._flops = self._per_sample_flops()
+        self._flops: dict[int, dict[str, float]] = {}
+
+    # ------------------------------------------------------------------ cuts
+
+    def cut(self, agent: str) -> int:
+        """The last layer agent's device trains (c_k; the server cut c* by default)."""
+        return self.completions.cut(agent)
+
+    def cuts_of(self, agents: list[str]) -> dict[str, int]:
+        return {a: self.cut(a) for a in agents}
+
+    def needs_bundle(self, agent: str) -> bool:
+        return bool(self.shipper.needs(agent, self.cuts.get(agent)))
+
+    def client_names(self, cut: int) -> list[str]:
+        from jetsplit.server.hetero import block_names
+
+        return block_names(self.completions.template, cut)
+
+    def device_part(self, agent: str, arrays: Arrays) -> Arrays:
+        """The client tensors of `arrays` that agent's device holds (its cut's layers)."""
+        cut = self.cut(agent)
+        if cut == self.bundle.split:
+            return arrays
+        keep = set(self.client_names(cut))
+        return {n: v for n, v in arrays.items() if n in keep}
+
+    def push_client(self, agents: list[str], arrays: Arrays) -> list[str]:
+        """Install a whole client block (1..c*) on agents, each getting its cut's layers."""
+        done: list[str] = []
+        groups: dict[int, list[str]] = defaultdict(list)
+        for agent in agents:
+            groups[self.cut(agent)].append(agent)
+        for cut in sorted(groups, reverse=True):
+            part = self.device_part(groups[cut][0], arrays)
+            done += self.push(groups[cut], part)
+        return sorted(done)
 
     # ------------------------------------------------------------------ books
 
-    def _per_sample_flops(self) -> dict[str, float]:
+    def _per_sample_flops(self, k: int) -> dict[str, float]:
         from jetsplit.export.cost_model import client_block, get_costs, server_block
 
-        spec, k = self.bundle.spec, self.bundle.split
-        costs = get_costs(spec.name, spec.input_shape, spec.num_classes)
-        client = client_block(costs, k)
-        server = server_block(costs, k, input_grad=False)
-        return {"fwd": client.fwd_flops, "bwd": client.bwd_flops,
-                "full": client.train_flops + server.train_flops}
+        if k not in self._flops:
+            spec = self.bundle.spec
+            costs = get_costs(spec.name, spec.input_shape, spec.num_classes)
+            client = client_block(costs, k)
+            server = server_block(costs, k, input_grad=False)
+            self._flops[k] = {"fwd": client.fwd_flops, "bwd": client.bwd_flops,
+                              "full": client.train_flops + server.train_flops}
+        return self._flops[k]
 
     def device_gflops(self) -> dict[str, float]:
         agents = sorted(set(self.fwd_samples) | set(self.bwd_samples) | set(self.full_samples))
-        return {a: (self.fwd_samples[a] * self._flops["fwd"]
-                    + self.bwd_samples[a] * self._flops["bwd"]
-                    + self.full_samples[a] * self._flops["full"]) / 1e9 for a in agents}
+        out = {}
+        for a in agents:
+            flops = self._per_sample_flops(self.cut(a))
+            out[a] = (self.fwd_samples[a] * flops["fwd"] + self.bwd_samples[a] * flops["bwd"]
+                      + self.full_samples[a] * flops["full"]) / 1e9
+        return out
 
     @contextlib.contextmanager
     def timed(self, phase: str) -> Iterator[None]:
@@ -221,13 +271,17 @@ class Trainer:
         with self.timed("forward"):
             out = self.note(self._checked(self.engine.send_and_receive(
                 commands, round=self.round, step=step, deadline_s=s.deadline_s),
-                lambda agent, t: self._activation_problem(t, batches[agent])))
+                lambda agent, t: self._activation_problem(t, batches[agent], agent)))
         for agent, reply in out.replies.items():
             self.fwd_samples[agent] += int(len(reply.tensors["labels"]))
         return out
 
-    def _activation_problem(self, tensors: Arrays, batch: int) -> str | None:
+    def _activation_problem(self, tensors: Arrays, batch: int, agent: str = "") -> str | None:
         """Why a forward reply cannot be trained on, or None (replies are untrusted)."""
+        cut = self.cut(agent)
+        if cut not in self._activation_shapes:
+            self._activation_shapes[cut] = self.completions.activation_shape(cut)
+        shape = self._activation_shapes[cut]
         acts, labels = tensors.get("activations"), tensors.get("labels")
         if acts is None or labels is None:
             return "reply lacks activations or labels"
@@ -236,15 +290,21 @@ class Trainer:
             return f"labels must be 1..{batch} integers"
         if labels.min() < 0 or labels.max() >= self.bundle.spec.num_classes:
             return "labels out of range"
-        if acts.dtype != np.float32 or tuple(acts.shape) != (n, *self.activation_shape):
+        if acts.dtype != np.float32 or tuple(acts.shape) != (n, *shape):
             return (f"activations {acts.dtype} {list(acts.shape)}, expected float32 "
-                    f"{[n, *self.activation_shape]}")
+                    f"{[n, *shape]}")
         if not np.isfinite(acts).all():
             return "activations contain NaN or infinity"
         return None
 
-    def _weights_problem(self, tensors: Arrays, blocks: tuple[str, ...]) -> str | None:
-        expected = {k: v for k, v in self.weight_template.items()
+    def _weights_problem(self, tensors: Arrays, blocks: tuple[str, ...],
+                         agent: str | None = None) -> str | None:
+        template = self.weight_template
+        if agent is not None and self.completions.shallow(agent):
+            keep = set(self.client_names(self.cut(agent)))
+            template = {k: v for k, v in template.items()
+                        if not k.startswith("client/") or k in keep}
+        expected = {k: v for k, v in template.items()
                     if k.split("/", 1)[0] in blocks}
         if set(tensors) != set(expected):
             return "weights do not match the model's tensors"
@@ -295,7 +355,7 @@ class Trainer:
             out = self.note(self._checked(self.engine.broadcast(
                 Command(Kind.GET_WEIGHTS.value, {"blocks": list(blocks)}), agents,
                 round=self.round, deadline_s=self.settings.deadline_s),
-                lambda agent, t: self._weights_problem(t, blocks)))
+                lambda agent, t: self._weights_problem(t, blocks, agent)))
         return {a: r.tensors for a, r in out.replies.items()}
 
     def release(self, agents: list[str]) -> None:
@@ -338,6 +398,7 @@ def run_training(
     checkpoint: bool = True,
     resume: bool = False,
     row_extras: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    cuts: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """Train `settings.algorithm` for `settings.rounds` rounds; returns the summary.
 
@@ -345,17 +406,19 @@ def run_training(
     `resume`, training continues after the last checkpointed round (its bundle is shipped,
     its metrics rows are kept) and ends exactly where an uninterrupted run would.
     `row_extras(row)` may add fields to each metrics row before it is written. The
-    coordinator's compute runs with `settings.threads` intra-op threads (0: as it is)."""
+    coordinator's compute runs with `settings.threads` intra-op threads (0: as it is).
+    `cuts` trains a fleet of per-device cuts (see Trainer and server/hetero.py)."""
     with torch_threads(settings.threads):
         return _train(engine, archive, settings, test, out_dir, on_round=on_round,
                       bundle=bundle, checkpoint=checkpoint, resume=resume,
-                      row_extras=row_extras)
+                      row_extras=row_extras, cuts=cuts)
 
 
 def _train(engine: Engine, archive: Path, settings: Settings, test: ArrayDataset,
            out_dir: Path, *, on_round: Callable[[dict[str, Any]], None] | None,
            bundle: Bundle | None, checkpoint: bool, resume: bool,
-           row_extras: Callable[[dict[str, Any]], dict[str, Any]] | None) -> dict[str, Any]:
+           row_extras: Callable[[dict[str, Any]], dict[str, Any]] | None,
+           cuts: Mapping[str, int] | None) -> dict[str, Any]:
     from jetsplit.server.algorithms.methods import build_method
     from jetsplit.server.checkpoint import load_checkpoint
 
@@ -364,7 +427,7 @@ def _train(engine: Engine, archive: Path, settings: Settings, test: ArrayDataset
     saved = load_checkpoint(out_dir / "checkpoint") if resume else None
     if saved is not None:
         archive, bundle = saved.bundle, None
-    trainer = Trainer(engine, archive, settings, test, bundle=bundle)
+    trainer = Trainer(engine, archive, settings, test, bundle=bundle, cuts=cuts)
     method = build_method(settings.algorithm, trainer)
     started = time.perf_counter()
     rows: list[dict[str, Any]] = []
@@ -408,6 +471,7 @@ def _train(engine: Engine, archive: Path, settings: Settings, test: ArrayDataset
                 "device_gflops": trainer.device_gflops(),
                 "phases_s": {k: round(v, 4) for k, v in sorted(trainer.phases.items())},
                 "seconds": time.perf_counter() - round_started,
+                "cuts": trainer.cuts_of(selected),
                 **getattr(method, "extra_metrics", {}),  # a method's own (sherl: tier_bytes)
             }
             if row_extras is not None:  # e.g. a trial's per-agent time and telemetry

@@ -46,8 +46,6 @@ log = logging.getLogger("jetsplit.trial")
 DEFAULT_PROFILES = ["jetson-nano-4gb", "orin-nx-16gb"]
 EMULATION_HEADROOM = 2.0  # the fastest emulated device runs at half this machine's speed
 SPEC_FILE = "trial.json"
-# The planner's cost model knows these algorithms by a sibling with the same traffic.
-PLANNER_PROXY = {"ca-sfl": "scala", "lla-sfl": "scala", "ampere-noconsolidation": "ampere"}
 
 
 @dataclass
@@ -71,7 +69,9 @@ class TrialSpec:
     broker: str | None = None
     emulate: bool = True
     server_profile: str = "x86-cpu"
-    split: int | None = None  # None: the planner's choice
+    split: int | None = None  # None: the planner's choice (a cut per device where it can)
+    common_split: bool = False  # the planner's best one cut for every device
+    cuts: dict[str, int] | None = None  # per-agent cuts by hand (checked against memory)
     edges: int = 0  # SHeRL-FL: edge agents e0… (clients dealt to them round-robin)
     edge_profile: str = "orin-nx-16gb"
     device: str = "auto"  # the coordinator's: auto | cpu | cuda (agents emulate on the CPU)
@@ -131,31 +131,48 @@ def emulations(profiles: dict[str, Any], host: float, enabled: bool,
 
 
 def plan_split(spec: TrialSpec, input_shape: tuple[int, int, int], classes: int,
-               per_agent_batch: int, dataset_size: int) -> tuple[int, dict[str, Any]]:
-    """The split the planner picks for this fleet of profiles (one common split: every
-    method here shares a server block or averages client blocks)."""
-    from jetsplit.export.cost_model import get_costs
-    from jetsplit.export.plan_cli import plan_to_dict
-    from jetsplit.export.planner import ALGORITHMS, PlanSettings, check_feasible, plan_fleet
-    from jetsplit.profiles import resolve_profile
+               per_agent_batch: int, dataset_size: int
+               ) -> tuple[int, dict[str, int], dict[str, Any]]:
+    """The planner's cuts for this fleet: (server cut, cut per agent, plan). The split
+    methods get a cut per device unless `--split` or `--common-split`; `cuts` by hand are
+    checked against each device's memory."""
+    from jetsplit.server.hetero import check_cut_fits, plan_cuts
 
-    algorithm = PLANNER_PROXY.get(spec.algorithm, spec.algorithm)
-    if algorithm not in ALGORITHMS:
-        algorithm = "splitfed-v1"
-    settings = PlanSettings(algorithm=algorithm, batch=per_agent_batch,
-                            local_steps=spec.local_steps, rounds=spec.rounds,
-                            dataset_size=dataset_size, codec=spec.codec)
-    costs = get_costs(spec.model, input_shape, classes)
-    devices = [resolve_profile(p) for p in sorted(set(spec.profiles))]
-    plan = plan_fleet(costs, devices, resolve_profile(spec.server_profile), settings)
-    check_feasible(plan)
-    chosen = plan.common_k if plan.common_k is not None else min(plan.chosen.values())
-    if not ALGORITHMS[algorithm].splits:
-        chosen = 1  # the whole model trains on the device; the bundle's cut is irrelevant
-    k = spec.split or chosen
-    if k is None:
-        raise ConfigError("the planner found no split for this fleet")
-    return k, {**plan_to_dict(plan), "planned_as": algorithm, "used_split": k}
+    agent_profiles = {a: p for a, p in spec.device_profiles().items() if a.startswith("a")}
+    server_cut, cuts, plan = plan_cuts(
+        spec.algorithm, spec.model, input_shape, classes, agent_profiles,
+        batch=per_agent_batch, local_steps=spec.local_steps, rounds=spec.rounds,
+        dataset_size=dataset_size, codec=spec.codec, server_profile=spec.server_profile,
+        common_split=spec.common_split, split=spec.split)
+    if spec.cuts:
+        unknown = sorted(set(spec.cuts) - set(agent_profiles))
+        if unknown:
+            raise ConfigError(f"--cut {unknown[0]}: no such agent (agents are "
+                              f"{', '.join(sorted(agent_profiles))})")
+        n = len(plan["devices"][0]["rows"]) if plan["devices"] else 0
+        for agent, cut in sorted(spec.cuts.items()):
+            if not isinstance(cut, int) or not 1 <= cut <= n:
+                raise ConfigError(f"agent {agent}: cut {cut} is out of range for "
+                                  f"{spec.model}: choose 1..{n}")
+            check_cut_fits(agent, agent_profiles[agent], cut, plan)
+        cuts = {**cuts, **spec.cuts}
+        server_cut = max(cuts.values())
+        plan["used_split"] = server_cut
+        for agent, cut in cuts.items():
+            plan["agents"][agent]["cut"] = cut
+    return server_cut, cuts, plan
+
+
+def predicted_row(plan: dict[str, Any]) -> Any:
+    """run_training row extras: each agent's cut and the planner's predicted compute and
+    transfer seconds per round beside the measured ones."""
+    def extras(row: dict[str, Any]) -> dict[str, Any]:
+        agents = row.get("agents") or {}
+        for agent, info in plan.get("agents", {}).items():
+            if agent in agents:
+                agents[agent].update({k: v for k, v in info.items() if k != "profile"})
+        return {"agents": agents} if agents else {}
+    return extras
 
 
 # --------------------------------------------------------------------------- agents
@@ -271,16 +288,17 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
 
     per_agent = max(1, spec.batch // max(1, round(spec.agents * spec.fraction)))
     dataset_size = int(len(test) / spec.test_fraction * (1 - spec.test_fraction)) // spec.agents
-    split, plan = plan_split(spec, test.input_shape, test.num_classes, per_agent, dataset_size)
+    split, cuts, plan = plan_split(spec, test.input_shape, test.num_classes, per_agent,
+                                   dataset_size)
     host = host_gflops(spec.model, test.input_shape, test.num_classes, per_agent)
     sections, dilation = emulations(profiles, host, spec.emulate)
     plan["emulation"] = {"host_gflops_1_thread": round(host, 2),
                          "compute_dilation": round(dilation, 3),
                          "profiles": {n: s.model_dump() for n, s in sections.items()}}
     (out_dir / "plan.json").write_text(json.dumps(plan, indent=2))
-    log.info("split %d (planner); this machine %.1f GFLOPS on one thread; emulated compute "
-             "runs %.2f× slower than the profiles say (the fastest at half this machine's "
-             "speed)", split, host, dilation)
+    log.info("cuts %s, server cut %d (planner); this machine %.1f GFLOPS on one thread; "
+             "emulated compute runs %.2f× slower than the profiles say (the fastest at half "
+             "this machine's speed)", cuts, split, host, dilation)
 
     broker = None
     if spec.broker is None:
@@ -331,8 +349,15 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
             archive = out_dir / "checkpoint" / "bundle.tar.gz"
             if not resume:
                 archive = prepare_bundle(cfg, out_dir / "build")
+            shallow = {c for c in cuts.values() if c != split}
+            predicted = predicted_row(plan)
+
+            def extras(row: dict[str, Any]) -> dict[str, Any]:
+                return predicted({**row, **books.collect(row)})
+
             summary = run_training(engine, archive, settings, test, out_dir,
-                                   on_round=on_round, resume=resume, row_extras=books.collect)
+                                   on_round=on_round, resume=resume, row_extras=extras,
+                                   cuts=cuts if shallow else None)
     finally:
         if exporter is not None:
             exporter.close()
@@ -361,6 +386,20 @@ def _server_toml(cfg: Any, broker_url: str) -> str:
     if cfg.topology.edges:
         doc["topology"] = {"edges": {e: list(c) for e, c in cfg.topology.edges.items()}}
     return tomli_w.dumps(doc)
+
+
+def parse_cuts(values: list[str] | None) -> dict[str, int] | None:
+    """`--cut a0=2 --cut a1=5` → {"a0": 2, "a1": 5}; one error line otherwise."""
+    if not values:
+        return None
+    out = {}
+    for value in values:
+        agent, _, k = value.partition("=")
+        try:
+            out[agent.strip()] = int(k)
+        except ValueError:
+            raise ConfigError(f"--cut {value!r}: expected AGENT=K with K an integer") from None
+    return out
 
 
 def load_spec(run_dir: Path) -> TrialSpec:
@@ -401,7 +440,13 @@ def trial_command(
                         ] = 1.0,
     seed: Annotated[int, typer.Option("--seed", help="Seeds data, selection, weights.")] = 0,
     split: Annotated[int | None, typer.Option(
-        "--split", help="Override the planner's split.")] = None,
+        "--split", help="One cut for every device, overriding the planner.")] = None,
+    common_split: Annotated[bool, typer.Option(
+        "--common-split", help="The planner's best one cut for every device (default: a "
+        "cut per device for the split methods).")] = False,
+    cut: Annotated[list[str] | None, typer.Option(
+        "--cut", help="AGENT=K: train agent AGENT at cut K (repeat); checked against its "
+        "profile's memory.")] = None,
     edges: Annotated[int, typer.Option(
         "--edges", help="sherl: edge agents (emulating --edge-profile) serving the clients.")
     ] = 0,
@@ -430,7 +475,8 @@ def trial_command(
                          dataset=dataset, partition=partition, local_steps=local_steps,
                          batch=batch, lr=lr, fraction=fraction, seed=seed, broker=broker,
                          emulate=not no_emulation, split=split, edges=edges,
-                         edge_profile=edge_profile, device=device)
+                         edge_profile=edge_profile, device=device,
+                         common_split=common_split, cuts=parse_cuts(cut))
         out_dir = out or Path("runs") / time.strftime("trial-%Y%m%d-%H%M%S", time.gmtime())
     summary = run_trial(spec, out_dir, resume=resume is not None, metrics_port=metrics_port)
     accuracy = summary["final_accuracy"]

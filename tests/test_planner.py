@@ -152,7 +152,8 @@ def test_fleet_common_split_equals_brute_force(all_costs: dict[str, ModelCosts])
     by_name = {p.stem: load_profile(p) for p in PROFILES}
     fleet = [by_name["jetson-nano-4gb"], by_name["orin-nano-8gb"], by_name["agx-orin-64gb"]]
     for name, costs in all_costs.items():
-        for settings in (PlanSettings(), PlanSettings(algorithm="scala", objective="bytes"),
+        for settings in (PlanSettings(common_split=True),
+                         PlanSettings(algorithm="scala", objective="bytes", common_split=True),
                          PlanSettings(algorithm="ampere", batch=128, optimizer="adam")):
             plan = plan_fleet(costs, fleet, SERVER, settings)
             assert plan.common and len(set(plan.chosen.values())) == 1
@@ -160,8 +161,8 @@ def test_fleet_common_split_equals_brute_force(all_costs: dict[str, ModelCosts])
     # a tight device drags the common split to where it fits
     small = tiny(by_name["jetson-nano-4gb"], 620)
     costs = all_costs["vgg16"]
-    settings = PlanSettings(objective="device-flops", batch=8)
-    settings_time = PlanSettings(batch=8)
+    settings = PlanSettings(objective="device-flops", batch=8, common_split=True)
+    settings_time = PlanSettings(batch=8, common_split=True)
     for s in (settings, settings_time):
         plan = plan_fleet(costs, [by_name["agx-orin-64gb"], small], SERVER, s)
         assert plan.common_k == brute_force(costs, [by_name["agx-orin-64gb"], small], SERVER, s)
@@ -169,8 +170,55 @@ def test_fleet_common_split_equals_brute_force(all_costs: dict[str, ModelCosts])
                    for k in plan.fleet_values)
 
 
-def test_every_implemented_algorithm_needs_a_common_split() -> None:
-    assert all(requires_common_split(a) for a in ALGORITHMS.values())
+def test_split_methods_plan_per_device_cuts_the_rest_one_cut() -> None:
+    common = {n for n, a in ALGORITHMS.items() if requires_common_split(a)}
+    assert common == {"fedavg", "ampere"}
+
+
+def brute_force_per_device(c: ModelCosts, fleet: list[DeviceProfile], server: DeviceProfile,
+                           s: PlanSettings) -> float | None:
+    """The least fleet time over every assignment of fitting cuts to the distinct
+    profiles (max device ms + Σ server ms, completion layers in each device's server ms)."""
+    import itertools
+
+    names = sorted({p.device.name for p in fleet})
+    by_name = {p.device.name: p for p in fleet}
+    rows = {n: {k: brute_row(c, by_name[n], server, s, k) for k in range(1, len(c.layers))}
+            for n in names}
+    best = None
+    for combo in itertools.product(*[[k for k, r in rows[n].items() if r["fits"]]
+                                     for n in names]):
+        pick = dict(zip(names, combo, strict=True))
+        value = (max(rows[p.device.name][pick[p.device.name]]["dev_ms"] for p in fleet)
+                 + sum(rows[p.device.name][pick[p.device.name]]["server_ms"] for p in fleet))
+        best = value if best is None else min(best, value)
+    return best
+
+
+def test_per_device_cuts_equal_brute_force_and_never_lose_to_a_common_cut(
+        all_costs: dict[str, ModelCosts]) -> None:
+    by_name = {p.stem: load_profile(p) for p in PROFILES}
+    fleets = [[by_name["jetson-nano-4gb"], by_name["jetson-nano-4gb"],
+               by_name["orin-nx-16gb"], by_name["orin-nx-16gb"]],
+              [by_name[f"jetson-nano-4gb-{m}mhz"] for m in (921, 640, 320)],
+              [tiny(by_name["jetson-nano-4gb"], 900), by_name["agx-orin-64gb"]]]
+    for name in ("alexnet", "resnet18", "vgg16", "mobilenetv3-small"):
+        costs = all_costs[name]
+        for fleet in fleets:
+            for settings in (PlanSettings(algorithm="scala", batch=16),
+                             PlanSettings(algorithm="psl", bandwidth_mbps=10)):
+                plan = plan_fleet(costs, fleet, SERVER, settings)
+                want = brute_force_per_device(costs, fleet, SERVER, settings)
+                if want is None:
+                    assert any(k is None for k in plan.chosen.values())
+                    continue
+                assert plan.value == pytest.approx(want, rel=1e-9), (name, settings)
+                assert all(plan.row(p, k).fits for p, k in plan.chosen.items())  # type: ignore[arg-type]
+                common = plan.best_common_k
+                assert common is None or plan.value <= plan.fleet_values[common]
+                forced = plan_fleet(costs, fleet, SERVER,
+                                    PlanSettings(**{**settings.__dict__, "common_split": True}))
+                assert forced.common and forced.common_k == common
 
 
 def test_infeasible_splits_are_marked_and_never_chosen(all_costs: dict[str, ModelCosts]
@@ -243,6 +291,31 @@ def test_cli_plan_prints_a_table_and_json(capsys: pytest.CaptureFixture[str]) ->
     assert data["common_split"] and data["chosen_k"] in range(1, 10)
     assert [d["profile"] for d in data["devices"]] == ["jetson-nano-4gb", "orin-nx-16gb"]
     assert len(data["fleet"]) == 9 and data["settings"]["codec"] == "int8"
+
+
+@pytest.mark.usefixtures("cli_cache")
+def test_cli_plan_prints_per_device_cuts_against_the_best_common_cut(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    fleet = ["--profile", "jetson-nano-4gb-320mhz", "--profile", "jetson-nano-4gb-921mhz",
+             "--profile", "agx-orin-64gb"]
+    args = ["export", "plan", "--model", "alexnet", "--input-shape", "1,28,28",
+            "--algorithm", "scala", "--batch", "16", *fleet]
+    assert main([*args, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert not data["common_split"]
+    cuts = {p: d["cut"] for p, d in data["per_device"].items()}
+    assert len(set(cuts.values())) > 1  # a slow Nano cuts shallower than the AGX Orin
+    assert cuts["jetson-nano-4gb-320mhz"] < cuts["agx-orin-64gb"]
+    assert data["server_cut"] == max(cuts.values())
+    assert data["value"] < data["best_common_value"]
+    for d in data["per_device"].values():
+        assert d["memory_bytes"] <= d["budget_bytes"] and d["compute_ms"] > 0
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "per-device cuts" in out and "at the best common cut" in out
+    assert main([*args, "--common-split", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["common_split"] and data["chosen_k"] == data["best_common_k"]
 
 
 @pytest.mark.usefixtures("cli_cache")

@@ -45,10 +45,14 @@ class Method(ABC):
     """One training method; `run_round` returns the mean training loss (None if no data)."""
 
     name: ClassVar[str]
+    per_device_cuts: ClassVar[bool] = False  # trains a fleet of per-device cuts
 
     def __init__(self, trainer: Trainer) -> None:
         self.trainer = trainer
         self.num_classes = trainer.bundle.spec.num_classes
+        if trainer.completions.heterogeneous and not self.per_device_cuts:
+            raise ConfigError(f"{self.name} trains every device at one common cut; give "
+                              f"per-device cuts only to the split methods")
 
     @abstractmethod
     def run_round(self, selected: list[str]) -> float | None: ...
@@ -83,15 +87,22 @@ class Method(ABC):
 
 
 class SplitMethod(Method):
-    """Parallel split learning with a shared server block; subclasses pick the loss."""
+    """Parallel split learning with a shared server block; subclasses pick the loss.
+
+    Every split method trains per-device cuts the same way (server/hetero.py): a shallow
+    agent's activations pass its completion copy before `server_update`, and its gradient
+    passes back through it; at round end each agent's device block plus its completion
+    copy is one whole client block, so FedAvg over those is the layer-wise average."""
 
     aggregate_clients: ClassVar[bool] = True
+    per_device_cuts = True
 
     def run_round(self, selected: list[str]) -> float | None:
         t = self.trainer
         participants: set[str] = set()
         if self.aggregate_clients and t.round > 0:
-            t.push(t.live(selected), t.global_client)
+            t.push_client(t.live(selected), t.global_client)
+        t.completions.begin_round(selected, t.global_client, fresh=self.aggregate_clients)
         self.begin_round(selected)
         losses = []
         for step in range(t.settings.local_steps):
@@ -106,6 +117,7 @@ class SplitMethod(Method):
         if self.aggregate_clients and participants:
             states = t.pull(sorted(participants))
             t.release(sorted(participants))
+            states = {a: t.completions.whole(a, s) for a, s in states.items()}
             if states:
                 with t.timed("aggregate"):
                     t.global_client = fedavg(states, t.sizes(sorted(states)))
@@ -118,7 +130,9 @@ class SplitMethod(Method):
             return None
         agents, acts, labels = t.inputs(out)
         with t.server_compute():
+            acts = t.completions.forward(agents, acts)
             loss, grads = self.server_update(agents, acts, labels)
+            grads = t.completions.backward(grads)
         t.backward(grads, step)
         return loss
 
@@ -190,16 +204,20 @@ class PSL(SplitMethod):
         t = self.trainer
         if self.to_restore:
             for agent in t.live(sorted(self.to_restore)):
-                if t.push([agent], self.to_restore[agent]):
+                block = self.to_restore[agent]
+                if t.push([agent], t.device_part(agent, block)):
+                    t.completions.load(agent, block)
                     del self.to_restore[agent]
 
     def evaluate(self) -> dict[str, Any]:
         """Each agent's own client block with the shared server block, mean and spread."""
         t = self.trainer
         agents = t.engine.registry.eligible()
-        states = t.pull([a for a in agents if not t.shipper.needs(a)])
-        self.agent_blocks = {a: {k: v for k, v in s.items() if k.startswith("client/")}
-                             for a, s in states.items()}
+        states = t.pull([a for a in agents if not t.needs_bundle(a)])
+        t.completions.begin_round(sorted(states), t.global_client, fresh=False)
+        self.agent_blocks = {a: t.completions.whole(
+            a, {k: v for k, v in s.items() if k.startswith("client/")})
+            for a, s in states.items()}
         return t.evaluate_each(self.agent_blocks)
 
     def checkpoint(self) -> tuple[Arrays, dict[str, Any]]:
@@ -222,8 +240,10 @@ class PSL(SplitMethod):
     def save(self, out_dir: Path) -> None:
         _save_arrays(to_arrays(self.trainer.server, "server"), out_dir / "server.safetensors")
         (out_dir / "clients").mkdir(exist_ok=True)
-        for agent, state in self.trainer.pull(self.trainer.engine.registry.eligible()).items():
-            _save_arrays(state, out_dir / "clients" / f"{agent}.safetensors")
+        t = self.trainer
+        for agent, state in t.pull(t.engine.registry.eligible()).items():
+            _save_arrays(t.completions.whole(agent, state),
+                         out_dir / "clients" / f"{agent}.safetensors")
 
 
 class GAPSL(PSL):
@@ -320,7 +340,9 @@ class SplitFedV2(SplitMethod):
                 continue
             agents, acts, labels = t.inputs(out)
             with t.server_compute():
+                acts = t.completions.forward(agents, acts)
                 loss, grads = self.server_update(agents, acts, labels)
+                grads = t.completions.backward(grads)
             t.backward(grads, step)
             losses.append(loss)
         return float(np.mean(losses)) if losses else None

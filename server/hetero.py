@@ -1,0 +1,220 @@
+"""Per-device cuts: device k trains layers 1..c_k, the coordinator completes it to c*.
+
+The server cut c* is the deepest device cut (or one the planner names); the method's server
+block starts there, so SCALA concatenates, and GAPSL compares, tensors of one shape. A
+shallow device's activations at c_k go through the coordinator's *completion copy* of layers
+c_k+1..c* before the server block, and its gradient flows back through that copy in the
+same backward pass (the copy takes its own SGD step, like the device's block).
+
+Where completion copies live: one per agent, on the coordinator, like SplitFed V1's server
+copies. Methods that average client blocks (SplitFed, SCALA) reload every copy from the
+global block at round start, and average each layer over all its copies at round end: agent
+k contributes layer l from its device when c_k ≥ l and from its completion copy otherwise,
+weight |D_k| (so each agent's device block ∪ completion copy is one whole block 1..c*,
+and the layer-wise mean is FedAvg over those). Methods that never average client blocks
+(PSL, GAPSL) keep each agent's copy across rounds: it is the coordinator-side part of that
+agent's own block, evaluated and checkpointed with it. With every cut equal to c* there are
+no copies and the methods run exactly the common-cut code.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from jetsplit.errors import ConfigError
+from jetsplit.models.split import eval_mode
+from jetsplit.models.weights import from_arrays, load_strict, to_arrays
+
+Arrays = dict[str, np.ndarray]
+
+
+def check_cuts(cuts: Mapping[str, int], server_cut: int, model: str) -> dict[str, int]:
+    """Each agent's cut as an int in 1..c*; one ConfigError line naming the agent."""
+    out = {}
+    for agent, cut in sorted(cuts.items()):
+        if isinstance(cut, bool) or not isinstance(cut, int) or not 1 <= cut <= server_cut:
+            raise ConfigError(f"agent {agent}: cut {cut!r} is out of range for {model}: "
+                              f"choose 1..{server_cut} (the server cut)")
+        out[agent] = cut
+    return out
+
+
+def layer_names(block: nn.Sequential) -> list[str]:
+    return [name for name, _ in block.named_children()]
+
+
+def block_names(template: nn.Sequential, cut: int, prefix: str = "client") -> list[str]:
+    """Tensor names (`client/<layer>.<param>`) of layers 1..cut of `template`."""
+    layers = set(layer_names(template)[:cut])
+    return [f"{prefix}/{k}" for k in template.state_dict() if k.split(".", 1)[0] in layers]
+
+
+def subset(arrays: Arrays, names: list[str]) -> Arrays:
+    return {n: arrays[n] for n in names}
+
+
+class Completions:
+    """The coordinator's per-agent copies of layers c_k+1..c* (see the module docstring)."""
+
+    def __init__(self, template: nn.Sequential, cuts: Mapping[str, int], lr: float,
+                 input_shape: tuple[int, ...], device: torch.device | str = "cpu") -> None:
+        self.template, self.cuts, self.lr = template, dict(cuts), lr
+        self.device = torch.device(device)  # where the copies train: the server's device
+        self.input_shape = tuple(input_shape)
+        self.server_cut = len(template)
+        self.copies: dict[str, nn.Sequential] = {}
+        self.optimizers: dict[str, torch.optim.Optimizer] = {}
+        self._pending: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def cut(self, agent: str) -> int:
+        return self.cuts.get(agent, self.server_cut)
+
+    def shallow(self, agent: str) -> bool:
+        return self.cut(agent) < self.server_cut
+
+    @property
+    def heterogeneous(self) -> bool:
+        return any(c < self.server_cut for c in self.cuts.values())
+
+    def activation_shape(self, cut: int) -> tuple[int, ...]:
+        block = nn.Sequential(OrderedDict(list(self.template.named_children())[:cut]))
+        with eval_mode(block), torch.no_grad():
+            out = block(torch.zeros(1, *self.input_shape))
+        return tuple(out.shape[1:])
+
+    # ------------------------------------------------------------------ weights
+
+    def load(self, agent: str, global_client: Arrays) -> None:
+        """(Re)build agent's copy from the global block's layers c_k+1..c*."""
+        cut = self.cut(agent)
+        if cut >= self.server_cut:
+            return
+        children = list(copy.deepcopy(self.template).named_children())[cut:]
+        module = nn.Sequential(OrderedDict(children))
+        names = [f"client/{k}" for k in module.state_dict()]
+        load_strict(module, from_arrays(subset(global_client, names), "client"),
+                    f"completion copy of {agent}")
+        module = module.to(self.device)
+        self.copies[agent] = module
+        self.optimizers[agent] = torch.optim.SGD(module.parameters(), lr=self.lr)
+
+    def begin_round(self, agents: list[str], global_client: Arrays, *, fresh: bool) -> None:
+        """`fresh`: every shallow agent's copy restarts from the global block (averaging
+        methods); otherwise only missing copies are built (PSL/GAPSL keep theirs)."""
+        for agent in agents:
+            if self.shallow(agent) and (fresh or agent not in self.copies):
+                self.load(agent, global_client)
+
+    def state(self, agent: str) -> Arrays:
+        module = self.copies.get(agent)
+        return {} if module is None else to_arrays(module, "client")
+
+    def whole(self, agent: str, device: Arrays) -> Arrays:
+        """Agent k's whole block 1..c*: its device layers and its completion layers."""
+        return {**device, **self.state(agent)} if self.shallow(agent) else device
+
+    # ------------------------------------------------------------------ training
+
+    def forward(self, agents: list[str], acts: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Shallow agents' activations through their copies (graph kept for `backward`)."""
+        out = []
+        for agent, x in zip(agents, acts, strict=True):
+            if not self.shallow(agent):
+                out.append(x)
+                continue
+            module = self.copies[agent]
+            leaf = x.clone().requires_grad_(True)
+            module.train()
+            with torch.enable_grad():
+                h = module(leaf)
+            self._pending[agent] = (leaf, h)
+            out.append(h.detach())
+        return out
+
+    def backward(self, grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Chain each shallow agent's gradient at c* back to c_k, stepping its copy; agents
+        that got no gradient (GAPSL's unselected) leave their copy untouched."""
+        out = dict(grads)
+        for agent, (leaf, h) in self._pending.items():
+            if agent not in grads:
+                continue
+            optimizer = self.optimizers[agent]
+            optimizer.zero_grad(set_to_none=True)
+            h.backward(grads[agent])
+            optimizer.step()
+            out[agent] = leaf.grad.detach()
+        self._pending = {}
+        return out
+
+
+# Planner's proxies for methods it costs by a sibling with the same traffic.
+PLANNER_PROXY = {"ca-sfl": "scala", "lla-sfl": "scala", "ampere-noconsolidation": "ampere"}
+
+
+def plan_cuts(algorithm: str, model: str, input_shape: tuple[int, int, int], classes: int,
+              agent_profiles: Mapping[str, str], *, batch: int, local_steps: int, rounds: int,
+              dataset_size: int | None, codec: str, server_profile: str,
+              common_split: bool = False, split: int | None = None
+              ) -> tuple[int, dict[str, int], dict[str, Any]]:
+    """The fleet planner's cuts for agents with these profiles: (server cut c*, cut per
+    agent, the plan as JSON with per-agent predictions). `split` forces one common cut;
+    `common_split` asks the planner for one."""
+    from jetsplit.export.cost_model import get_costs
+    from jetsplit.export.plan_cli import per_device, plan_to_dict
+    from jetsplit.export.planner import ALGORITHMS, PlanSettings, check_feasible, plan_fleet
+    from jetsplit.profiles import resolve_profile
+
+    planned = PLANNER_PROXY.get(algorithm, algorithm)
+    if planned not in ALGORITHMS:
+        planned = "splitfed-v1"
+    settings = PlanSettings(algorithm=planned, batch=batch, local_steps=local_steps,
+                            rounds=rounds, dataset_size=dataset_size, codec=codec,
+                            common_split=common_split or split is not None
+                            or algorithm in ("sherl",))
+    costs = get_costs(model, input_shape, classes)
+    devices = [resolve_profile(p) for p in sorted(set(agent_profiles.values()))]
+    plan = plan_fleet(costs, devices, resolve_profile(server_profile), settings)
+    check_feasible(plan)
+    if not ALGORITHMS[planned].splits:  # the whole model trains on the device
+        by_profile = dict.fromkeys(plan.chosen, 1)
+    elif split is not None:
+        by_profile = dict.fromkeys(plan.chosen, split)
+    else:
+        by_profile = {p: int(k) for p, k in plan.chosen.items()}  # type: ignore[arg-type]
+    cuts = {a: by_profile[p] for a, p in sorted(agent_profiles.items())}
+    server_cut = max(cuts.values())
+    predicted = per_device(plan)
+    agents = {}
+    for agent, profile in sorted(agent_profiles.items()):
+        k = cuts[agent]
+        info: dict[str, Any] = {"profile": profile, "cut": k}
+        if ALGORITHMS[planned].splits and k in {r.k for r in plan.devices[0].rows}:
+            row = plan.row(profile, k)
+            info.update(predicted_compute_s=row.compute_ms * local_steps / 1e3,
+                        predicted_transfer_s=row.transfer_ms * local_steps / 1e3,
+                        predicted_memory_mb=row.memory.total / 2**20,
+                        budget_mb=row.budget_bytes / 2**20)
+        agents[agent] = info
+    return server_cut, cuts, {**plan_to_dict(plan), "planned_as": planned,
+                              "used_split": server_cut, "per_device": predicted,
+                              "agents": agents}
+
+
+def check_cut_fits(agent: str, profile: str, cut: int, plan: Mapping[str, Any]) -> None:
+    """A per-device cut the user named must fit the device's memory budget (one line)."""
+    for device in plan.get("devices", []):
+        if device["profile"] != profile:
+            continue
+        for row in device["rows"]:
+            if row["k"] == cut and not row["fits"]:
+                raise ConfigError(
+                    f"agent {agent} ({profile}): cut {cut} needs "
+                    f"{row['memory']['total'] / 2**20:.0f} MiB to train, more than its "
+                    f"{row['budget_bytes'] / 2**20:.0f} MiB usable; choose a smaller cut")

@@ -1,0 +1,166 @@
+"""Per-device cuts (server/hetero.py): equal cuts are the common-cut code bit for bit, a
+shallow device plus its completion copy is one SGD step of the whole model, and round-end
+aggregation averages every copy of every layer with |D_k| weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from jetsplit.data import load_dataset_split
+from jetsplit.edge_agent.worker import AgentWorker, BatchSampler
+from jetsplit.errors import ConfigError
+from jetsplit.export.bundle_writer import write_bundle
+from jetsplit.models import ModelSpec, build_model
+from jetsplit.models.weights import to_arrays
+from jetsplit.server.algorithms.methods import build_method
+from jetsplit.server.engine import InProcessEngine
+from jetsplit.server.hetero import check_cuts
+from jetsplit.server.training import Settings, Trainer
+
+SPEC = ModelSpec("mobilenetv3-small", (1, 8, 8), 10)
+SERVER_CUT = 3
+SEED = 3
+
+
+@pytest.fixture(scope="module")
+def archives(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
+    """The coordinator's bundle at the server cut (devices get their cut's block from it)."""
+    root = tmp_path_factory.mktemp("cuts")
+    report = write_bundle(SPEC, SERVER_CUT, root / "k", seed=SEED, tar=True, aux_ratio=None)
+    assert report.tar_path is not None
+    return {SERVER_CUT: report.tar_path}
+
+
+def make_engine(sizes: list[int]) -> InProcessEngine:
+    """Agents a0… with shards of the given sizes (so |D_k| weights differ)."""
+    train, _ = load_dataset_split("digits", 0.2, 0)
+    order = np.random.default_rng(0).permutation(len(train))
+    workers, start = {}, 0
+    for i, size in enumerate(sizes):
+        workers[f"a{i}"] = AgentWorker(f"a{i}", train.subset(order[start:start + size]),
+                                       seed=i)
+        start += size
+    return InProcessEngine(workers)
+
+
+def trainer_for(archives: dict[int, Path], algorithm: str, cuts: dict[str, int] | None,
+                sizes: list[int], *, local_steps: int = 2, batch: int = 24) -> Trainer:
+    _, test = load_dataset_split("digits", 0.2, 0)
+    torch.manual_seed(0)
+    settings = Settings(algorithm=algorithm, rounds=2, local_steps=local_steps, batch=batch,
+                        lr=0.05, seed=0)
+    return Trainer(make_engine(sizes), archives[SERVER_CUT], settings, test, cuts=cuts)
+
+
+def run(trainer: Trainer, rounds: int = 2) -> dict[str, np.ndarray]:
+    method = build_method(trainer.settings.algorithm, trainer)
+    agents = trainer.engine.registry.eligible()
+    for r in range(rounds):
+        trainer.round = r
+        method.run_round(sorted(agents))
+    method.evaluate()
+    states = trainer.pull(sorted(agents))
+    out = {**to_arrays(trainer.server, "server"), **trainer.global_client}
+    for agent, state in states.items():
+        out.update({f"{agent}/{k}": v for k, v in trainer.completions.whole(agent, state).items()})
+    return out
+
+
+@pytest.mark.parametrize("algorithm", ["splitfed-v1", "splitfed-v2", "psl", "scala", "gapsl"])
+def test_equal_cuts_are_the_common_cut_code_bit_for_bit(archives: dict[int, Path],
+                                                        algorithm: str) -> None:
+    sizes = [120, 80, 100]
+    common = run(trainer_for(archives, algorithm, None, sizes))
+    equal = run(trainer_for(archives, algorithm, dict.fromkeys(["a0", "a1", "a2"], SERVER_CUT),
+                            sizes))
+    assert common.keys() == equal.keys()
+    for name, value in common.items():
+        assert np.array_equal(value, equal[name]), name
+
+
+def test_shallow_device_plus_completion_is_one_sgd_step_of_the_whole_model(
+        archives: dict[int, Path]) -> None:
+    """One agent at cut 1 under a server cut of 3, one SplitFed V1 iteration: the device's
+    layer, the coordinator's completion copy of layers 2–3 and the server block move exactly
+    as the whole model does under one SGD step on the same batch (same backward pass)."""
+    trainer = trainer_for(archives, "splitfed-v1", {"a0": 1}, [150], local_steps=1, batch=16)
+    reference = build_model(SPEC, seed=SEED)
+    method = build_method("splitfed-v1", trainer)
+    method.run_round(["a0"])
+    worker = trainer.engine.workers["a0"]
+    idx = BatchSampler(len(worker.data), worker.seed).next(16)
+    x, y = torch.from_numpy(worker.data.x[idx]), torch.from_numpy(worker.data.y[idx])
+    reference.train()
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.05)
+    torch.nn.functional.cross_entropy(reference(x), y).backward()
+    optimizer.step()
+    got = {**{k.split("/", 1)[1]: v for k, v in trainer.global_client.items()},
+           **{k.split("/", 1)[1]: v for k, v in to_arrays(trainer.server, "server").items()}}
+    want = {k: v.detach().numpy() for k, v in reference.state_dict().items()}
+    assert got.keys() == want.keys()
+    for name, value in want.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+    device = trainer.engine.workers["a0"].bundle
+    assert trainer.cut("a0") == 1 and device is not None
+    assert list(device.manifest.client_layers) == ["stem"]
+
+
+def test_layerwise_aggregation_by_hand_on_cuts_1_2_3(archives: dict[int, Path]) -> None:
+    """Three devices at cuts 1, 2, 3: layer l of the new global block is the |D_k|-weighted
+    mean of its three copies — devices with c_k ≥ l and completion copies for the rest."""
+    sizes = [60, 90, 150]
+    trainer = trainer_for(archives, "scala", {"a0": 1, "a1": 2, "a2": 3}, sizes)
+    method = build_method("scala", trainer)
+    pulled: dict[str, dict[str, np.ndarray]] = {}
+    copies: dict[str, dict[str, np.ndarray]] = {}
+    real_pull = trainer.pull
+
+    def spy_pull(agents: list[str], blocks: tuple[str, ...] = ("client",)) -> dict:
+        states = real_pull(agents, blocks)
+        pulled.update(states)
+        copies.update({a: trainer.completions.state(a) for a in agents})
+        return states
+
+    trainer.pull = spy_pull  # type: ignore[method-assign]
+    method.run_round(["a0", "a1", "a2"])
+    layers = ["stem", "bneck0", "bneck1"]
+    holders = {  # layer → (agent, where its copy of the layer lives)
+        "stem": [("a0", pulled), ("a1", pulled), ("a2", pulled)],
+        "bneck0": [("a0", copies), ("a1", pulled), ("a2", pulled)],
+        "bneck1": [("a0", copies), ("a1", copies), ("a2", pulled)],
+    }
+    assert set(pulled["a0"]) == {k for k in pulled["a2"] if k.startswith("client/stem.")}
+    assert not any(k.startswith("client/bneck1.") for k in pulled["a1"])
+    total = sum(sizes)
+    checked = 0
+    for name, value in trainer.global_client.items():
+        layer = name.split("/", 1)[1].split(".", 1)[0]
+        assert layer in layers
+        copies_of = [(src[agent][name], sizes[int(agent[1])]) for agent, src in holders[layer]]
+        if value.dtype.kind != "f":
+            assert np.array_equal(value, np.max([c for c, _ in copies_of], axis=0))
+            continue
+        expected = sum(c.astype(np.float64) * (w / total) for c, w in copies_of)
+        np.testing.assert_allclose(value, expected.astype(value.dtype), rtol=0, atol=1e-7)
+        checked += 1
+        # the three copies really differ (each trained on its own data), so the test can fail
+        assert not np.array_equal(copies_of[0][0], copies_of[2][0]), name
+    assert checked > 10
+
+
+def test_cut_out_of_range_is_one_line_naming_the_agent(archives: dict[int, Path]) -> None:
+    with pytest.raises(ConfigError, match=r"^agent nano-2: cut 5 is out of range for "
+                                          r"mobilenetv3-small: choose 1\.\.3"):
+        check_cuts({"a0": 1, "nano-2": 5}, SERVER_CUT, SPEC.name)
+    with pytest.raises(ConfigError, match="agent a1: cut 0"):
+        trainer_for(archives, "scala", {"a0": 1, "a1": 0}, [50, 50])
+
+
+def test_fedavg_refuses_per_device_cuts(archives: dict[int, Path]) -> None:
+    trainer = trainer_for(archives, "fedavg", {"a0": 1}, [50, 50])
+    with pytest.raises(ConfigError, match="fedavg trains every device at one common cut"):
+        build_method("fedavg", trainer)
