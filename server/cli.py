@@ -111,9 +111,12 @@ def run(
     if resume is None:
         shutil.copyfile(config, out_dir / "config.toml")  # what this run used, for its report
     _, test = load_dataset_split(cfg.data.dataset, cfg.data.test_fraction, cfg.data.seed)
-    if cfg.model.bundle is None:
+    if cfg.model.bundle is None and cfg.model.split != "auto":
         check_split(cfg.model.name, tuple(cfg.model.input_shape), cfg.model.classes,
                     cfg.model.split, flag="model.split")
+    for who, cut in sorted(cfg.model.cuts.items()):  # agent id or profile name
+        check_split(cfg.model.name, tuple(cfg.model.input_shape), cfg.model.classes, cut,
+                    flag=f"model.cuts.{who} (device {who})")
     engine = MqttEngine(cfg.mqtt.address(), cfg.fleet, run_id=run_name,
                         options=cfg.mqtt.endpoint_options(),
                         retry_s=cfg.train.retry_s).start(cfg.mqtt.connect_wait_s)
@@ -128,14 +131,31 @@ def run(
         if len(online) < cfg.agents:
             raise ConfigError(f"only {len(online)} of {cfg.agents} agents registered within "
                               f"{cfg.wait_s:.0f}s ({', '.join(online) or 'none'})")
+        cuts: dict[str, int] = {}
+        if cfg.model.split == "auto" or cfg.model.cuts:
+            from jetsplit.server.hetero import fleet_cuts
+
+            t = cfg.train
+            server_cut, cuts = fleet_cuts(
+                cfg, {a: engine.registry.registration(a) for a in online},
+                batch=max(1, t.batch // max(1, len(online))), local_steps=t.local_steps,
+                rounds=t.rounds, codec=t.codec)
+            if cfg.model.bundle and len(set(cuts.values())) > 1:
+                raise ConfigError("per-device cuts need a bundle per cut: remove [model] "
+                                  "bundle so the coordinator exports them")
+            cfg = cfg.model_copy(update={"model": cfg.model.model_copy(
+                update={"split": server_cut})})
+            typer.echo(f"cuts: {cuts} (server cut {server_cut})")
         with tempfile.TemporaryDirectory(prefix="jetsplit-server-") as tmp:
             archive = (out_dir / "checkpoint" / "bundle.tar.gz" if resume is not None
                        else prepare_bundle(cfg, Path(tmp)))
+            shallow = {c for c in cuts.values() if c != cfg.model.split}
             books = FleetBooks(engine)  # per-agent time split and telemetry per round
             on_round = None if exporter is None else round_callback(exporter, engine, books)
             summary = run_training(engine, archive, cfg.settings(), test, out_dir,
                                    on_round=on_round, row_extras=books.collect,
-                                   resume=resume is not None)
+                                   resume=resume is not None,
+                                   cuts=cuts if shallow else None)
     finally:
         engine.close()
         if exporter is not None:

@@ -22,7 +22,12 @@ class ModelSection(BaseModel):
     input_shape: list[Annotated[int, Field(ge=1, le=4096)]] = Field(
         default_factory=lambda: [1, 28, 28], min_length=3, max_length=3)
     classes: Annotated[int, Field(ge=2, le=100_000)] = 10
-    split: Annotated[int, Field(ge=1)] = 2
+    # A common cut, or "auto": the fleet planner picks a cut per device from the profiles
+    # the agents registered with (the split methods; see server/hetero.py).
+    split: Annotated[int, Field(ge=1)] | Literal["auto"] = 2
+    # Per-device cuts by agent id or by profile name (agent ids first), e.g.
+    # [model.cuts] jetson-nano-4gb = 2, a3 = 5.
+    cuts: dict[_Id, Annotated[int, Field(ge=1)]] = Field(default_factory=dict)
     aux_ratio: Annotated[float, Field(gt=0, le=1)] | None = 0.5
     bundle: str | None = None  # a bundle .tar.gz to ship instead of exporting one
 

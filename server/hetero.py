@@ -218,3 +218,78 @@ def check_cut_fits(agent: str, profile: str, cut: int, plan: Mapping[str, Any]) 
                     f"agent {agent} ({profile}): cut {cut} needs "
                     f"{row['memory']['total'] / 2**20:.0f} MiB to train, more than its "
                     f"{row['budget_bytes'] / 2**20:.0f} MiB usable; choose a smaller cut")
+
+
+def registered_profile(registration: Mapping[str, Any]) -> Any:
+    """The DeviceProfile an agent registered with (validated: it is untrusted), or None."""
+    from jetsplit.errors import JetsplitError
+    from jetsplit.profiles import profile_from_dict
+
+    data = registration.get("profile")
+    if not isinstance(data, dict):
+        return None
+    try:
+        return profile_from_dict(data)
+    except (JetsplitError, ValueError, TypeError):
+        return None
+
+
+def fleet_cuts(cfg: Any, registrations: Mapping[str, Mapping[str, Any]], *, batch: int,
+               local_steps: int, rounds: int, codec: str) -> tuple[int, dict[str, int]]:
+    """`jetsplit server run`'s cuts for the registered agents: (server cut, cut per agent).
+
+    `[model] split` is a common cut or "auto" (the fleet planner, from the profiles the
+    agents registered with); `[model.cuts]` then names cuts by agent id or profile name
+    (agent ids first). Every cut is checked against the model's range and, where the agent
+    sent a profile, its memory; errors are one line naming the agent."""
+    from jetsplit.export.cost_model import get_costs
+    from jetsplit.export.planner import (
+        ALGORITHMS,
+        PlanSettings,
+        check_feasible,
+        device_rows,
+        plan_fleet,
+    )
+    from jetsplit.profiles import resolve_profile
+
+    model, algorithm = cfg.model, cfg.train.algorithm
+    costs = get_costs(model.name, tuple(model.input_shape), model.classes)
+    n = costs.num_layers
+    profiles = {a: registered_profile(r) for a, r in sorted(registrations.items())}
+    names = {a: (p.name if p is not None else None) for a, p in profiles.items()}
+    planned = PLANNER_PROXY.get(algorithm, algorithm)
+    settings = PlanSettings(algorithm=planned if planned in ALGORITHMS else "splitfed-v1",
+                            batch=batch, local_steps=local_steps, rounds=rounds, codec=codec,
+                            common_split=planned not in ALGORITHMS)
+    server = resolve_profile("x86-cpu")
+    if model.split == "auto":
+        missing = [a for a, p in profiles.items() if p is None]
+        if missing:
+            raise ConfigError(f"agent {missing[0]}: registered without a device profile; "
+                              f'split = "auto" plans from profiles (give the agent a '
+                              f"profile, or [model] split a number)")
+        unique = {p.name: p for p in profiles.values() if p is not None}
+        plan = plan_fleet(costs, list(unique.values()), server, settings)
+        check_feasible(plan)
+        cuts = {a: int(plan.chosen[str(names[a])] or 1) for a in profiles}
+    else:
+        cuts = dict.fromkeys(profiles, int(model.split))
+    for agent in profiles:
+        if agent in model.cuts:
+            cuts[agent] = model.cuts[agent]
+        elif names[agent] in model.cuts:
+            cuts[agent] = model.cuts[names[agent]]
+    for agent, cut in cuts.items():
+        if not 1 <= cut <= n - 1:
+            raise ConfigError(f"agent {agent}: cut {cut} is out of range for {model.name}: "
+                              f"choose 1..{n - 1}")
+        profile = profiles[agent]
+        if profile is None or not ALGORITHMS[settings.algorithm].splits:
+            continue
+        row = device_rows(costs, profile, server, settings)[0][cut - 1]
+        if not row.fits:
+            raise ConfigError(
+                f"agent {agent} ({profile.name}): cut {cut} needs "
+                f"{row.memory.total / 2**20:.0f} MiB to train, more than its "
+                f"{row.budget_bytes / 2**20:.0f} MiB usable; choose a smaller cut")
+    return max(cuts.values()), cuts

@@ -35,12 +35,16 @@ def simulate(
     test_fraction: float = 0.2,
     aux_ratio: float | None = 0.5,
     resume: bool = False,
+    profiles: list[str] | None = None,
+    common_split: bool = False,
 ) -> dict[str, Any]:
     """Partition `dataset` over `clients` in-process agents and train; returns the summary.
     The simulated agents compute on the coordinator's device (`settings.device`): one GPU
     runs the whole fleet.
     The arguments go to `out_dir/simulation.json`, so `--resume DIR` needs nothing else.
-    The edges of `settings.edges` (SHeRL-FL) join as data-less agents with role `edge`."""
+    The edges of `settings.edges` (SHeRL-FL) join as data-less agents with role `edge`.
+    With `profiles` (cycled over the clients) the fleet planner gives each client a cut
+    for its profile, `split` then being ignored unless `common_split`."""
     from jetsplit.bundle import Bundle
     from jetsplit.data import load_dataset_split, partition
     from jetsplit.devices import resolve_device
@@ -64,12 +68,26 @@ def simulate(
                     for edge in sorted(settings.edges)})
     del train, shards  # from here on each client's shard is the only copy of its data
     spec = ModelSpec(model, test.input_shape, test.num_classes)
+    cuts: dict[str, int] | None = None
+    if profiles:
+        from jetsplit.profiles import resolve_profile
+        from jetsplit.server.hetero import plan_cuts
+
+        by_agent = {agent_name(i): profiles[i % len(profiles)] for i in range(clients)}
+        for agent, name in by_agent.items():
+            workers[agent].profile = resolve_profile(name).model_dump(mode="json")
+        split, cuts, _ = plan_cuts(
+            settings.algorithm, model, test.input_shape, test.num_classes, by_agent,
+            batch=max(1, settings.batch // clients), local_steps=settings.local_steps,
+            rounds=settings.rounds, dataset_size=None, codec=settings.codec,
+            server_profile="x86-cpu", common_split=common_split)
     out_dir.mkdir(parents=True, exist_ok=True)
     if not resume:
         (out_dir / RUN_FILE).write_text(json.dumps({
             "settings": settings.__dict__, "model": model, "split": split, "dataset": dataset,
             "clients": clients, "partition_scheme": partition_scheme,
-            "test_fraction": test_fraction, "aux_ratio": aux_ratio}, indent=2))
+            "test_fraction": test_fraction, "aux_ratio": aux_ratio, "profiles": profiles,
+            "common_split": common_split}, indent=2))
     with tempfile.TemporaryDirectory(prefix="jetsplit-sim-") as tmp:
         archive = out_dir / "checkpoint" / "bundle.tar.gz"
         if not resume:
@@ -77,8 +95,10 @@ def simulate(
                                   seed=settings.seed, tar=True)
             assert report.tar_path is not None
             archive = report.tar_path
+        shallow = {c for c in (cuts or {}).values() if c != split}
         engine = InProcessEngine(workers, run_id=out_dir.name or "simulation")
-        summary = run_training(engine, archive, settings, test, out_dir, resume=resume)
+        summary = run_training(engine, archive, settings, test, out_dir, resume=resume,
+                               cuts=cuts if shallow else None)
     summary["peak_rss_mb"] = peak_rss_mb()
     summary["peak_agents_holding_blocks"] = engine.peak_agents_holding_blocks
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -187,6 +207,12 @@ def simulate_command(
     autocast: Annotated[str, typer.Option(
         "--autocast", help="off | bf16 | fp16: mixed precision on the server block.")
     ] = "off",
+    profiles: Annotated[list[str] | None, typer.Option(
+        "--profiles", help="Device profile per client (repeat; cycled): the planner gives "
+        "each client a cut for its profile (--split is then ignored).")] = None,
+    common_split: Annotated[bool, typer.Option(
+        "--common-split", help="With --profiles: the planner's best one cut for all.")
+    ] = False,
 ) -> None:
     """Simulate a fleet in one process: same methods and metrics as over MQTT."""
     from jetsplit.config_io import model_from_dict
@@ -217,7 +243,8 @@ def simulate_command(
         settings = Settings(seed=seed, edges=topology, edge_split=edge_split,
                             **server.model_dump(), **train.model_dump())
         summary = simulate(settings, model=model, split=split, dataset=dataset, clients=clients,
-                           partition_scheme=partition, out_dir=out_dir)
+                           partition_scheme=partition, out_dir=out_dir, profiles=profiles,
+                           common_split=common_split)
     short = {k: summary[k] for k in ("algorithm", "rounds", "final_accuracy",
                                      "balanced_accuracy", "final_accuracy_std", "bytes_up",
                                      "bytes_down", "device_gflops", "seconds", "peak_rss_mb")}
