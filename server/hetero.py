@@ -161,11 +161,12 @@ PLANNER_PROXY = {"ca-sfl": "scala", "lla-sfl": "scala", "ampere-noconsolidation"
 def plan_cuts(algorithm: str, model: str, input_shape: tuple[int, int, int], classes: int,
               agent_profiles: Mapping[str, str], *, batch: int, local_steps: int, rounds: int,
               dataset_size: int | None, codec: str, server_profile: str,
-              common_split: bool = False, split: int | None = None
-              ) -> tuple[int, dict[str, int], dict[str, Any]]:
+              common_split: bool = False, split: int | None = None,
+              compute_dilation: float = 1.0) -> tuple[int, dict[str, int], dict[str, Any]]:
     """The fleet planner's cuts for agents with these profiles: (server cut c*, cut per
     agent, the plan as JSON with per-agent predictions). `split` forces one common cut;
-    `common_split` asks the planner for one."""
+    `common_split` asks the planner for one. A trial plans the fleet it emulates: every
+    device's compute `compute_dilation` times slower than its profile (links unchanged)."""
     from jetsplit.export.cost_model import get_costs
     from jetsplit.export.plan_cli import per_device, plan_to_dict
     from jetsplit.export.planner import ALGORITHMS, PlanSettings, check_feasible, plan_fleet
@@ -179,7 +180,8 @@ def plan_cuts(algorithm: str, model: str, input_shape: tuple[int, int, int], cla
                             common_split=common_split or split is not None
                             or algorithm in ("sherl",))
     costs = get_costs(model, input_shape, classes)
-    devices = [resolve_profile(p) for p in sorted(set(agent_profiles.values()))]
+    devices = [dilated(resolve_profile(p), compute_dilation)
+               for p in sorted(set(agent_profiles.values()))]
     plan = plan_fleet(costs, devices, resolve_profile(server_profile), settings)
     check_feasible(plan)
     if not ALGORITHMS[planned].splits:  # the whole model trains on the device
@@ -205,6 +207,23 @@ def plan_cuts(algorithm: str, model: str, input_shape: tuple[int, int, int], cla
     return server_cut, cuts, {**plan_to_dict(plan), "planned_as": planned,
                               "used_split": server_cut, "per_device": predicted,
                               "agents": agents}
+
+
+def dilated(profile: Any, factor: float) -> Any:
+    """`profile` with compute `factor` times slower (peaks divided; measured layer times
+    dropped), as a trial emulates it; the same profile when factor is 1."""
+    from jetsplit.profiles import profile_from_dict
+
+    if factor == 1.0:
+        return profile
+    data = profile.model_dump(mode="python", exclude_none=True)
+    compute = data["compute"]
+    for key in ("peak_fp32_gflops", "peak_fp16_gflops"):
+        if key in compute:
+            compute[key] = compute[key] / factor
+    compute.pop("gpu_clock_mhz", None)  # the peak no longer matches cores x clock
+    data.pop("measured", None)
+    return profile_from_dict(data, f"{profile.name} (emulated)")
 
 
 def check_cut_fits(agent: str, profile: str, cut: int, plan: Mapping[str, Any]) -> None:

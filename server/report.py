@@ -157,10 +157,19 @@ class AgentTotals:
     cpu_percent: list[float] = field(default_factory=list)
     max_temperature_c: float | None = None
     gflops: float | None = None
+    cut: int | None = None  # the last layer its device trains (per-device cuts)
+    predicted_compute_s: float | None = None  # the planner's, summed over rounds
+    predicted_transfer_s: float | None = None
 
     def add_round(self, info: dict[str, Any]) -> None:
         if isinstance(info.get("profile"), str):
             self.profile = info["profile"]
+        if isinstance(info.get("cut"), int):
+            self.cut = info["cut"]
+        self.predicted_compute_s = _add(self.predicted_compute_s,
+                                        info.get("predicted_compute_s"))
+        self.predicted_transfer_s = _add(self.predicted_transfer_s,
+                                         info.get("predicted_transfer_s"))
         if isinstance(info.get("state"), str):
             self.state = info["state"]
         self.compute_s = _add(self.compute_s, info.get("compute_s"))
@@ -205,6 +214,9 @@ def agent_totals(rows: Sequence[Row]) -> dict[str, AgentTotals]:
             get(agent).missed += 1
         for agent, value in _dict(row.get("device_gflops")).items():
             get(agent).gflops = _add(get(agent).gflops, value)
+        for agent, cut in _dict(row.get("cuts")).items():
+            if isinstance(cut, int):
+                get(agent).cut = cut
     return {a: totals[a] for a in sorted(totals, key=_natural)}
 
 
@@ -556,6 +568,9 @@ def agents_table(run: RunData) -> list[str]:
         ("max °C", lambda a: _fmt(a.max_temperature_c, ".1f")),
         ("samples", lambda a: _fmt(facts.get(a.agent, {}).get("dataset_size"))),
         ("offline events", lambda a: _fmt(facts.get(a.agent, {}).get("offline_events"))),
+        ("cut", lambda a: _fmt(a.cut)),
+        ("predicted compute s", lambda a: _fmt(a.predicted_compute_s, ".2f")),
+        ("predicted transfer s", lambda a: _fmt(a.predicted_transfer_s, ".2f")),
     ]
     columns: list[tuple[str, Callable[[AgentTotals], str]]] = [
         ("agent", lambda a: _fmt(a.agent)), ("profile", lambda a: _fmt(a.profile)),

@@ -131,7 +131,7 @@ def emulations(profiles: dict[str, Any], host: float, enabled: bool,
 
 
 def plan_split(spec: TrialSpec, input_shape: tuple[int, int, int], classes: int,
-               per_agent_batch: int, dataset_size: int
+               per_agent_batch: int, dataset_size: int, dilation: float = 1.0
                ) -> tuple[int, dict[str, int], dict[str, Any]]:
     """The planner's cuts for this fleet: (server cut, cut per agent, plan). The split
     methods get a cut per device unless `--split` or `--common-split`; `cuts` by hand are
@@ -143,7 +143,7 @@ def plan_split(spec: TrialSpec, input_shape: tuple[int, int, int], classes: int,
         spec.algorithm, spec.model, input_shape, classes, agent_profiles,
         batch=per_agent_batch, local_steps=spec.local_steps, rounds=spec.rounds,
         dataset_size=dataset_size, codec=spec.codec, server_profile=spec.server_profile,
-        common_split=spec.common_split, split=spec.split)
+        common_split=spec.common_split, split=spec.split, compute_dilation=dilation)
     if spec.cuts:
         unknown = sorted(set(spec.cuts) - set(agent_profiles))
         if unknown:
@@ -288,10 +288,11 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
 
     per_agent = max(1, spec.batch // max(1, round(spec.agents * spec.fraction)))
     dataset_size = int(len(test) / spec.test_fraction * (1 - spec.test_fraction)) // spec.agents
-    split, cuts, plan = plan_split(spec, test.input_shape, test.num_classes, per_agent,
-                                   dataset_size)
     host = host_gflops(spec.model, test.input_shape, test.num_classes, per_agent)
     sections, dilation = emulations(profiles, host, spec.emulate)
+    # The planner plans the fleet as emulated: compute dilated, links as the profiles say.
+    split, cuts, plan = plan_split(spec, test.input_shape, test.num_classes, per_agent,
+                                   dataset_size, dilation if spec.emulate else 1.0)
     plan["emulation"] = {"host_gflops_1_thread": round(host, 2),
                          "compute_dilation": round(dilation, 3),
                          "profiles": {n: s.model_dump() for n, s in sections.items()}}
