@@ -208,10 +208,10 @@ def simulate_command(
         "--autocast", help="off | bf16 | fp16: mixed precision on the server block.")
     ] = "off",
     profiles: Annotated[list[str] | None, typer.Option(
-        "--profile", "--profiles", help="Device profile per client (repeat; cycled): the planner gives "
-        "each client a cut for its profile (--split is then ignored).")] = None,
+        "--profile", "--profiles", help="Device profile per client (repeat; cycled): the "
+        "planner gives each client a cut for its profile (--split is then ignored).")] = None,
     common_split: Annotated[bool, typer.Option(
-        "--common-split", help="With --profiles: the planner's best one cut for all.")
+        "--common-split", help="With --profile: the planner's best one cut for all.")
     ] = False,
 ) -> None:
     """Simulate a fleet in one process: same methods and metrics as over MQTT."""
