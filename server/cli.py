@@ -140,9 +140,14 @@ def run(
                 cfg, {a: engine.registry.registration(a) for a in online},
                 batch=max(1, t.batch // max(1, len(online))), local_steps=t.local_steps,
                 rounds=t.rounds, codec=t.codec)
-            if cfg.model.bundle and len(set(cuts.values())) > 1:
-                raise ConfigError("per-device cuts need a bundle per cut: remove [model] "
-                                  "bundle so the coordinator exports them")
+            if cfg.model.bundle:  # its split is the server cut; devices get shallower blocks
+                from jetsplit.bundle import load_bundle
+
+                server_cut = load_bundle(Path(cfg.model.bundle)).split
+                deeper = sorted(a for a, c in cuts.items() if c > server_cut)
+                if deeper:
+                    raise ConfigError(f"agent {deeper[0]}: cut {cuts[deeper[0]]} is deeper "
+                                      f"than the bundle's split {server_cut}")
             cfg = cfg.model_copy(update={"model": cfg.model.model_copy(
                 update={"split": server_cut})})
             typer.echo(f"cuts: {cuts} (server cut {server_cut})")
