@@ -325,7 +325,17 @@ def _byte_segments(rows: Sequence[Row]) -> dict[str, list[float]]:
         eval_mb = [sum(e[d].values()) / MB for e in evals]
         if any(eval_mb):
             segments[f"{d}: evaluation"] = eval_mb
-    return {k: v for k, v in segments.items() if any(v)}
+    bundle = [(finite(r.get("bundle_bytes")) or 0.0) / MB for r in rows]
+    if any(bundle):
+        segments["down: bundle (setup)"] = bundle
+    segments = {k: v for k, v in segments.items() if any(v)}
+    grand = sum(sum(v) for v in segments.values()) or 1.0
+    small = [k for k, v in segments.items() if sum(v) / grand < 0.01]
+    if len(small) > 1:  # fold what would be invisible into one visible entry
+        parts = [segments.pop(k) for k in small]
+        folded = [sum(p[i] for p in parts) for i in range(len(rows))]
+        segments["other kinds (< 1% each)"] = folded
+    return segments
 
 
 def _stacked_bars(figure: Any, x: list[int], segments: dict[str, list[float]], *,
@@ -347,13 +357,13 @@ def _stacked_bars(figure: Any, x: list[int], segments: dict[str, list[float]], *
 
 
 def plot_bytes(run: RunData, path: Path, figure: Any) -> str | None:
-    """Traffic per round by message kind, both directions stacked (the bundle, a one-off
-    setup cost, is left out so it does not flatten the training bars)."""
+    """Traffic per round by message kind, both directions stacked, the bundle (a one-off
+    setup cost, often most of the bytes) included as its own segment."""
     segments = _byte_segments(run.rows)
     if not segments:
         return "no round reports any bytes"
     fig = _stacked_bars(figure, _rounds_axis(run.rows), segments,
-                        title="Traffic per round by kind (bundle excluded)", ylabel="MB")
+                        title="Traffic per round by kind (bundle included)", ylabel="MB")
     _save(fig, path)
     return None
 
@@ -400,28 +410,67 @@ def plot_agent_time(run: RunData, path: Path, figure: Any) -> str | None:
 
 
 def plot_agent_memory(run: RunData, path: Path, figure: Any) -> str | None:
-    """Peak resident memory and the least memory left free on each agent."""
+    """Peak resident memory of each agent in GiB against its profile's training-memory
+    budget (from plan.json); the host's free memory only when the agents are not emulated
+    (an emulated Nano does not have this machine's free memory)."""
+    from jetsplit.server.report_views import GIB, plan_rows
+
     agents = [a for a in agent_totals(run.rows).values() if a.has_memory]
     if not agents:
         return NO_AGENT_BOOKS + " with memory readings"
+    budgets = {r.get("profile"): finite(r.get("budget_bytes")) for r in plan_rows(run.plan)}
+    emulated = isinstance(run.plan, dict) and isinstance(run.plan.get("emulation"), dict)
+    mib = float(1 << 20)  # agents report memory in MiB
     fig = figure(figsize=(8, _agent_height(len(agents))))
     ax = fig.add_subplot()
-    height = 0.38
-    for offset, name, attr in ((-height / 2, "peak RSS", "peak_rss_mb"),
-                               (height / 2, "min available", "min_available_mb")):
-        values = [getattr(a, attr) or 0.0 for a in agents]
-        ax.barh([i + offset for i in range(len(agents))], values, height=height, label=name)
-    ax.set_yticks(list(range(len(agents))), [a.label for a in agents])
+    y = list(range(len(agents)))
+    ax.barh(y, [(a.peak_rss_mb or 0.0) * mib / GIB for a in agents], height=0.5,
+            label="peak RSS")
+    budget = [budgets.get(a.profile) for a in agents]
+    if any(b for b in budget):
+        ax.scatter([b / GIB if b else math.nan for b in budget], y, marker="|", s=400,
+                   color="tab:red", zorder=3, label="profile's memory budget")
+    if not emulated and any(a.min_available_mb for a in agents):
+        ax.scatter([(a.min_available_mb or math.nan) * mib / GIB for a in agents], y,
+                   marker="x", color="tab:grey", label="least memory available")
+    ax.set_yticks(y, [a.label for a in agents])
     ax.invert_yaxis()
-    ax.set(xlabel="MB", title="Agent memory")
+    ax.set(xlabel="GiB", title="Agent memory" + (" (emulated devices)" if emulated else ""))
     ax.grid(axis="x", alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
     _save(fig, path)
     return None
 
 
+def _view(draw: Callable[..., str | None]) -> PlotFn:
+    """Adapt a report_views plot (rows, plan, path, figure) to the PLOTS signature."""
+    return lambda run, path, figure: draw(run.rows, run.plan, path, figure)
+
+
+def _views() -> dict[str, PlotFn]:
+    from jetsplit.server import report_views as v
+
+    return {"loss": _view(v.plot_loss), "cost": _view(v.plot_accuracy_vs_cost),
+            "round_time": _view(v.plot_round_time)}
+
+
+def plot_loss(run: RunData, path: Path, figure: Any) -> str | None:
+    return _views()["loss"](run, path, figure)
+
+
+def plot_accuracy_vs_cost(run: RunData, path: Path, figure: Any) -> str | None:
+    return _views()["cost"](run, path, figure)
+
+
+def plot_round_time(run: RunData, path: Path, figure: Any) -> str | None:
+    return _views()["round_time"](run, path, figure)
+
+
 PLOTS: list[tuple[str, str, PlotFn]] = [
     ("Accuracy per round", "accuracy.png", plot_accuracy),
+    ("Loss per round", "loss.png", plot_loss),
+    ("Accuracy against traffic and wall time", "accuracy_vs_cost.png", plot_accuracy_vs_cost),
+    ("Time per round by phase", "round_time.png", plot_round_time),
     ("Traffic per round by kind", "bytes.png", plot_bytes),
     ("Traffic per round by tier", "tier_bytes.png", plot_tier_bytes),
     ("Agent time: compute, transfer, waiting", "agent_time.png", plot_agent_time),
@@ -562,7 +611,8 @@ def agents_table(run: RunData) -> list[str]:
     facts = _registry_facts(run.summary)
     optional: list[tuple[str, Callable[[AgentTotals], str]]] = [
         ("state", lambda a: _fmt(a.state or facts.get(a.agent, {}).get("state"))),
-        ("min avail MB", lambda a: _fmt(a.min_available_mb, ".0f")),
+        ("min avail GiB", lambda a: _fmt(None if a.min_available_mb is None
+                                         else a.min_available_mb / 1024, ".2f")),
         ("mean CPU %", lambda a: _fmt(sum(a.cpu_percent) / len(a.cpu_percent), ".0f")
          if a.cpu_percent else "—"),
         ("max °C", lambda a: _fmt(a.max_temperature_c, ".1f")),
@@ -578,7 +628,8 @@ def agents_table(run: RunData) -> list[str]:
         ("compute s", lambda a: _fmt(a.compute_s, ".2f")),
         ("transfer s", lambda a: _fmt(a.transfer_s, ".2f")),
         ("wait s", lambda a: _fmt(a.wait_s, ".2f")),
-        ("peak RSS MB", lambda a: _fmt(a.peak_rss_mb, ".0f")),
+        ("peak RSS GiB", lambda a: _fmt(None if a.peak_rss_mb is None
+                                        else a.peak_rss_mb / 1024, ".2f")),
         ("device GFLOPs", lambda a: _fmt(a.gflops, ".3f")),
     ]
     columns += [(h, f) for h, f in optional if any(f(a) != "—" for a in agents.values())]
@@ -655,10 +706,33 @@ def render_plan(value: Any, name: str = "", depth: int = 0) -> list[str]:
 
 
 def _plan_section(plan: Any) -> list[str]:
+    """The plan per device at the split the run used, the fleet's cost at every split
+    point, and the emulation settings; the raw plan stays in plan.json."""
+    from jetsplit.server.report_views import emulation_note, plan_table
+
     lines = ["## Split plan", ""]
     if plan is None:
         return [*lines, "_No plan.json in this run folder._", ""]
-    return lines + (render_plan(plan) or ["_plan.json is empty._", ""])
+    table = plan_table(plan)
+    if not table:  # not a planner's output: show it generically
+        return lines + (render_plan(plan) or ["_plan.json is empty._", ""])
+    used = plan.get("used_split", plan.get("chosen_k"))
+    lines += [f"Split used: k = {used} (planner's choice: {plan.get('chosen_k')}, planned as "
+              f"{plan.get('planned_as') or plan.get('algorithm')}). Per device at that split:",
+              "", *table]
+    fleet = [f for f in plan.get("fleet", []) if isinstance(f, dict)]
+    if fleet:
+        lines += ["Cost against split point (fleet, predicted ms per iteration):", "",
+                  "| k | " + " | ".join(str(f.get("k")) for f in fleet) + " |",
+                  "|---|" + "---|" * len(fleet),
+                  "| ms | " + " | ".join(
+                      ("**" if f.get("k") == used else "") + _fmt(finite(f.get("value")), ".0f")
+                      + ("**" if f.get("k") == used else "") + ("" if f.get("fits") else " ✗")
+                      for f in fleet) + " |", ""]
+    note = emulation_note(plan)
+    if note:
+        lines += [note, ""]
+    return lines
 
 
 def _config_section(run: RunData) -> list[str]:
@@ -682,7 +756,11 @@ def write_report(run_dir: Path, *, title: str | None = None) -> Path:
     """Write DIR/report.md and its PNG plots; returns the report's path."""
     run = load_run(Path(run_dir))
     name = title or f"jetsplit run {run.summary.get('run') or run.run_dir.resolve().name}"
-    lines = [f"# {name}", "", summary_paragraph(run), "",
+    from jetsplit.server.report_views import headline
+
+    profiles = [a.profile for a in agent_totals(run.rows).values()]
+    lines = [f"# {name}", "", *headline(run.rows, run.summary, run.plan, profiles),
+             summary_paragraph(run), "",
              *_plots_section(run),
              "## Rounds", "", *rounds_table(run.rows), *_per_class_line(run.rows),
              "## Agents", "", *agents_table(run),
@@ -695,7 +773,23 @@ def write_report(run_dir: Path, *, title: str | None = None) -> Path:
 def report_command(
     run_dir: Annotated[Path, typer.Argument(help="Run folder holding metrics.jsonl.")],
     title: Annotated[str | None, typer.Option("--title", help="Report heading.")] = None,
+    compare: Annotated[list[Path] | None, typer.Option(
+        "--compare", help="Other run folders to overlay (accuracy vs MB): DIR/compare.png.")
+    ] = None,
 ) -> None:
-    """Write DIR/report.md with plots: accuracy, traffic, agent time and memory."""
+    """Write DIR/report.md with plots: headline, accuracy, loss, accuracy vs traffic and
+    time, time per phase, traffic, agent time and memory."""
     path = write_report(run_dir, title=title)
     typer.echo(f"report in {path}")
+    if compare:
+        from jetsplit.server.report_views import plot_compare
+
+        runs = [load_run(d) for d in [run_dir, *compare]]
+        figure = _figure_class()
+        if figure is None:
+            raise typer.BadParameter("--compare needs matplotlib (pip install "
+                                     "'jetsplit[server]')")
+        labels = [f"{r.run_dir.name}: {r.summary.get('algorithm') or '?'}" for r in runs]
+        out = run_dir / "compare.png"
+        plot_compare(list(zip(labels, [r.rows for r in runs], strict=True)), out, figure)
+        typer.echo(f"comparison in {out}")

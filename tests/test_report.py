@@ -96,8 +96,8 @@ def test_report_with_agent_books(tmp_path: Path) -> None:
     text = path.read_text()
     assert path == run / "report.md" and text.startswith("# Trial of PSL\n")
     links = _image_links(text)
-    assert set(links) == {"accuracy.png", "bytes.png", "tier_bytes.png", "agent_time.png",
-                          "agent_memory.png"}
+    assert set(links) == {"accuracy.png", "loss.png", "accuracy_vs_cost.png", "round_time.png",
+                          "bytes.png", "tier_bytes.png", "agent_time.png", "agent_memory.png"}
     _assert_pngs(run, links)
     assert "Skipped" not in text
     # summary paragraph: algorithm, rounds, agents with profiles, accuracy, traffic, time
@@ -108,7 +108,7 @@ def test_report_with_agent_books(tmp_path: Path) -> None:
     assert "| round | selected | missed | train loss | accuracy % |" in text
     assert "| 3 | 2 | a1 | 1.7000 | 60.00 |" in text
     agent_line = next(line for line in text.splitlines() if line.startswith("| a0 |"))
-    assert "| orin-nano-8gb | 4 | 0 | 6.60 | 1.60 | 1.20 | 930 | 2.000 |" in agent_line
+    assert "| orin-nano-8gb | 4 | 0 | 6.60 | 1.60 | 1.20 | 0.91 | 2.000 |" in agent_line
     assert "mean CPU %" in text and "max °C" in text
     assert "| name | k | est_ms | bytes |" in text and "| orin-nano-8gb | 3 | 41.5 |" in text
     assert '```toml\n[train]\nalgorithm = "psl"' in text
@@ -119,7 +119,8 @@ def test_report_without_agent_books_and_a_missing_accuracy(tmp_path: Path) -> No
     text = write_report(run).read_text()
     assert text.startswith("# jetsplit run trial-test\n")
     links = _image_links(text)
-    assert set(links) == {"accuracy.png", "bytes.png", "tier_bytes.png"}
+    assert set(links) == {"accuracy.png", "loss.png", "accuracy_vs_cost.png", "round_time.png",
+                          "bytes.png", "tier_bytes.png"}
     _assert_pngs(run, links)
     assert text.count("_Skipped: the metrics rows carry no per-agent `agents` field") == 2
     assert "no accuracy in the last round (last measured: 60.00% in round 3)" in text
@@ -223,3 +224,59 @@ def test_report_of_a_real_simulation(tmp_path: Path) -> None:
     assert "| 1 | 2 | none |" in text and "| 2 | 2 | none |" in text
     assert re.search(r"\| a0 \| — \| 2 \| 0 \|.*\| online \|", text)
     assert "settings from summary.json" in text and '"algorithm": "splitfed-v1"' in text
+
+
+def _planned_run(root: Path) -> Path:
+    """A synthetic trial with a planner-shaped plan.json (per-device rows, fleet costs,
+    emulation), as `jetsplit trial` writes it."""
+    _synthetic_run(root)
+    device_rows = [{"k": k, "cut": f"layer{k}", "device_gflops": 0.1 * k,
+                    "budget_bytes": 2_576_980_377, "bytes_round": 4_000_000 / k,
+                    "memory": {"total": 316_033_024 + k}, "fits": True, "total_ms": 300.0 + k}
+                   for k in (1, 2, 3)]
+    (root / "plan.json").write_text(json.dumps({
+        "model": "alexnet", "algorithm": "psl", "chosen_k": 2, "used_split": 2,
+        "planned_as": "psl", "settings": {"rounds": 4, "local_steps": 10},
+        "devices": [{"profile": p, "rows": device_rows} for p in AGENTS.values()],
+        "fleet": [{"k": k, "value": 500.0 + k, "fits": True} for k in (1, 2, 3)],
+        "emulation": {"compute_dilation": 68.8, "profiles": {
+            p: {"profile": p, "compute_slowdown": 2.0, "uplink_mbps": 50.0,
+                "downlink_mbps": 50.0} for p in AGENTS.values()}}}))
+    return root
+
+
+def test_report_reads_in_a_minute(tmp_path: Path) -> None:
+    """Headline first (with the plan's prediction), the plan as a per-device table in GiB,
+    emulation stated, and every PNG opens as a non-blank image."""
+    from matplotlib.image import imread
+
+    run = _planned_run(tmp_path / "run")
+    text = write_report(run).read_text()
+    head = text.split("## Plots")[0]
+    assert "## Headline" in head and "| final test accuracy | 70.00% (best 70.00%)" in head
+    # 4 rounds × 2 devices × 2 MB per round at k = 2, and 502 ms × 10 steps × 4 rounds
+    assert "| training traffic | 8.00 MB | 16.00 MB |" in head
+    assert "20.1 s at the profiles' speed (compute ×68.8 here)" in head
+    assert "all traffic (with bundle 5.00 MB" in head
+    assert "| jetson-nano-4gb | layer2 (2) | 0.200 | 0.29 / 2.40 | yes | 2.00 | 302.0 |" in text
+    assert "budget_bytes" not in text and "memory.context" not in text
+    assert "compute runs ×68.8 slower" in text and "50/50 Mbit/s" in text
+    pngs = sorted(run.glob("*.png"))
+    assert {p.name for p in pngs} >= {"accuracy.png", "loss.png", "accuracy_vs_cost.png",
+                                     "round_time.png", "bytes.png", "agent_memory.png"}
+    for png in pngs:
+        assert f"]({png.name})" in text
+        pixels = imread(png)
+        assert pixels.shape[0] > 100 and pixels.shape[1] > 100
+        assert float(pixels[..., :3].std()) > 0.02, f"{png.name} is blank"
+
+
+def test_report_compare_overlays_runs(tmp_path: Path) -> None:
+    from matplotlib.image import imread
+
+    a, b = _planned_run(tmp_path / "a"), _synthetic_run(tmp_path / "b", rounds=2)
+    app = typer.Typer()
+    app.command()(report_command)
+    result = CliRunner().invoke(app, [str(a), "--compare", str(b)])
+    assert result.exit_code == 0, result.output
+    assert float(imread(a / "compare.png")[..., :3].std()) > 0.02
