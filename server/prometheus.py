@@ -1,17 +1,18 @@
 """`jetsplit server run --metrics-port N`: the coordinator's progress and its fleet's health
 as Prometheus metrics (text exposition format 0.0.4) on http://127.0.0.1:N/metrics.
 
-A few dozen series updated once per round do not need `prometheus_client`: this is a
-stdlib `http.server` in a daemon thread that renders a snapshot under a lock. It binds to
-loopback by default; expose it further only on purpose (`--metrics-host`).
+The values are a snapshot replaced once per round; `prometheus_client` turns it into metric
+families (a custom collector on a private registry, so nothing leaks into its global one)
+and writes the exposition text, escaping included. A stdlib `http.server` in a daemon
+thread serves exactly `/metrics` (404 elsewhere), bound to loopback by default; expose it
+further only on purpose (`--metrics-host`).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
@@ -67,42 +68,30 @@ _TELEMETRY = {
 Sample = tuple[str, dict[str, str], float]  # (family, labels, value)
 
 
-def escape_label(value: str) -> str:
-    """A label value as the exposition format wants it: \\, " and newline escaped."""
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+class _Snapshot:
+    """A prometheus_client collector over the exporter's latest samples."""
 
+    def __init__(self, samples: Callable[[], list[Sample]]) -> None:
+        self._samples = samples
 
-def escape_help(text: str) -> str:
-    """HELP text escapes only \\ and newline."""
-    return text.replace("\\", "\\\\").replace("\n", "\\n")
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-
-def format_value(value: float) -> str:
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return str(int(value)) if float(value).is_integer() and abs(value) < 2**53 else repr(value)
-
-
-def render(samples: Iterable[Sample]) -> str:
-    """Samples grouped under their family's `# HELP` and `# TYPE` lines."""
-    by_family: dict[str, list[Sample]] = {}
-    for sample in samples:
-        if sample[0] not in FAMILIES:
-            raise ValueError(f"unknown metric family {sample[0]!r}")
-        by_family.setdefault(sample[0], []).append(sample)
-    lines: list[str] = []
-    for name, (kind, text) in FAMILIES.items():
-        if name not in by_family:
-            continue
-        lines.append(f"# HELP {name} {escape_help(text)}")
-        lines.append(f"# TYPE {name} {kind}")
-        for _, labels, value in sorted(by_family[name], key=lambda s: sorted(s[1].items())):
-            inner = ",".join(f'{k}="{escape_label(v)}"' for k, v in sorted(labels.items()))
-            lines.append(f"{name}{{{inner}}} {format_value(value)}" if inner
-                         else f"{name} {format_value(value)}")
-    return "\n".join(lines) + "\n"
+        by_family: dict[str, list[Sample]] = {}
+        for sample in self._samples():
+            if sample[0] not in FAMILIES:
+                raise ValueError(f"unknown metric family {sample[0]!r}")
+            by_family.setdefault(sample[0], []).append(sample)
+        for name, (kind, text) in FAMILIES.items():
+            samples = by_family.get(name)
+            if not samples:
+                continue
+            labels = sorted({k for _, lab, _ in samples for k in lab})
+            family_type = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+            family = family_type(name, text, labels=labels)
+            for _, lab, value in sorted(samples, key=lambda s: sorted(s[1].items())):
+                family.add_metric([lab.get(k, "") for k in labels], value)
+            yield family
 
 
 class MetricsExporter:
@@ -121,6 +110,10 @@ class MetricsExporter:
         self._rounds_done = 0
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+        from prometheus_client import CollectorRegistry
+
+        self._registry = CollectorRegistry(auto_describe=False)
+        self._registry.register(_Snapshot(self._snapshot))  # type: ignore[arg-type]
 
     # -- serving ---------------------------------------------------------------------------
     def start(self) -> MetricsExporter:
@@ -244,10 +237,15 @@ class MetricsExporter:
         with self._lock:
             self._agents = samples
 
-    def render(self) -> str:
+    def _snapshot(self) -> list[Sample]:
         with self._lock:
-            samples = [*self._round, *self._bytes, *self._agents]
-        return render(samples)
+            return [*self._round, *self._bytes, *self._agents]
+
+    def render(self) -> str:
+        """The exposition text (prometheus_client's writer)."""
+        from prometheus_client import generate_latest
+
+        return generate_latest(self._registry).decode()
 
 
 def round_callback(exporter: MetricsExporter, engine: Engine, books: FleetBooks

@@ -13,7 +13,12 @@ import pytest
 
 from jetsplit.errors import ConfigError
 from jetsplit.server.fleet_books import FleetBooks
-from jetsplit.server.prometheus import MetricsExporter, escape_label, round_callback
+from jetsplit.server.prometheus import MetricsExporter, round_callback
+
+
+def escape_label(value: str) -> str:
+    """A label value as the exposition format writes it: \\, " and newline escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 ROW = {"round": 2, "algorithm": "scala", "accuracy": 0.8125, "balanced_accuracy": 0.79,
        "train_loss": 0.4321, "seconds": 3.5, "bytes_up_total": 123456,
@@ -70,7 +75,7 @@ def test_exporter_serves_rounds_bytes_and_fleet() -> None:
     with MetricsExporter(0) as exporter:
         assert exporter.port > 0
         ctype, body = scrape(exporter.port)
-        assert ctype.startswith("text/plain; version=0.0.4") and body == "\n"
+        assert ctype.startswith("text/plain; version=0.0.4") and body == ""
         exporter.update_round(ROW)
         exporter.update_round({**ROW, "round": 3, "train_loss": None})
         exporter.update_bytes({"up": {"forward": 1000, "train": 24}, "down": {"bundle": 77}})
