@@ -4,6 +4,8 @@ block, and runs that do not depend on this process's torch thread count."""
 
 from __future__ import annotations
 
+import runpy
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -178,3 +180,21 @@ def test_torch_threads_restores_the_count() -> None:
     assert torch.get_num_threads() == before
     with torch_threads(0):
         assert torch.get_num_threads() == before
+
+
+def test_bench_server_runs_here_and_says_when_there_is_no_cuda(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """benchmarks/bench_server.py on a tiny workload: the same step code, a CPU timing, and
+    on a machine without CUDA one "no CUDA" line (on a GPU machine: a ratio)."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_server.py"
+    module = runpy.run_path(str(path))  # defines main() without running it
+    monkeypatch.setattr(sys, "argv", [str(path), "--model", "mobilenetv3-small", "--clients",
+                                      "2", "--samples", "4", "--repeats", "1", "--warmup", "0",
+                                      "--threads", "1"])
+    module["main"]()
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("cpu (") and "ms/step" in line for line in lines)
+    if torch.cuda.is_available():
+        assert any(line.startswith("ratio cpu / cuda:") for line in lines)
+    else:
+        assert sum(line.startswith("no CUDA: ") for line in lines) == 1
