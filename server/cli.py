@@ -51,6 +51,11 @@ def run(
                      ] = None,
     compression: Annotated[str | None, typer.Option(
         "--compression", help="Overrides train.compression.")] = None,
+    tensorboard: Annotated[str | None, typer.Option(
+        "--tensorboard", help="Also write per-round scalars for TensorBoard into DIR.")
+    ] = None,
+    mlflow: Annotated[str | None, typer.Option(
+        "--mlflow", help="Also log per-round metrics to this MLflow tracking URI.")] = None,
     device: Annotated[str | None, typer.Option(
         "--device", help="auto | cpu | cuda: where server blocks and evaluation run "
         "(overrides server.device).")] = None,
@@ -71,6 +76,7 @@ def run(
         validate_options,
     )
     from jetsplit.server.prometheus import round_callback
+    from jetsplit.server.tracking import Trackers, chain
     from jetsplit.server.training import run_training
 
     check_port(metrics_port, "--metrics-port")
@@ -117,6 +123,8 @@ def run(
     for who, cut in sorted(cfg.model.cuts.items()):  # agent id or profile name
         check_split(cfg.model.name, tuple(cfg.model.input_shape), cfg.model.classes, cut,
                     flag=f"model.cuts.{who} (device {who})")
+    trackers = Trackers(tensorboard, mlflow, run_name=run_name,
+                        params=cfg.train.model_dump())
     engine = MqttEngine(cfg.mqtt.address(), cfg.fleet, run_id=run_name,
                         options=cfg.mqtt.endpoint_options(),
                         retry_s=cfg.train.retry_s).start(cfg.mqtt.connect_wait_s)
@@ -156,7 +164,9 @@ def run(
                        else prepare_bundle(cfg, Path(tmp)))
             shallow = {c for c in cuts.values() if c != cfg.model.split}
             books = FleetBooks(engine)  # per-agent time split and telemetry per round
-            on_round = None if exporter is None else round_callback(exporter, engine, books)
+            on_round = chain(None if exporter is None else
+                             round_callback(exporter, engine, books),
+                             trackers.log_round if trackers.active else None)
             summary = run_training(engine, archive, cfg.settings(), test, out_dir,
                                    on_round=on_round, row_extras=books.collect,
                                    resume=resume is not None,
@@ -165,6 +175,7 @@ def run(
         engine.close()
         if exporter is not None:
             exporter.close()
+        trackers.close()
     from jetsplit.server.report import write_report
 
     report = write_report(out_dir, title=f"jetsplit run {run_name}: {summary['algorithm']}")

@@ -241,7 +241,8 @@ class AgentProcesses:
 
 
 def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
-              metrics_port: int | None = None, live: bool | None = None) -> dict[str, Any]:
+              metrics_port: int | None = None, live: bool | None = None,
+              trackers: Any = None) -> dict[str, Any]:
     """Run (or resume) a whole trial; returns the training summary plus the report path."""
     from jetsplit.broker_url import parse_broker_url
     from jetsplit.data import load_dataset_split
@@ -346,6 +347,8 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
                 progress.update(row)
                 if to_exporter is not None:
                     to_exporter(row)
+                if trackers is not None:  # TensorBoard / MLflow (server/tracking.py)
+                    trackers.log_round(row)
 
             archive = out_dir / "checkpoint" / "bundle.tar.gz"
             if not resume:
@@ -463,6 +466,11 @@ def trial_command(
     device: Annotated[str, typer.Option(
         "--device", help="auto | cpu | cuda: where the coordinator's server blocks and "
         "evaluation run.")] = "auto",
+    tensorboard: Annotated[str | None, typer.Option(
+        "--tensorboard", help="Also write per-round scalars for TensorBoard into DIR.")
+    ] = None,
+    mlflow: Annotated[str | None, typer.Option(
+        "--mlflow", help="Also log per-round metrics to this MLflow tracking URI.")] = None,
 ) -> None:
     """Field trial on this machine: broker, coordinator and emulated agents; report."""
     logging.basicConfig(level=logging.WARNING,
@@ -479,7 +487,14 @@ def trial_command(
                          edge_profile=edge_profile, device=device,
                          common_split=common_split, cuts=parse_cuts(cut))
         out_dir = out or Path("runs") / time.strftime("trial-%Y%m%d-%H%M%S", time.gmtime())
-    summary = run_trial(spec, out_dir, resume=resume is not None, metrics_port=metrics_port)
+    from jetsplit.server.tracking import Trackers
+
+    trackers = Trackers(tensorboard, mlflow, run_name=out_dir.name, params=asdict(spec))
+    try:
+        summary = run_trial(spec, out_dir, resume=resume is not None,
+                            metrics_port=metrics_port, trackers=trackers)
+    finally:
+        trackers.close()
     accuracy = summary["final_accuracy"]
     typer.echo(f"{spec.algorithm}: {spec.rounds} rounds with {spec.agents} agents in "
                f"{summary['seconds']:.0f}s, final accuracy "
