@@ -59,6 +59,35 @@ def bare_torch_mb() -> float:
         proc.wait()
 
 
+TORCH_TRAINING = """
+import sys, torch
+torch.set_num_threads(1)
+from jetsplit.models import ModelSpec, build_model, split
+client, _ = split(build_model(ModelSpec("alexnet", (1, 28, 28), 10), seed=0), 2)
+opt = torch.optim.SGD(client.parameters(), lr=0.01)
+for _ in range(40):
+    y = client(torch.randn(32, 1, 28, 28))
+    opt.zero_grad()
+    y.backward(torch.ones_like(y))
+    opt.step()
+print("ok", flush=True)
+sys.stdin.read()
+"""
+
+
+def torch_training_mb() -> float:
+    """The floor: a bare process training the same client block (batch 32, one thread).
+    Running torch's kernels pages in code and caches that `import torch` alone does not."""
+    proc = subprocess.Popen([sys.executable, "-c", TORCH_TRAINING], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ok"
+        return rss_mb(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 class Sampler(threading.Thread):
     """Polls a process's RSS until stopped; keeps the largest value seen."""
 
@@ -78,6 +107,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40, help="local iterations (batch 32)")
     args = parser.parse_args()
     torch_mb = bare_torch_mb()
+    floor_mb = torch_training_mb()
     with tempfile.TemporaryDirectory(prefix="bench-agent-") as tmp, MosquittoProcess() as broker:
         root = Path(tmp)
         url = f"mqtt://127.0.0.1:{broker.port}"
@@ -117,6 +147,8 @@ def main() -> None:
     print(f"AlexNet split 2, PSL, batch 32, {args.steps} steps x 2 rounds, MNIST shard 1/4; "
           f"bundle bytes to the agent: {summary['bundle_bytes'] / MB:.2f} MB")
     print(f"bare `import torch` process : {torch_mb:8.1f} MB")
+    print(f"bare torch training block   : {floor_mb:8.1f} MB  (+{floor_mb - torch_mb:.1f}: torch's "
+          "own cost of running the client block, the floor)")
     print(f"agent idle (registered)     : {idle:8.1f} MB  (+{idle - torch_mb:.1f} over torch)")
     print(f"agent training (max VmRSS)  : {training:8.1f} MB  "
           f"(+{training - torch_mb:.1f} over torch; goal <= +150)")

@@ -85,10 +85,12 @@ class DeviceBundle:
 class DeviceBundles:
     """Device bundles cut from one full bundle, made once per (role, cut, aux, edge) key."""
 
-    def __init__(self, source: Path, workdir: Path | None = None, *, seed: int = 0) -> None:
+    def __init__(self, source: Path, workdir: Path | None = None, *, seed: int = 0,
+                 loaded: Bundle | None = None) -> None:
+        """`loaded`: the full bundle already verified from `source` (saves a second read)."""
         import tempfile
 
-        self.full: Bundle = load_bundle(source)
+        self.full: Bundle = loaded if loaded is not None else load_bundle(source)
         self._tmp = None
         if workdir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="jetsplit-device-bundles-")
@@ -150,7 +152,7 @@ class BundleShipper:
     def __init__(self, engine: Engine, archive: Path, *, lr: float, deadline_s: float,
                  kind: str = Kind.BUNDLE.value, content: str = "client",
                  workdir: Path | None = None, piece_bytes: int = PIECE_BYTES,
-                 seed: int = 0) -> None:
+                 seed: int = 0, bundle: Bundle | None = None) -> None:
         """`kind` BUNDLE is setup traffic; TRAINED_BUNDLE (a bundle carrying trained
         weights, Ampere's phase 2) is counted as training traffic. `content` is what a
         client runs: "client", "aux" (client block + aux head) or "full" (FedAvg)."""
@@ -161,7 +163,7 @@ class BundleShipper:
         self.edge_layers: int | None = None  # SHeRL-FL sets it once it knows k2
         self.piece_bytes = piece_bytes
         self.sha256 = hashlib.sha256(Path(archive).read_bytes()).hexdigest()  # the full one
-        self.bundles = DeviceBundles(archive, workdir, seed=seed)
+        self.bundles = DeviceBundles(archive, workdir, seed=seed, loaded=bundle)
 
     def close(self) -> None:
         self.bundles.close()

@@ -111,7 +111,7 @@ class Trainer:
         self.shipper = BundleShipper(engine, archive, lr=settings.lr,
                                      deadline_s=settings.bundle_deadline_s,
                                      content=CLIENT_CONTENT.get(settings.algorithm, "client"),
-                                     seed=settings.seed)
+                                     seed=settings.seed, bundle=self.bundle)
         self.cuts: dict[str, int] = check_cuts(cuts or {}, self.bundle.split,
                                                self.bundle.spec.name)
         self.device = torch.device(resolve_device(settings.device, "device"))
