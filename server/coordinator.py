@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import shutil
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -130,10 +129,9 @@ class DeviceBundles:
         return DeviceBundle(role, cut, manifest, hashlib.sha256(manifest).hexdigest(), files)
 
     def close(self) -> None:
+        """Remove the bundles made in a temporary folder (a given workdir is the caller's)."""
         if self._tmp is not None:
             self._tmp.cleanup()
-        else:
-            shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 def downlink_bytes_per_s(registration: dict[str, Any]) -> float | None:
