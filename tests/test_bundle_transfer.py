@@ -217,3 +217,29 @@ def test_bundles_per_cut_one_manifest_per_distinct_cut(archive: Path, data: Arra
     got = workers["a0"].client.state_dict()  # type: ignore[union-attr]
     assert set(got) < set(want) and all(got[k].equal(want[k]) for k in got)
     assert not shipper.needs("a0", 1) and shipper.needs("a0", 2)  # another cut: another bundle
+
+
+def test_retries_back_off_and_wait_for_the_downlink(mosquitto: MosquittoProcess) -> None:
+    """A silent agent is re-sent a command after retry_s, then after 2x, 4x... (not every
+    retry_s); a command whose bytes need longer on the agent's downlink is not re-sent
+    before that. Counted in publishes, with generous margins (no timing is asserted)."""
+    from jetsplit.server.coordinator import downlink_bytes_per_s
+
+    engine = MqttEngine(mosquitto.address, "retry", run_id="retry", retry_s=0.1).start(10)
+    try:
+        engine.registry.register("ghost", {"role": "client"})  # nobody answers for it
+        status = Command(Kind.STATUS.value)
+        out = engine.send_and_receive({"ghost": status}, deadline_s=1.6)
+        assert out.missed == {"ghost": "deadline"}
+        per_send = engine.counters.snapshot()["ghost"]["down"][Kind.STATUS.value]
+        engine.counters = type(engine.counters)()
+        engine.send_and_receive({"ghost": Command(Kind.STATUS.value, retry_s=5.0)},
+                                deadline_s=1.0)
+        once = engine.counters.snapshot()["ghost"]["down"][Kind.STATUS.value]
+    finally:
+        engine.close()
+    # Without backoff 0.1 s retries would send ~16 copies in 1.6 s; 0.1+0.2+0.4+0.8 allows 4.
+    assert once > 0 and 2 <= round(per_send / once) <= 5
+    profile = {"network": {"downlink_mbps": 8.0}}
+    assert downlink_bytes_per_s({"profile": profile}) == 1e6
+    assert downlink_bytes_per_s({"profile": None}) is None
