@@ -76,7 +76,7 @@ def main() -> None:
             print(f"\n== {fleet}: SCALA, AlexNet/MNIST, dirichlet:0.5, {args.rounds} rounds "
                   f"x T={args.local_steps}, seeds {args.seeds}")
             print("seed | cuts per-device | cut common | round s per-dev | round s common "
-                  "| ratio | acc per-dev | acc common | Δacc (points)")
+                  "| ratio | predicted ratio | acc per-dev | acc common | Δacc (points)")
             ratios, deltas = [], []
             for seed, per, com in zip(args.seeds, results[False], results[True], strict=True):
                 cuts = ",".join(str(d["cut"]) for d in per["devices"].values())
@@ -84,9 +84,11 @@ def main() -> None:
                 delta = 100 * (per["accuracy"] - com["accuracy"])
                 ratios.append(ratio)
                 deltas.append(delta)
+                predicted = per["predicted_round_s"] / com["predicted_round_s"]
                 print(f"{seed:4d} | {cuts:15s} | {com['server_cut']:10d} | "
                       f"{per['round_s']:15.2f} | {com['round_s']:14.2f} | {ratio:5.3f} | "
-                      f"{per['accuracy']:11.4f} | {com['accuracy']:10.4f} | {delta:+.2f}")
+                      f"{predicted:15.3f} | {per['accuracy']:11.4f} | {com['accuracy']:10.4f} | "
+                      f"{delta:+.2f}")
             print(f"mean round wall-time ratio per-device/common: {statistics.mean(ratios):.3f}"
                   f" (goal <= 0.75); mean accuracy difference {statistics.mean(deltas):+.2f} "
                   f"points (goal within 1.5)")
