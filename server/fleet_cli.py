@@ -15,6 +15,7 @@ import os
 import queue
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -66,6 +67,7 @@ class FleetClient:
     fleet: str
     fleet_key_file: str | None = None
     tls_ca: str | None = None
+    section: Any = None  # a coordinator config's [mqtt] (TLS, keys, signing) instead
     views: dict[str, AgentView] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -73,8 +75,9 @@ class FleetClient:
         from jetsplit.transport.mqtt import MqttEndpoint
         from jetsplit.transport.settings import MqttSection
 
-        section = MqttSection(broker=self.broker, fleet_key_file=self.fleet_key_file,
-                              tls_ca=self.tls_ca)
+        section = self.section or MqttSection(broker=self.broker,
+                                              fleet_key_file=self.fleet_key_file,
+                                              tls_ca=self.tls_ca)
         # Leave no session behind on the broker.
         options = replace(section.endpoint_options(), session_expiry_s=0)
         self.topics = Topics(self.fleet)
@@ -156,16 +159,32 @@ def survey(client: FleetClient, wait_s: float, logs: int = 0) -> list[AgentView]
 
 # --------------------------------------------------------------------------- commands
 
-Broker = Annotated[str, typer.Option("--broker", help="mqtt[s]://[user:pass@]host:port")]
-Fleet = Annotated[str, typer.Option("--fleet", help="Fleet name (topic jetsplit/v1/FLEET).")]
+DEFAULT_BROKER = "mqtt://127.0.0.1:1883"
+Broker = Annotated[str | None, typer.Option(
+    "--broker", help=f"mqtt[s]://[user:pass@]host:port (default {DEFAULT_BROKER}).")]
+Fleet = Annotated[str | None, typer.Option(
+    "--fleet", help="Fleet name (topic jetsplit/v1/FLEET; default: default).")]
+Config = Annotated[Path | None, typer.Option(
+    "--config", help="Take fleet and [mqtt] (TLS, keys) from this server.toml.")]
 KeyFile = Annotated[str | None, typer.Option(
     "--fleet-key-file", help="HMAC fleet key (else $JETSPLIT_FLEET_KEY).")]
 TlsCa = Annotated[str | None, typer.Option("--tls-ca", help="CA certificate for mqtts://.")]
 Wait = Annotated[float, typer.Option("--wait", help="Seconds to wait for status replies.")]
 
 
-def _client(broker: str, fleet: str, key: str | None, ca: str | None) -> FleetClient:
-    return FleetClient(broker, fleet, key, ca)
+def _client(broker: str | None, fleet: str | None, key: str | None, ca: str | None,
+            config: Path | None = None) -> FleetClient:
+    """From flags, or from a coordinator's server.toml (its fleet and [mqtt]: TLS, fleet key
+    or the coordinator's signing kit); flags given next to it win."""
+    if config is None:
+        return FleetClient(broker or DEFAULT_BROKER, fleet or "default", key, ca)
+    from jetsplit.server.config import load_server_config
+
+    cfg = load_server_config(config)
+    updates = {k: v for k, v in {"broker": broker, "fleet_key_file": key, "tls_ca": ca}.items()
+               if v is not None}
+    section = cfg.mqtt.model_copy(update=updates)
+    return FleetClient(section.broker, fleet or cfg.fleet, section=section)
 
 
 def _cell(value: Any) -> str:
@@ -173,15 +192,16 @@ def _cell(value: Any) -> str:
 
 
 @app.command("ls")
-def ls(broker: Broker = "mqtt://127.0.0.1:1883", fleet: Fleet = "default",
+def ls(broker: Broker = None, fleet: Fleet = None, config: Config = None,
        fleet_key_file: KeyFile = None, tls_ca: TlsCa = None, wait: Wait = 3.0,
        as_json: Annotated[bool, typer.Option("--json", help="One JSON list.")] = False) -> None:
     """List every agent with state, role, profile, bundle, cut, last round, RSS,
     temperature and last error."""
     if wait <= 0:
         raise ConfigError("--wait: must be > 0")
-    with _client(broker, fleet, fleet_key_file, tls_ca) as client:
+    with _client(broker, fleet, fleet_key_file, tls_ca, config) as client:
         rows = [v.row() for v in survey(client, wait)]
+        fleet = client.fleet
     if as_json:
         typer.echo(json.dumps(rows))
         return
@@ -213,10 +233,10 @@ def _one(client: FleetClient, agent: str, wait: float, logs: int = 0) -> AgentVi
 
 @app.command("status")
 def status(agent: Annotated[str, typer.Argument(help="Agent id.")],
-           broker: Broker = "mqtt://127.0.0.1:1883", fleet: Fleet = "default",
+           broker: Broker = None, fleet: Fleet = None, config: Config = None,
            fleet_key_file: KeyFile = None, tls_ca: TlsCa = None, wait: Wait = 5.0) -> None:
     """One agent's full status reply (JSON): telemetry, time books, bundle, last error."""
-    with _client(broker, fleet, fleet_key_file, tls_ca) as client:
+    with _client(broker, fleet, fleet_key_file, tls_ca, config) as client:
         view = _one(client, agent, wait)
     typer.echo(json.dumps({"agent": agent, "state": view.row()["state"],
                            "status": view.status, "error": view.error}, indent=2))
@@ -224,14 +244,14 @@ def status(agent: Annotated[str, typer.Argument(help="Agent id.")],
 
 @app.command("logs")
 def logs(agent: Annotated[str, typer.Argument(help="Agent id.")],
-         broker: Broker = "mqtt://127.0.0.1:1883", fleet: Fleet = "default",
+         broker: Broker = None, fleet: Fleet = None, config: Config = None,
          fleet_key_file: KeyFile = None, tls_ca: TlsCa = None, wait: Wait = 5.0,
          lines: Annotated[int, typer.Option("--lines", "-n", help="How many lines (≤ 500).")
                           ] = 50) -> None:
     """The agent's last log lines, fetched over MQTT."""
     if not 1 <= lines <= 500:
         raise ConfigError("--lines: must be 1..500")
-    with _client(broker, fleet, fleet_key_file, tls_ca) as client:
+    with _client(broker, fleet, fleet_key_file, tls_ca, config) as client:
         view = _one(client, agent, wait, logs=lines)
     if view.status is None:
         raise ConfigError(f"agent {agent} is {view.row()['state']}: no logs over MQTT (on the "
@@ -243,10 +263,11 @@ def logs(agent: Annotated[str, typer.Argument(help="Agent id.")],
 @app.command("stop")
 def stop(agents: Annotated[list[str] | None, typer.Argument(
              help="Agent ids (default: every online agent).")] = None,
-         broker: Broker = "mqtt://127.0.0.1:1883", fleet: Fleet = "default",
+         broker: Broker = None, fleet: Fleet = None, config: Config = None,
          fleet_key_file: KeyFile = None, tls_ca: TlsCa = None, wait: Wait = 5.0) -> None:
     """Ask agents to exit cleanly (a systemd unit with Restart=on-failure stays stopped)."""
-    with _client(broker, fleet, fleet_key_file, tls_ca) as client:
+    with _client(broker, fleet, fleet_key_file, tls_ca, config) as client:
+        fleet = client.fleet
         views = client.presence()
         online = sorted(a for a, v in views.items() if v.state == "online")
         targets = agents or online
