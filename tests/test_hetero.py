@@ -164,3 +164,35 @@ def test_fedavg_refuses_per_device_cuts(archives: dict[int, Path]) -> None:
     trainer = trainer_for(archives, "fedavg", {"a0": 1}, [50, 50])
     with pytest.raises(ConfigError, match="fedavg trains every device at one common cut"):
         build_method("fedavg", trainer)
+
+
+def test_server_cuts_out_of_range_or_memory_are_one_line_naming_the_device() -> None:
+    """`[model.cuts]` by agent id or profile name: a cut outside the model, or one that does
+    not fit the device's memory budget, is one ConfigError line naming the agent."""
+    from jetsplit.profiles import profile_from_dict, resolve_profile
+    from jetsplit.server.config import ServerConfig
+    from jetsplit.server.hetero import fleet_cuts
+
+    nano = resolve_profile("jetson-nano-4gb").model_dump(mode="json", exclude_none=True)
+    small = {**nano, "device": {**nano["device"], "name": "nano-small"},
+             "memory": {**nano["memory"], "total_mb": 480}}
+    profile_from_dict(small)  # a valid profile: only its budget is tight
+    regs = {"a0": {"profile": nano}, "a1": {"profile": small}}
+
+    def cfg(cuts: dict[str, int], split: int | str = 3) -> ServerConfig:
+        return ServerConfig.model_validate({"model": {
+            "name": "mobilenetv3-small", "input_shape": [1, 8, 8], "split": split,
+            "cuts": cuts}})
+
+    kw = {"batch": 32, "local_steps": 2, "rounds": 2, "codec": "fp32"}
+    assert fleet_cuts(cfg({"jetson-nano-4gb": 1}), {"a0": regs["a0"]}, **kw) == (1, {"a0": 1})
+    assert fleet_cuts(cfg({"a1": 5}), {"a0": {}, "a1": {}}, **kw) == (5, {"a0": 3, "a1": 5})
+    with pytest.raises(ConfigError, match=r"^agent a0: cut 14 is out of range for "
+                                          r"mobilenetv3-small: choose 1\.\.13$"):
+        fleet_cuts(cfg({"a0": 14}), {"a0": {}}, **kw)
+    with pytest.raises(ConfigError, match=r"^agent a1 \(nano-small\): cut 3 needs \d+ MiB to "
+                                          r"train, more than its \d+ MiB usable"):
+        fleet_cuts(cfg({"a0": 3}), regs, **kw)
+    with pytest.raises(ConfigError, match='^agent a0: registered without a device profile; '
+                                          'split = "auto"'):
+        fleet_cuts(cfg({}, "auto"), {"a0": {}}, **kw)
