@@ -49,9 +49,9 @@ class EdgeTier:
         self.block = block.to(device)
         self.input_shape = input_shape
         self.device = device
-        self.optimizer = torch.optim.SGD(self.block.parameters(), lr=optimizer.lr,
-                                         momentum=optimizer.momentum,
-                                         weight_decay=optimizer.weight_decay)
+        from jetsplit.edge_agent.worker import make_optimizer
+
+        self.optimizer = make_optimizer(list(self.block.parameters()), optimizer)
         self.pending: tuple[tuple[int, int], np.ndarray, np.ndarray] | None = None
 
     def inputs(self, tensors: Tensors) -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,7 +138,8 @@ class EdgeRole:
         block = bundle.edge_module()
         load_strict(block, from_arrays(tensors, "edge"), "edge_load", ProtocolError)
         shape = tuple(bundle.manifest.activation_shape)
-        self.edge_tier = EdgeTier(block, shape, self.optimizer_args, self.device)
+        self.edge_tier = EdgeTier(block, shape, args.optimizer or self.optimizer_args,
+                                  self.device)
         return Result(meta={"layers": args.layers})
 
     def _do_edge_step(self, args: EdgeStepArgs, round_: int, step: int, tensors: Tensors

@@ -17,7 +17,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 import numpy as np
 import torch
@@ -100,7 +100,10 @@ class BatchSampler:
         return np.sort(indices)
 
 
-def _sgd(params: list[nn.Parameter], opt: OptimizerArgs) -> torch.optim.Optimizer:
+def make_optimizer(params: List[nn.Parameter], opt: OptimizerArgs) -> torch.optim.Optimizer:
+    """The optimiser the coordinator asked for (`OptimizerArgs`: SGD or Adam)."""
+    if opt.name == "adam":
+        return torch.optim.Adam(params, lr=opt.lr, weight_decay=opt.weight_decay)
     return torch.optim.SGD(params, lr=opt.lr, momentum=opt.momentum,
                            weight_decay=opt.weight_decay)
 
@@ -244,7 +247,7 @@ class AgentWorker(EdgeRole):
             elif target == "full":
                 assert self.server is not None
                 params += list(self.server.parameters())
-            self._optimizers[target] = _sgd(params, self.optimizer_args)
+            self._optimizers[target] = make_optimizer(params, self.optimizer_args)
         return self._optimizers[target]
 
     def _batch(self, size: int, round_: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -63,8 +63,10 @@ class _Args(BaseModel):
 
 
 class OptimizerArgs(_Args):
-    """Plain SGD as the papers use; momentum and weight decay are optional."""
+    """The client (or edge) optimiser: SGD with optional momentum and weight decay, or Adam
+    (SHeRL-FL trains every tier with Adam); momentum is SGD's only."""
 
+    name: Literal["sgd", "adam"] = "sgd"
     lr: LearningRate = 0.01
     momentum: Annotated[float, Field(ge=0, lt=1)] = 0.0
     weight_decay: Annotated[float, Field(ge=0, le=1)] = 0.0
@@ -133,6 +135,7 @@ class EdgeLoadArgs(_Args):
     """The edge block is the first `layers` layers of the bundle's server block."""
 
     layers: Annotated[int, Field(ge=1, le=4096)]
+    optimizer: Optional[OptimizerArgs] = None  # the edge tier's (default: the bundle's)
 
 
 class EdgeStepArgs(_Args):

@@ -37,9 +37,9 @@ class TrainSection(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
-    algorithm: Literal["fedavg", "splitfed-v1", "splitfed-v2", "psl", "scala", "ca-sfl",
-                       "lla-sfl", "gapsl", "ampere", "ampere-noconsolidation", "sherl"
-                       ] = "scala"
+    algorithm: Literal["fedavg", "splitfed-v1", "splitfed-v2", "splitfed-v2-interleaved",
+                       "psl", "scala", "ca-sfl", "lla-sfl", "lla-sfl-shared", "gapsl",
+                       "ampere", "ampere-noconsolidation", "sherl"] = "scala"
     rounds: Annotated[int, Field(ge=1, le=100_000)] = 10
     local_steps: Annotated[int, Field(ge=1, le=1_000_000)] = 10
     batch: Annotated[int, Field(ge=1, le=1 << 20)] = 64  # B over all selected agents
@@ -54,6 +54,7 @@ class TrainSection(BaseModel):
     k_max: Annotated[float, Field(ge=0, le=1)] = 0.8
     lam: Annotated[float, Field(ge=0)] = 5e-4
     eta: Annotated[float, Field(ge=0)] = 1.0
+    psl_reduction: Literal["sum", "mean"] = "sum"  # PSL/GAPSL server loss (eq. 8: sum)
     patience: Annotated[int, Field(ge=1, le=100_000)] = 5  # Ampere
     device_epochs: Annotated[int, Field(ge=1, le=100_000)] = 100
     validation_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.2
@@ -63,7 +64,18 @@ class TrainSection(BaseModel):
     tau1: Annotated[int, Field(ge=1, le=1_000_000)] | None = None  # SHeRL-FL
     tau2: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
     margin: Annotated[float, Field(gt=0, le=2)] = 0.5
-    cloud_lr: Annotated[float, Field(gt=0, le=10)] = 1e-3
+    # Per-tier training (unset: the method's paper default, else lr / plain SGD; see
+    # docs/methods.md and server/optim.py).
+    cloud_lr: Annotated[float, Field(gt=0, le=10)] | None = None
+    optimizer: Literal["sgd", "adam"] | None = None
+    momentum: Annotated[float, Field(ge=0, lt=1)] | None = None
+    weight_decay: Annotated[float, Field(ge=0, le=1)] = 0.0
+    client_lr: Annotated[float, Field(gt=0, le=10)] | None = None
+    server_lr: Annotated[float, Field(gt=0, le=10)] | None = None
+    edge_lr: Annotated[float, Field(gt=0, le=10)] | None = None
+    client_batch: Annotated[int, Field(ge=1, le=65536)] | None = None  # B(d); GAPSL 128
+    server_batch: Annotated[int, Field(ge=2, le=1 << 20)] | None = None  # Ampere's B(s)
+    server_epochs: Annotated[int, Field(ge=1, le=100_000)] | None = None  # Ampere's N_s
 
 
 class DataSection(BaseModel):

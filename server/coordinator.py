@@ -150,10 +150,14 @@ class BundleShipper:
     def __init__(self, engine: Engine, archive: Path, *, lr: float, deadline_s: float,
                  kind: str = Kind.BUNDLE.value, content: str = "client",
                  workdir: Path | None = None, piece_bytes: int = PIECE_BYTES,
-                 seed: int = 0, bundle: Bundle | None = None) -> None:
+                 seed: int = 0, bundle: Bundle | None = None,
+                 optimizer: dict[str, Any] | None = None) -> None:
         """`kind` BUNDLE is setup traffic; TRAINED_BUNDLE (a bundle carrying trained
         weights, Ampere's phase 2) is counted as training traffic. `content` is what a
-        client runs: "client", "aux" (client block + aux head) or "full" (FedAvg)."""
+        client runs: "client", "aux" (client block + aux head) or "full" (FedAvg).
+        `optimizer` is the client optimiser the agents train with (`OptimizerArgs`;
+        default plain SGD at `lr`)."""
+        self.optimizer = dict(optimizer) if optimizer is not None else {"lr": lr}
         self.engine, self.lr, self.deadline_s, self.kind = engine, lr, deadline_s, kind
         self.part_kind = (Kind.TRAINED_BUNDLE_PART if kind == Kind.TRAINED_BUNDLE.value
                           else Kind.BUNDLE_PART).value
@@ -220,7 +224,7 @@ class BundleShipper:
             if target.sha256 not in shared:
                 shared[target.sha256] = Command(
                     self.kind, {"sha256": target.sha256, "role": target.role,
-                                "optimizer": {"lr": self.lr}},
+                                "optimizer": self.optimizer},
                     {"manifest": np.frombuffer(target.manifest, dtype=np.uint8)})
             commands[agent] = shared[target.sha256]
         out = self.engine.send_and_receive(commands, round=round,

@@ -155,7 +155,8 @@ class Completions:
 
 
 # Planner's proxies for methods it costs by a sibling with the same traffic.
-PLANNER_PROXY = {"ca-sfl": "scala", "lla-sfl": "scala", "ampere-noconsolidation": "ampere"}
+PLANNER_PROXY = {"ca-sfl": "scala", "lla-sfl": "splitfed-v1", "lla-sfl-shared": "scala",
+                 "splitfed-v2-interleaved": "splitfed-v2", "ampere-noconsolidation": "ampere"}
 
 
 def plan_cuts(algorithm: str, model: str, input_shape: tuple[int, int, int], classes: int,

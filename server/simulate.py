@@ -19,8 +19,8 @@ import typer
 
 from jetsplit.server.training import Settings
 
-ALGORITHMS = ("fedavg, splitfed-v1, splitfed-v2, psl, scala, ca-sfl, lla-sfl, gapsl, "
-              "ampere, ampere-noconsolidation, sherl")
+ALGORITHMS = ("fedavg, splitfed-v1, splitfed-v2, splitfed-v2-interleaved, psl, scala, "
+              "ca-sfl, lla-sfl, lla-sfl-shared, gapsl, ampere, ampere-noconsolidation, sherl")
 
 
 def simulate(
@@ -194,8 +194,31 @@ def simulate_command(
         "--tau2", help="sherl: iterations between cloud aggregations (default T).")] = None,
     margin: Annotated[float, typer.Option(
         "--margin", help="sherl: contrastive margin m on the cosine distance.")] = 0.5,
-    cloud_lr: Annotated[float, typer.Option(
-        "--cloud-lr", help="sherl: learning rate of the cloud head's Adam.")] = 1e-3,
+    cloud_lr: Annotated[float | None, typer.Option(
+        "--cloud-lr", help="sherl: the cloud head's learning rate (paper default 1e-3).")
+    ] = None,
+    optimizer: Annotated[str | None, typer.Option(
+        "--optimizer", help="sgd | adam, every tier (default: the method's paper's, else "
+        "sgd).")] = None,
+    momentum: Annotated[float | None, typer.Option(
+        "--momentum", help="SGD momentum (gapsl default 0.9, else 0).")] = None,
+    weight_decay: Annotated[float, typer.Option("--weight-decay", help="Weight decay.")
+                            ] = 0.0,
+    client_lr: Annotated[float | None, typer.Option(
+        "--client-lr", help="Client tier learning rate (default: paper's, else --lr).")
+    ] = None,
+    server_lr: Annotated[float | None, typer.Option(
+        "--server-lr", help="Server tier learning rate (default: paper's, else --lr).")
+    ] = None,
+    edge_lr: Annotated[float | None, typer.Option(
+        "--edge-lr", help="sherl: edge tier learning rate (paper default 1e-3).")] = None,
+    client_batch: Annotated[int | None, typer.Option(
+        "--client-batch", help="Fixed batch per client (ampere B(d); gapsl default 128) "
+        "instead of B split by |D_k|.")] = None,
+    server_batch: Annotated[int | None, typer.Option(
+        "--server-batch", help="ampere: server batch B(s) (default --batch).")] = None,
+    server_epochs: Annotated[int | None, typer.Option(
+        "--server-epochs", help="ampere: at most this many server epochs (N_s).")] = None,
     patience: Annotated[int, typer.Option(
         "--patience", help="ampere: device epochs without a better validation accuracy "
         "before phase 2.")] = 5,
@@ -223,7 +246,10 @@ def simulate_command(
         "algorithm": algorithm, "rounds": rounds, "local_steps": local_steps,
         "fraction": fraction, "batch": batch, "lr": lr, "codec": codec, "tau1": tau1,
         "tau2": tau2, "margin": margin, "cloud_lr": cloud_lr, "patience": patience,
-        "device_epochs": device_epochs}, "option", "--")
+        "device_epochs": device_epochs, "optimizer": optimizer, "momentum": momentum,
+        "weight_decay": weight_decay, "client_lr": client_lr, "server_lr": server_lr,
+        "edge_lr": edge_lr, "client_batch": client_batch, "server_batch": server_batch,
+        "server_epochs": server_epochs}, "option", "--")
     server = model_from_dict(ServerSection, {"device": device, "autocast": autocast},
                              "option", "--")
     resolve_device(server.device, "--device")  # fail before loading any data

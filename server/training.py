@@ -63,6 +63,7 @@ class Settings:
     k_max: float = 0.8
     lam: float = 5e-4
     eta: float = 1.0
+    psl_reduction: str = "sum"  # PSL's L and GAPSL's L_g: "sum" (eq. 8) or "mean" variant
     # Ampere (ampere.txt §3.3): phase 1 ends after `patience` epochs without a better
     # validation accuracy of client+aux, or after N_d = `device_epochs`; the validation part
     # is carved from the coordinator's held-out split. Phase 2 uploads activations in
@@ -82,7 +83,20 @@ class Settings:
     tau1: int | None = None
     tau2: int | None = None
     margin: float = 0.5
-    cloud_lr: float = 1e-3  # the cloud's Adam on the task head (see server/algorithms/sherl)
+    cloud_lr: float | None = None  # SHeRL-FL's cloud head (paper: Adam, 1e-3)
+    # Per-tier training (server/optim.py): unset = the method's paper default, else the
+    # general `lr` / plain SGD. `client_batch` fixes every client's batch (GAPSL's 128,
+    # Ampere's B(d)) instead of B_k ∝ |D_k|; `server_batch` is Ampere's B(s) (default B);
+    # `server_epochs` is Ampere's N_s (default: every round left after phase 1).
+    optimizer: str | None = None
+    momentum: float | None = None
+    weight_decay: float = 0.0
+    client_lr: float | None = None
+    server_lr: float | None = None
+    edge_lr: float | None = None
+    client_batch: int | None = None
+    server_batch: int | None = None
+    server_epochs: int | None = None
     edges: dict[str, list[str]] = field(default_factory=dict)
     edge_split: int | None = None
     # Where the coordinator computes ([server] in server.toml): device auto|cpu|cuda for the
@@ -108,15 +122,20 @@ class Trainer:
         self.bundle = bundle or load_bundle(archive)
         # Devices get only what they run: the client block (+ aux head), or for FedAvg
         # the whole model; per-device cuts (`cuts`, agent → k) get their cut's block.
-        self.shipper = BundleShipper(engine, archive, lr=settings.lr,
+        from jetsplit.server.optim import tier_optimizer
+
+        self.client_optimizer = tier_optimizer(settings, "client")
+        self.server_optimizer = tier_optimizer(settings, "server")
+        self.shipper = BundleShipper(engine, archive, lr=self.client_optimizer.lr,
                                      deadline_s=settings.bundle_deadline_s,
+                                     optimizer=self.client_optimizer.wire(),
                                      content=CLIENT_CONTENT.get(settings.algorithm, "client"),
                                      seed=settings.seed, bundle=self.bundle)
         self.cuts: dict[str, int] = check_cuts(cuts or {}, self.bundle.split,
                                                self.bundle.spec.name)
         self.device = torch.device(resolve_device(settings.device, "device"))
         self.server: nn.Module = self.bundle.server_module().to(self.device)
-        self.optimizer = torch.optim.SGD(self.server.parameters(), lr=settings.lr)
+        self.optimizer = self.server_optimizer.for_module(self.server)
         client = self.bundle.client_module()
         self.global_client: Arrays = to_arrays(client, "client")
         self.weight_template: Arrays = {**self.global_client,
@@ -231,8 +250,27 @@ class Trainer:
         """|D_k| as each agent registered it (FedAvg weights, batch shares)."""
         return {a: int(self.engine.registry.registration(a)["dataset"]["size"]) for a in agents}
 
+    def label_prior(self, agent: str) -> torch.Tensor:
+        """P_k: the agent's local label distribution from the histogram it registered
+        (SCALA eq. 15); uniform, with a warning, if that histogram is unusable."""
+        from jetsplit.server.algorithms.scala_math import prior_from_counts
+
+        classes = self.bundle.spec.num_classes
+        dataset = self.engine.registry.registration(agent).get("dataset") or {}
+        try:
+            return prior_from_counts(dataset.get("label_histogram") or [], classes)
+        except ValueError as exc:
+            log.warning("agent %s: unusable label histogram (%s); uniform prior", agent, exc)
+            return torch.full((classes,), 1.0 / classes)
+
     def batches(self, agents: list[str]) -> dict[str, int]:
-        """B_k = B·|D_k| / Σ_j |D_j| (at least 1): SCALA's size-proportional batches."""
+        """B_k = B·|D_k| / Σ_j |D_j| (at least 1): SCALA's size-proportional batches; or
+        the fixed per-client batch where one is set (server/optim.client_batch)."""
+        from jetsplit.server.optim import client_batch
+
+        fixed = client_batch(self.settings)
+        if fixed is not None:
+            return dict.fromkeys(agents, fixed)
         sizes = self.sizes(agents)
         total = sum(sizes.values()) or 1
         return {a: max(1, round(self.settings.batch * sizes[a] / total)) for a in agents}

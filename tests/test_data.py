@@ -378,19 +378,41 @@ def test_iid_is_balanced(mnist: ArrayDataset) -> None:
 @pytest.mark.parametrize("alpha", [1, 2, 4])
 def test_quantity_limits_classes_per_client(mnist: ArrayDataset, alpha: int) -> None:
     parts = partition(mnist.y, 10, f"quantity:{alpha}", seed=1)
-    for p in parts:
-        assert len(np.unique(mnist.y[p])) == alpha
+    for i, p in enumerate(parts):
+        held = np.unique(mnist.y[p])
+        assert len(held) == alpha and i % 10 in held  # NIID-Bench: label i mod C first
     # 10 clients × α ≥ 10 classes: every class is used, so everything is covered.
     assert sum(p.size for p in parts) == 5000
-    assert max(p.size for p in parts) - min(p.size for p in parts) <= 2
+
+
+def test_quantity_labels_are_drawn_at_random_and_split_among_holders(mnist: ArrayDataset
+                                                                     ) -> None:
+    """NIID-Bench's #C=α: the α−1 further labels are random, not a shared cycle (which gave
+    many clients identical label sets), and each label is split among its holders."""
+    parts = partition(mnist.y, 20, "quantity:3", seed=2)
+    sets = [tuple(np.unique(mnist.y[p]).tolist()) for p in parts]
+    assert len(set(sets)) >= 15
+    for c in range(10):
+        holders = [p for p, s in zip(parts, sets, strict=True) if c in s]
+        shares = [int(np.sum(mnist.y[p] == c)) for p in holders]
+        assert sum(shares) == int(np.sum(mnist.y == c)) and max(shares) - min(shares) <= 1
 
 
 def test_quantity_with_few_clients_keeps_at_most_alpha(digits: ArrayDataset) -> None:
     parts = partition(digits.y, 3, "quantity:2", seed=0)
     held = [set(np.unique(digits.y[p]).tolist()) for p in parts]
     assert all(len(h) == 2 for h in held)
-    assert len(set().union(*held)) == 6  # cycling: distinct classes until they run out
+    assert all(i in h for i, h in enumerate(held))  # label i mod C, then one at random
     assert len(np.unique(np.concatenate(parts))) == sum(p.size for p in parts)
+
+
+def test_ampere_devices_hold_fixed_quotas_from_one_class_vector(mnist: ArrayDataset) -> None:
+    """Ampere §5.1: equal quotas (not per-class Dirichlet shares, which made sizes vary
+    77–948), drawn from one skewed class vector per device."""
+    parts = partition(mnist.y, 20, "ampere:0.33", seed=0)
+    sizes = [p.size for p in parts]
+    assert sum(sizes) == 5000 and max(sizes) - min(sizes) <= 1
+    assert _mean_max_class_share(mnist.y, parts) > 0.3
 
 
 def test_dirichlet_small_beta_is_skewed(mnist: ArrayDataset) -> None:

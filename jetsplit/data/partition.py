@@ -4,13 +4,18 @@ Schemes (strings as they appear in configs and on the command line):
 
 - ``iid`` — a random permutation dealt out evenly; covers every sample.
 - ``quantity:α`` — quantity-based label skew (SCALA §5.1, the "#C=α" setting of
-  NIID-Bench): every client holds at most α distinct classes, and each class's samples are
-  split evenly among the clients that hold it.
+  NIID-Bench, Li et al. 2022): client i holds label i mod C plus α−1 further distinct labels
+  drawn at random (NIID-Bench's reference code; the first label makes every class used
+  once there are at least C clients), and each label's samples are split evenly among the
+  clients that hold it. Clients therefore differ in label sets and in size.
 - ``dirichlet:β`` — distribution-based label skew (SCALA §5.1): for each class, draw the
   clients' shares from Dir(β) and deal that class's samples accordingly. Small β ⇒ strong
   skew.
-- ``ampere:α`` — Ampere §5.1: the same, with concentration α/(1−α+ε), ε = 1e-8, and
-  α ∈ (0, 1]; α = 1 is (nearly) IID, the paper's default is α = 0.33.
+- ``ampere:α`` — Ampere §5.1: each device draws ONE class distribution vector from
+  Dir(α/(1−α+ε)) (ε = 1e-8, α ∈ (0, 1]); samples are then allocated by drawing labels
+  from that vector until the device holds its fixed quota (N / K, the sizes differ by at
+  most one); a class that runs out is dropped from the vector and the rest renormalised.
+  α = 1 is (nearly) IID, the paper's default is α = 0.33.
 
 Everything is drawn from ``np.random.default_rng(seed)``: same seed, same partition.
 """
@@ -126,11 +131,12 @@ def partition(
     elif parsed.kind == "quantity":
         assert parsed.value is not None
         shards = _quantity(y, k, int(parsed.value), rng, scheme)
+    elif parsed.kind == "ampere":
+        assert parsed.value is not None
+        shards = _ampere(y, k, parsed.value / (1.0 - parsed.value + AMPERE_EPSILON), rng)
     else:
         assert parsed.value is not None
         beta = parsed.value
-        if parsed.kind == "ampere":
-            beta = beta / (1.0 - beta + AMPERE_EPSILON)
         floor = max(1, min(int(min_samples), len(y) // k))
         shards = _dirichlet(y, k, beta, floor, rng)
     return [np.sort(np.asarray(s, dtype=np.int64)) for s in shards]
@@ -152,15 +158,16 @@ def _validate_labels(labels: np.ndarray | Sequence[int], num_classes: int | None
 def _quantity(
     y: np.ndarray, k: int, alpha: int, rng: np.random.Generator, scheme: str
 ) -> list[np.ndarray]:
-    """Each client takes α consecutive classes of a shuffled cycle, so every class is
-    used once ``k·α`` >= number of classes; a class is split evenly among its holders."""
+    """NIID-Bench's #C=α: client i takes class i mod C, then α−1 more distinct classes at
+    random; a class is split evenly among its holders (classes nobody drew stay out)."""
     classes = np.unique(y)
     per_client = min(alpha, classes.size)
-    order = rng.permutation(classes)
     holders: dict[int, list[int]] = {int(c): [] for c in classes}
     for client in range(k):
-        for j in range(per_client):
-            holders[int(order[(client * per_client + j) % classes.size])].append(client)
+        first = int(classes[client % classes.size])
+        others = rng.permutation(classes[classes != first])[:per_client - 1]
+        for c in (first, *(int(v) for v in others)):
+            holders[c].append(client)
 
     shards: list[list[np.ndarray]] = [[] for _ in range(k)]
     for c, owners in holders.items():
@@ -177,6 +184,31 @@ def _quantity(
             f"({len(empty)} empty of {k}); use fewer clients or a larger α"
         )
     return out
+
+
+def _ampere(y: np.ndarray, k: int, concentration: float, rng: np.random.Generator
+            ) -> list[np.ndarray]:
+    """Ampere §5.1: one class vector q_k ~ Dir(concentration) per device; device k draws
+    labels from q_k (restricted to classes with samples left, renormalised) until it holds
+    its quota, and takes a random remaining sample of each drawn label."""
+    classes = np.unique(y)
+    pools = [list(rng.permutation(np.flatnonzero(y == c))) for c in classes]
+    quotas = [len(part) for part in np.array_split(np.arange(len(y)), k)]
+    vectors = rng.dirichlet(np.full(classes.size, concentration), size=k)
+    shards: list[np.ndarray] = []
+    for device in range(k):
+        want, taken = quotas[device], []
+        while want > 0:
+            left = np.array([len(p) for p in pools], dtype=np.float64)
+            q = np.where(left > 0, np.nan_to_num(vectors[device]), 0.0)
+            q = q / q.sum() if q.sum() > 0 else left / left.sum()
+            counts = np.minimum(rng.multinomial(want, q), left.astype(np.int64))
+            for c in np.flatnonzero(counts):
+                taken += pools[c][:counts[c]]
+                del pools[c][:counts[c]]
+            want -= int(counts.sum())
+        shards.append(np.asarray(taken, dtype=np.int64))
+    return shards
 
 
 def _dirichlet(

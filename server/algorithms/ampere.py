@@ -122,8 +122,11 @@ class Ampere(Method):
         self.round_phase = self.phase  # what this round's metrics row reports
         if self.phase == 1:
             return self._device_epoch(selected)
-        self._prepare_phase2()
         t = self.trainer
+        if t.settings.server_epochs is not None and \
+                self.server_epochs >= t.settings.server_epochs:
+            return None  # N_s server epochs done: later rounds only evaluate
+        self._prepare_phase2()
         owing = [a for a in t.engine.registry.eligible(zoo_version=ZOO_VERSION)
                  if not self._store().complete(a)]
         assert self.shipper is not None
@@ -142,7 +145,7 @@ class Ampere(Method):
             live = t.push(live, {**t.global_client, **self.global_aux})
         batches, sizes = t.batches(live), t.sizes(live)
         commands = {a: Command(Kind.TRAIN.value, {
-            "target": "aux", "batch": batches[a], "lr": s.lr,
+            "target": "aux", "batch": batches[a], "lr": t.client_optimizer.lr,
             "steps": math.ceil(sizes[a] / batches[a])}) for a in live}
         with t.timed("local_train"):
             out = t.note(t.engine.send_and_receive(commands, round=t.round,
@@ -234,7 +237,8 @@ class Ampere(Method):
             if not (archive.is_file() and sha256_file(archive) == self.bundle_sha):
                 with t.timed("export"):
                     self._write_trained_bundle()
-            self.shipper = BundleShipper(t.engine, archive, lr=s.lr,
+            self.shipper = BundleShipper(t.engine, archive, lr=t.client_optimizer.lr,
+                                         optimizer=t.client_optimizer.wire(),
                                          deadline_s=s.bundle_deadline_s,
                                          kind=Kind.TRAINED_BUNDLE.value, content="aux",
                                          seed=s.seed)
@@ -327,7 +331,7 @@ class Ampere(Method):
         rng = np.random.default_rng([t.settings.seed, t.round])
         pool = self._stored_rows()
         rng.shuffle(pool)
-        batch, losses = t.settings.batch, []
+        batch, losses = t.settings.server_batch or t.settings.batch, []  # B(s)
 
         def train_on(rest: np.ndarray, smallest: int) -> np.ndarray:
             while len(rest) >= smallest:
@@ -440,8 +444,8 @@ class AmpereNoConsolidation(Ampere):
         states, losses = {}, []
         for agent in sorted(counts):
             server = copy.deepcopy(t.server)
-            optimizer = torch.optim.SGD(server.parameters(), lr=s.lr)
-            batch = max(2, round(s.batch * counts[agent] / total))  # B_k ∝ |A_k|
+            optimizer = t.server_optimizer.for_module(server)
+            batch = max(2, round((s.server_batch or s.batch) * counts[agent] / total))
             order = store.rows_of(agent)[rng.permutation(counts[agent])]
             for start in range(0, len(order), batch):
                 rows = order[start:start + batch]

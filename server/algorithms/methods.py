@@ -104,15 +104,7 @@ class SplitMethod(Method):
             t.push_client(t.live(selected), t.global_client)
         t.completions.begin_round(selected, t.global_client, fresh=self.aggregate_clients)
         self.begin_round(selected)
-        losses = []
-        for step in range(t.settings.local_steps):
-            live = t.live(selected)
-            if not live:
-                break
-            loss = self.iterate(live, step)
-            if loss is not None:
-                losses.append(loss)
-                participants.update(live)
+        losses = self.local_pass(selected, participants)
         self.end_round(sorted(participants))
         if self.aggregate_clients and participants:
             states = t.pull(sorted(participants))
@@ -122,6 +114,20 @@ class SplitMethod(Method):
                 with t.timed("aggregate"):
                     t.global_client = fedavg(states, t.sizes(sorted(states)))
         return float(np.mean(losses)) if losses else None
+
+    def local_pass(self, selected: list[str], participants: set[str]) -> list[float]:
+        """T iterations, every live selected agent in each (parallel split learning);
+        adds who trained to `participants` and returns the iterations' losses."""
+        t, losses = self.trainer, []
+        for step in range(t.settings.local_steps):
+            live = t.live(selected)
+            if not live:
+                break
+            loss = self.iterate(live, step)
+            if loss is not None:
+                losses.append(loss)
+                participants.update(live)
+        return losses
 
     def iterate(self, live: list[str], step: int) -> float | None:
         t = self.trainer
@@ -164,12 +170,12 @@ def _step_averaged(server: nn.Module, optimizer: torch.optim.Optimizer,
                    losses: list[torch.Tensor], chosen: list[int], leaves: list[torch.Tensor],
                    server_loss: torch.Tensor) -> list[torch.Tensor]:
     """Client i gets ∂L_i/∂A_i (its own mean loss, like SCALA's G_k); the server steps on
-    `server_loss`, which the callers average over clients.
+    `server_loss` (a sum over clients as gapsl.txt eq. 8, or their mean: see `_reduced`).
 
-    gapsl.txt eq. 8 sums the client losses, so the server's step grows with the number of
-    clients: with the sum, PSL on AlexNet/MNIST with 10 clients per step diverged (NaN in
-    round 0) at lr 0.01. Averaging keeps the step size independent of |S|; the selection
-    and the directions are unchanged."""
+    With the sum the server's step grows with the number of clients: PSL on AlexNet/MNIST
+    with 10 clients per step at plain-SGD lr 0.01 diverged (NaN in round 0). The mean
+    variant keeps the step size independent of |S|; selection and directions are the
+    same either way."""
     grads = torch.autograd.grad(torch.stack([losses[i] for i in chosen]).sum(),
                                 [leaves[i] for i in chosen], retain_graph=True)
     optimizer.zero_grad(set_to_none=True)
@@ -177,6 +183,13 @@ def _step_averaged(server: nn.Module, optimizer: torch.optim.Optimizer,
     torch.autograd.backward(server_loss, inputs=params)
     optimizer.step()
     return [g.detach() for g in grads]
+
+
+def _reduced(total: torch.Tensor, count: int, settings: Any) -> torch.Tensor:
+    """PSL's L = Σ_i L_i and GAPSL's L_g = Σ_{Ŝ} L̃_i are sums (gapsl.txt eq. 8); the
+    `psl_reduction = "mean"` variant divides by the number of summed clients, which keeps
+    the server's step independent of how many clients are selected."""
+    return total / count if getattr(settings, "psl_reduction", "sum") == "mean" else total
 
 
 class PSL(SplitMethod):
@@ -190,7 +203,7 @@ class PSL(SplitMethod):
         t = self.trainer
         total, leaves, losses = _sum_of_client_losses(t.server, t.optimizer, acts, labels)
         grads = _step_averaged(t.server, t.optimizer, losses, list(range(len(losses))),
-                               leaves, total / len(losses))
+                               leaves, _reduced(total, len(losses), t.settings))
         return float(torch.stack(losses).mean().detach()), dict(zip(agents, grads, strict=True))
 
     def __init__(self, trainer: Trainer) -> None:
@@ -256,6 +269,12 @@ class GAPSL(PSL):
     def __init__(self, trainer: Trainer) -> None:
         super().__init__(trainer)
         self.tracker = gapsl_math.NuTracker()
+        self.step = 0  # the iteration within the round (eq. 2's t counts iterations)
+        self.last_selection: gapsl_math.GapslSelection | None = None
+
+    def iterate(self, live: list[str], step: int) -> float | None:
+        self.step = step
+        return super().iterate(live, step)
 
     def checkpoint(self) -> tuple[Arrays, dict[str, Any]]:
         arrays, meta = super().checkpoint()
@@ -278,10 +297,16 @@ class GAPSL(PSL):
             per_client.append(torch.cat([
                 (x if x is not None else torch.zeros_like(p)).reshape(-1)
                 for x, p in zip(g, params, strict=True)]))
+        # Eq. 2's t is the training iteration (one minibatch per client; Algorithm 1 runs
+        # once per iteration), 1-based, and T the scheduled number of iterations.
+        iteration = t.round * s.local_steps + self.step + 1
         selection = gapsl_math.select_clients(
-            torch.stack(per_client), t.round, s.rounds, self.tracker, s.k_min, s.k_max, s.eta)
+            torch.stack(per_client), iteration, s.rounds * s.local_steps, self.tracker,
+            s.k_min, s.k_max, s.eta)
+        self.last_selection = selection
         chosen = [int(i) for i in selection.selected]
-        server_loss = gapsl_math.gapsl_server_loss(losses, selection, s.lam) / len(chosen)
+        server_loss = _reduced(gapsl_math.gapsl_server_loss(losses, selection, s.lam),
+                               len(chosen), s)
         grads = _step_averaged(t.server, t.optimizer, losses, chosen, leaves, server_loss)
         return (float(torch.stack(losses).mean().detach()),
                 {agents[i]: g for i, g in zip(chosen, grads, strict=True)})
@@ -296,7 +321,7 @@ class SplitFedV1(SplitMethod):
     def begin_round(self, selected: list[str]) -> None:
         t = self.trainer
         self.copies = {a: copy.deepcopy(t.server) for a in selected}
-        self.optimizers = {a: torch.optim.SGD(m.parameters(), lr=t.settings.lr)
+        self.optimizers = {a: t.server_optimizer.for_module(m)
                            for a, m in self.copies.items()}
 
     def server_update(self, agents, acts, labels):  # noqa: ANN001, ANN201
@@ -323,29 +348,62 @@ class SplitFedV1(SplitMethod):
         self.copies, self.optimizers = {}, {}
 
 
+class LLASFL(SplitFedV1):
+    """LLA-SFL (scala-journal §5.2): SplitFed V1 (a server-block copy per client, copies
+    and client blocks FedAvg-ed every T iterations) with only the local logit adjustment:
+    client k's copy steps on CE(s(A_k) + log P_k, Y_k), P_k its registered local label
+    distribution. Differs from `splitfed-v1` in the loss alone."""
+
+    name = "lla-sfl"
+
+    def server_update(self, agents, acts, labels):  # noqa: ANN001, ANN201
+        t, grads, losses = self.trainer, {}, []
+        for agent, x, y in zip(agents, acts, labels, strict=True):
+            self.copies[agent].train()
+            loss, (grad,) = scala_math.lla_sfl_server_step(
+                self.copies[agent], [x], [y], self.num_classes, self.optimizers[agent],
+                client_priors=[t.label_prior(agent)])
+            grads[agent] = grad
+            losses.append(loss)
+        return float(np.mean(losses)), grads
+
+
 class SplitFedV2(SplitMethod):
-    """SplitFed V2: one server block; within an iteration the clients are served one after
-    another (each forward, server update, backward in turn)."""
+    """SplitFed V2 as the SplitFed reference implementation runs it: one server block; the
+    selected clients, in a random order, each run their WHOLE local pass (T iterations:
+    forward, server update, backward) before the next client starts; client blocks are
+    FedAvg-ed (weights |D_k|) at round end. This sequential pass is what lets the server
+    block drift towards the last clients' labels under skew (SCALA's V2 tables)."""
 
     name = "splitfed-v2"
 
-    def iterate(self, live: list[str], step: int) -> float | None:
+    def local_pass(self, selected: list[str], participants: set[str]) -> list[float]:
+        t, losses = self.trainer, []
+        batches = t.batches(t.live(selected))  # B_k over the round's clients, as V1
+        for agent in [str(a) for a in t.rng.permutation(sorted(batches))]:
+            for step in range(t.settings.local_steps):
+                if not t.live([agent]):
+                    break
+                loss = self._serve(agent, batches[agent], step)
+                if loss is None:
+                    break
+                losses.append(loss)
+                participants.add(agent)
+        return losses
+
+    def _serve(self, agent: str, batch: int, step: int) -> float | None:
+        """One client's iteration: its forward, the server's update, its backward."""
         t = self.trainer
-        losses = []
-        order = [str(a) for a in t.rng.permutation(live)]
-        batches = t.batches(live)
-        for agent in order:
-            out = t.forward({agent: batches[agent]}, step)
-            if not out.agents:
-                continue
-            agents, acts, labels = t.inputs(out)
-            with t.server_compute():
-                acts = t.completions.forward(agents, acts)
-                loss, grads = self.server_update(agents, acts, labels)
-                grads = t.completions.backward(grads)
-            t.backward(grads, step)
-            losses.append(loss)
-        return float(np.mean(losses)) if losses else None
+        out = t.forward({agent: batch}, step)
+        if not out.agents:
+            return None
+        agents, acts, labels = t.inputs(out)
+        with t.server_compute():
+            acts = t.completions.forward(agents, acts)
+            loss, grads = self.server_update(agents, acts, labels)
+            grads = t.completions.backward(grads)
+        t.backward(grads, step)
+        return loss
 
     def server_update(self, agents, acts, labels):  # noqa: ANN001, ANN201
         t = self.trainer
@@ -358,29 +416,63 @@ class SplitFedV2(SplitMethod):
         return float(loss.detach()), {agents[0]: leaf.grad}
 
 
+class SplitFedV2Interleaved(SplitFedV2):
+    """Variant: within each iteration the clients are served one after another in a fresh
+    random order, so every client advances one step per iteration (less drift than the
+    reference's client-after-client pass; kept to compare the two schedules)."""
+
+    name = "splitfed-v2-interleaved"
+
+    def local_pass(self, selected: list[str], participants: set[str]) -> list[float]:
+        return SplitMethod.local_pass(self, selected, participants)
+
+    def iterate(self, live: list[str], step: int) -> float | None:
+        t = self.trainer
+        losses = []
+        batches = t.batches(live)
+        for agent in [str(a) for a in t.rng.permutation(live)]:
+            loss = self._serve(agent, batches[agent], step)
+            if loss is not None:
+                losses.append(loss)
+        return float(np.mean(losses)) if losses else None
+
+
 class _ScalaFamily(SplitMethod):
     """SCALA and its ablations: concatenated activations, logit adjustment (scala-icml §3)."""
 
     step_fn: ClassVar[Any]
 
+    adjusted: ClassVar[bool] = True  # takes client priors P_k (eq. 15)
+
     def server_update(self, agents, acts, labels):  # noqa: ANN001, ANN201
         t = self.trainer
-        loss, grads = type(self).step_fn(t.server, acts, labels, self.num_classes, t.optimizer)
+        extra = {"client_priors": [t.label_prior(a) for a in agents]} if self.adjusted else {}
+        loss, grads = type(self).step_fn(t.server, acts, labels, self.num_classes, t.optimizer,
+                                         **extra)
         return loss, dict(zip(agents, grads, strict=True))
 
 
 class SCALA(_ScalaFamily):
+    """SCALA: P_s from the concatenated labels of the iteration (eq. 14), P_k from client
+    k's local label distribution as it registered it (eq. 15)."""
+
     name = "scala"
     step_fn = staticmethod(scala_math.scala_server_step)
 
 
 class CASFL(_ScalaFamily):
     name = "ca-sfl"
+    adjusted = False
     step_fn = staticmethod(scala_math.ca_sfl_server_step)
 
 
-class LLASFL(_ScalaFamily):
-    name = "lla-sfl"
+class LLASFLShared(_ScalaFamily):
+    """Variant: LLA-SFL's loss on ONE shared server block stepped every iteration on
+    Σ_k (B_k/B)·L_k, i.e. SplitFed V1 averaged every iteration (see
+    `scala_math.lla_sfl_server_step`); compare it with `splitfed-v1` only knowing that
+    the aggregation period differs too."""
+
+    name = "lla-sfl-shared"
     step_fn = staticmethod(scala_math.lla_sfl_server_step)
 
 
@@ -399,7 +491,8 @@ class FedAvg(Method):
         batches = t.batches(live)
         commands = {a: Command(Kind.TRAIN.value, {"target": "full", "batch": batches[a],
                                                   "steps": t.settings.local_steps,
-                                                  "lr": t.settings.lr}) for a in live}
+                                                  "lr": t.client_optimizer.lr})
+                    for a in live}
         with t.timed("local_train"):
             out = t.note(t.engine.send_and_receive(commands, round=t.round,
                                                     deadline_s=t.settings.deadline_s))
@@ -423,8 +516,8 @@ from jetsplit.server.algorithms.ampere import Ampere, AmpereNoConsolidation  # n
 from jetsplit.server.algorithms.sherl import SHeRL  # noqa: E402 (subclass)
 
 METHODS: dict[str, type[Method]] = {m.name: m for m in (
-    FedAvg, SplitFedV1, SplitFedV2, PSL, SCALA, CASFL, LLASFL, GAPSL, Ampere,
-    AmpereNoConsolidation, SHeRL)}
+    FedAvg, SplitFedV1, SplitFedV2, SplitFedV2Interleaved, PSL, SCALA, CASFL, LLASFL,
+    LLASFLShared, GAPSL, Ampere, AmpereNoConsolidation, SHeRL)}
 
 
 def build_method(name: str, trainer: Trainer) -> Method:

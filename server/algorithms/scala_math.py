@@ -16,10 +16,10 @@ Conventions shared by every step function here (where the paper leaves a choice 
   it (``l(w_s^t; A_k, Y_k)``, the empirical loss of client k, eq 2). It is NOT the slice of
   the gradient of the mean over the concatenated batch, which would be smaller by B_k / B
   (that is what `server.split_step` returns for plain PSL).
-- P_k is computed from the labels client k sent this iteration (Y_k), by symmetry with
-  P_s, which eq 14 defines as "the distribution of concatenated labels" of this iteration.
-  A caller that prefers a client's whole-dataset label distribution can pass
-  ``client_priors``.
+- P_k is client k's LOCAL label distribution (eq. 15, "the label distribution of client
+  k"): the methods pass it as ``client_priors``, from the histogram each agent registers
+  (`prior_from_counts`). Without ``client_priors`` the functions fall back to the labels
+  client k sent this iteration (Y_k).
 - Activations are detached and made leaves: nothing here reaches back into a client graph.
 - The caller chooses train/eval mode of the server block; these functions do not touch it.
 """
@@ -63,6 +63,19 @@ def label_prior(labels: torch.Tensor, num_classes: int, eps: float = PRIOR_EPS, 
     counts = torch.bincount(labels.long(), minlength=num_classes).to(torch.float64)
     prior = (counts / labels.numel() + eps) / (1.0 + num_classes * eps)
     return prior.to(dtype)
+
+
+def prior_from_counts(counts: Sequence[int], num_classes: int, eps: float = PRIOR_EPS, *,
+                      dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """P(y) from per-class counts (a client's registered label histogram), floored exactly
+    as `label_prior`. Raises ValueError unless there are `num_classes` counts, all >= 0,
+    with a positive total."""
+    if len(counts) != num_classes:
+        raise ValueError(f"{len(counts)} class counts for {num_classes} classes")
+    c = torch.tensor([float(v) for v in counts], dtype=torch.float64)
+    if not bool(torch.isfinite(c).all()) or bool((c < 0).any()) or float(c.sum()) <= 0:
+        raise ValueError("class counts must be finite, >= 0 and not all zero")
+    return ((c / c.sum() + eps) / (1.0 + num_classes * eps)).to(dtype)
 
 
 def logit_adjusted_ce(logits: torch.Tensor, labels: torch.Tensor, prior: torch.Tensor,

@@ -48,6 +48,7 @@ from jetsplit.server.algorithms.methods import Method
 from jetsplit.server.checkpoint import CheckpointError
 from jetsplit.server.compute import autocast, to_device
 from jetsplit.server.engine import Command, Outcome
+from jetsplit.server.optim import tier_optimizer
 from jetsplit.server.topology import Topology, resolve
 from jetsplit.server.training import Arrays, Settings, Trainer
 from jetsplit.tiers import carve, check_edge_layers
@@ -158,12 +159,13 @@ class SHeRL(Method):
         spec = t.bundle.spec
         costs = get_costs(spec.name, spec.input_shape, spec.num_classes)
         self.edge_flops = edge_block(costs, k1, k2).train_flops
-        # The cloud trains its head with Adam, as the paper trains every tier. The edge's
+        # The cloud head trains with the cloud tier's optimiser: by default Adam, as the
+        # paper trains every tier (server/optim.PAPER_DEFAULTS). The edge's
         # contrastive loss ignores the embeddings' scale and lets it shrink (AlexNet on
         # digits: mean norm 3.5 → 0.5 in 20 steps), which stalls SGD on the head: 60
         # steps took its cross-entropy from 2.303 to 2.271 with SGD at lr 0.1, to 0.33
         # with Adam at 1e-3 (same features). The base class checkpoints this optimizer.
-        t.optimizer = torch.optim.Adam(self.head.parameters(), lr=t.settings.cloud_lr)
+        t.optimizer = tier_optimizer(t.settings, "cloud").for_module(self.head)
 
     def _plan_edge_split(self) -> int:
         """k2 from the three-tier planner on the registered profiles (k1 is the bundle's)."""
@@ -250,7 +252,9 @@ class SHeRL(Method):
         self.ready = set()
         if not edges:
             return
-        command = Command(Kind.EDGE_LOAD.value, {"layers": len(self.edge_view)},
+        command = Command(Kind.EDGE_LOAD.value,
+                          {"layers": len(self.edge_view),
+                           "optimizer": tier_optimizer(t.settings, "edge").wire()},
                           to_arrays(self.edge_view, "edge"))
         with t.timed("distribute"):
             out = t.note(t.engine.broadcast(command, edges, round=t.round,
