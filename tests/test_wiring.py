@@ -320,3 +320,39 @@ def test_ampere_device_epoch_is_one_pass_over_each_agents_data(archive: Path,
     for agent, command in train.items():
         steps, batch = command.meta["steps"], command.meta["batch"]
         assert (steps - 1) * batch < sizes[agent] <= steps * batch
+
+
+# ---------------------------------------------------------------- per-tier training
+
+
+def test_tier_settings_resolve_own_then_paper_then_general() -> None:
+    from jetsplit.server.optim import client_batch, tier_optimizer
+
+    gapsl = Settings(algorithm="gapsl", lr=0.3)
+    assert tier_optimizer(gapsl, "client") == tier_optimizer(
+        Settings(algorithm="psl", lr=0.005, momentum=0.9), "client")
+    assert tier_optimizer(gapsl, "server").lr == 0.01 and client_batch(gapsl) == 128
+    own = Settings(algorithm="gapsl", server_lr=0.2, momentum=0.5, client_batch=16)
+    assert (tier_optimizer(own, "server").lr, tier_optimizer(own, "server").momentum,
+            client_batch(own)) == (0.2, 0.5, 16)
+    sherl = Settings(algorithm="sherl", lr=0.3)
+    assert {tier_optimizer(sherl, t).name for t in ("client", "edge", "cloud")} == {"adam"}
+    plain = Settings(algorithm="splitfed-v1", lr=0.3)
+    assert tier_optimizer(plain, "client").wire() == {"name": "sgd", "lr": 0.3,
+                                                      "momentum": 0.0, "weight_decay": 0.0}
+    assert client_batch(plain) is None
+
+
+def test_agents_train_with_the_client_optimiser_the_coordinator_sends(
+        archive: Path, digits: Any) -> None:
+    engine = skewed_engine(digits, sizes=(40, 40))
+    trainer_for(engine, archive, digits[1], algorithm="sherl-never-run", optimizer="adam",
+                client_lr=0.002).shipper.ensure(engine.online())
+    worker = engine.workers["a0"]
+    assert (worker.optimizer_args.name, worker.optimizer_args.lr) == ("adam", 0.002)
+    assert isinstance(worker._optimizer("client"), torch.optim.Adam)
+    engine = skewed_engine(digits, sizes=(40, 40))
+    trainer_for(engine, archive, digits[1], algorithm="gapsl").shipper.ensure(engine.online())
+    opt = engine.workers["a1"]._optimizer("client")
+    assert isinstance(opt, torch.optim.SGD)
+    assert (opt.defaults["lr"], opt.defaults["momentum"]) == (0.005, 0.9)

@@ -1,0 +1,303 @@
+"""Each paper's headline comparison at EQUAL DATA PASSES, multi-seed, in one process.
+
+Every method gets the same budget of device epochs E (passes over the clients' data):
+
+- split methods (SplitFed V1/V2, PSL, SCALA and ablations, GAPSL, SHeRL-FL): a round is T
+  iterations over all K clients (fraction 1), each iteration B samples in total (B_k ∝ |D_k|,
+  or a fixed per-client batch b, B = K·b), so a round is T·B / N epochs and the run has
+  rounds = ⌈E·N / (T·B)⌉;
+- Ampere: N_d = E device epochs (client block + aux head), then its one forward-only
+  generation pass, and E server epochs on the stored activations (server epochs cost the
+  devices nothing).
+
+Tables (one per paper; means over seeds, the spread in brackets):
+
+1. SCALA (scala-icml §5): SCALA vs CA-SFL vs LLA-SFL vs SplitFed V1/V2 under dirichlet:β.
+   Goal: SCALA ≥ SplitFed V1 + 2 points.
+2. GAPSL (gapsl.txt §IV): GAPSL vs PSL under dirichlet:0.1 with the paper's optimiser
+   (SGD momentum 0.9, client lr 0.005, server lr 0.01, 128 per client), same for PSL.
+3. Ampere (ampere.txt §5.2): bytes to reach SplitFed V1's final accuracy (ratio to the bytes
+   SplitFed V1 needed to reach it), and accuracy at equal device epochs, under ampere:0.33.
+   Goal: ratio ≤ 0.15.
+4. SHeRL-FL (sherl-fl.txt): bytes per tier and accuracy vs SplitFed V1, same partition.
+   Goal: ≤ 0.6× SplitFed's bytes at comparable accuracy. The `relay` tier (the coordinator
+   forwarding client↔edge traffic) is reported apart, and the ratio is given with and
+   without it.
+
+Writes `bytes_to_accuracy_<dataset>_<table>.png` (seed 0's curves) into --png-dir.
+
+    .venv/bin/python benchmarks/papers.py [--datasets digits mnist] [--seeds 0 1]
+        [--epochs 4] [--png-dir benchmarks/out]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jetsplit.data import load_dataset_split
+from jetsplit.server.simulate import sherl_topology, simulate
+from jetsplit.server.training import Settings
+
+SCALA_METHODS = ("scala", "ca-sfl", "lla-sfl", "splitfed-v1", "splitfed-v2")
+GAPSL_METHODS = ("gapsl", "psl")
+TEST_FRACTION = 0.2
+
+
+@dataclass
+class Run:
+    """One simulated run: per-round accuracy and cumulative training bytes."""
+
+    method: str
+    seed: int
+    accuracy: list[float] = field(default_factory=list)
+    cum_bytes: list[int] = field(default_factory=list)
+    tiers: dict[str, int] = field(default_factory=dict)
+    epochs: float = 0.0
+    seconds: float = 0.0
+
+    @property
+    def final(self) -> float:
+        return self.accuracy[-1]
+
+    @property
+    def total(self) -> int:
+        return self.cum_bytes[-1]
+
+    def bytes_to(self, target: float) -> int | None:
+        """Training bytes up to the first round whose accuracy reaches `target`."""
+        for acc, used in zip(self.accuracy, self.cum_bytes, strict=True):
+            if acc >= target - 1e-12:
+                return used
+        return None
+
+
+def simulate_run(method: str, seed: int, dataset: str, partition: str, args: argparse.Namespace,
+                 n_train: int, out: Path, **extra: Any) -> Run:
+    """Train `method` for `args.epochs` device epochs and read its metrics rows."""
+    steps, clients = args.local_steps, args.clients
+    per_client = extra.get("client_batch")
+    batch = per_client * clients if per_client else args.batch
+    if method.startswith("ampere"):
+        settings = Settings(algorithm=method, rounds=2 * args.epochs, batch=args.batch,
+                            lr=args.lr, seed=seed, device_epochs=args.epochs,
+                            patience=args.epochs, server_epochs=args.epochs, **extra)
+        epochs = float(args.epochs)
+    else:
+        rounds = max(1, math.ceil(args.epochs * n_train / (steps * batch)))
+        settings = Settings(algorithm=method, rounds=rounds, local_steps=steps, batch=batch,
+                            lr=args.lr, seed=seed, **extra)
+        epochs = rounds * steps * batch / n_train
+    started = time.perf_counter()
+    simulate(settings, model=args.model, split=args.split, dataset=dataset, clients=clients,
+             partition_scheme=partition, out_dir=out, test_fraction=TEST_FRACTION)
+    run = Run(method, seed, epochs=epochs, seconds=time.perf_counter() - started)
+    used = 0
+    for line in (out / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        used += int(row["bytes_up"]) + int(row["bytes_down"])
+        run.accuracy.append(float(row["accuracy"] or 0.0))
+        run.cum_bytes.append(used)
+        for tier, n in (row.get("tier_bytes") or {}).items():
+            run.tiers[tier] = run.tiers.get(tier, 0) + int(n)
+    return run
+
+
+def mean_sd(values: list[float]) -> str:
+    if not values:
+        return "n/a"
+    sd = statistics.pstdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):.4f} (±{sd:.4f})"
+
+
+def mb(n: float) -> str:
+    return f"{n / 1e6:.2f}"
+
+
+def table_scala(runs: dict[str, list[Run]], beta: str) -> tuple[list[str], dict[str, Any]]:
+    lines = [f"| method ({beta}) | accuracy | device epochs | MB total |", "|---|---|---|---|"]
+    for m in SCALA_METHODS:
+        rs = runs[m]
+        lines.append(f"| {m} | {mean_sd([r.final for r in rs])} | {rs[0].epochs:.2f} | "
+                     f"{mb(statistics.mean(r.total for r in rs))} |")
+    gap = 100 * (statistics.mean(r.final for r in runs["scala"])
+                 - statistics.mean(r.final for r in runs["splitfed-v1"]))
+    lines.append(f"\nSCALA − SplitFed V1: {gap:+.2f} points (goal ≥ +2): "
+                 f"{'MET' if gap >= 2 else 'NOT MET'}")
+    return lines, {"scala_minus_splitfed_v1_points": gap}
+
+
+def table_gapsl(runs: dict[str, list[Run]]) -> tuple[list[str], dict[str, Any]]:
+    lines = ["| method (dirichlet:0.1, SGD m=0.9, lr 0.005/0.01, 128/client) | accuracy | "
+             "device epochs |", "|---|---|---|"]
+    for m in GAPSL_METHODS:
+        rs = runs[m]
+        lines.append(f"| {m} | {mean_sd([r.final for r in rs])} | {rs[0].epochs:.2f} |")
+    gap = 100 * (statistics.mean(r.final for r in runs["gapsl"])
+                 - statistics.mean(r.final for r in runs["psl"]))
+    lines.append(f"\nGAPSL − PSL: {gap:+.2f} points (paper, CIFAR-10 VGG-16 non-IID: +16.0)")
+    return lines, {"gapsl_minus_psl_points": gap}
+
+
+def table_ampere(runs: dict[str, list[Run]]) -> tuple[list[str], dict[str, Any]]:
+    lines = ["| seed | SplitFed V1 final acc | SplitFed MB to reach it | Ampere MB to reach it "
+             "| ratio | Ampere final acc | Ampere MB total | SplitFed MB total |",
+             "|---|---|---|---|---|---|---|---|"]
+    ratios: list[float] = []
+    for sf, amp in zip(runs["splitfed-v1"], runs["ampere"], strict=True):
+        target = sf.final
+        sf_bytes, amp_bytes = sf.bytes_to(target), amp.bytes_to(target)
+        ratio = amp_bytes / sf_bytes if amp_bytes is not None and sf_bytes else None
+        if ratio is not None:
+            ratios.append(ratio)
+        lines.append(f"| {sf.seed} | {target:.4f} | {mb(sf_bytes or 0)} | "
+                     f"{'never' if amp_bytes is None else mb(amp_bytes)} | "
+                     f"{'n/a' if ratio is None else f'{ratio:.3f}'} | {amp.final:.4f} | "
+                     f"{mb(amp.total)} | {mb(sf.total)} |")
+    reached = len(ratios) == len(runs["ampere"])
+    worst = max(ratios) if ratios else None
+    met = reached and worst is not None and worst <= 0.15
+    lines.append(f"\nAmpere accuracy at equal device epochs: "
+                 f"{mean_sd([r.final for r in runs['ampere']])} vs SplitFed V1 "
+                 f"{mean_sd([r.final for r in runs['splitfed-v1']])}")
+    lines.append(f"Ampere bytes to SplitFed V1's final accuracy / SplitFed's: "
+                 f"{'reached in every seed' if reached else 'NOT reached in every seed'}, "
+                 f"ratios {[round(r, 3) for r in ratios]} (goal ≤ 0.15): "
+                 f"{'MET' if met else 'NOT MET'}")
+    return lines, {"ampere_ratios": ratios, "ampere_reached_all": reached}
+
+
+def table_sherl(runs: dict[str, list[Run]]) -> tuple[list[str], dict[str, Any]]:
+    sf, sh = runs["splitfed-v1"], runs["sherl"]
+    sf_total = statistics.mean(r.total for r in sf)
+    sh_total = statistics.mean(r.total for r in sh)
+    relay = statistics.mean(r.tiers.get("relay", 0) for r in sh)
+    lines = ["| method | accuracy | MB total | MB without relay | ratio to SplitFed V1 | "
+             "ratio without relay |", "|---|---|---|---|---|---|",
+             f"| splitfed-v1 | {mean_sd([r.final for r in sf])} | {mb(sf_total)} | "
+             f"{mb(sf_total)} | 1.000 | 1.000 |",
+             f"| sherl | {mean_sd([r.final for r in sh])} | {mb(sh_total)} | "
+             f"{mb(sh_total - relay)} | {sh_total / sf_total:.3f} | "
+             f"{(sh_total - relay) / sf_total:.3f} |"]
+    tiers = {k: statistics.mean(r.tiers.get(k, 0) for r in sh) for k in sh[0].tiers}
+    lines.append("\nSHeRL-FL MB per tier (mean): "
+                 + ", ".join(f"{k} {mb(v)}" for k, v in tiers.items()))
+    acc_gap = 100 * (statistics.mean(r.final for r in sh) - statistics.mean(r.final for r in sf))
+    ratio = (sh_total - relay) / sf_total
+    comparable = acc_gap >= -2.0
+    lines.append(f"SHeRL-FL − SplitFed V1 accuracy: {acc_gap:+.2f} points; bytes ratio "
+                 f"{sh_total / sf_total:.3f} as run (with relay), {ratio:.3f} direct "
+                 f"(goal ≤ 0.6 at comparable accuracy, within 2 points): "
+                 f"{'MET' if ratio <= 0.6 and comparable else 'NOT MET'} (direct), "
+                 f"{'MET' if sh_total / sf_total <= 0.6 and comparable else 'NOT MET'} "
+                 f"(as run)")
+    return lines, {"sherl_ratio": sh_total / sf_total, "sherl_ratio_direct": ratio,
+                   "sherl_accuracy_gap_points": acc_gap}
+
+
+def plot(runs: dict[str, list[Run]], methods: tuple[str, ...], title: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for m in methods:
+        r = runs[m][0]
+        ax.plot([b / 1e6 for b in r.cum_bytes], r.accuracy, marker=".", label=m)
+    ax.set_xscale("log")
+    ax.set_xlabel("training MB (cumulative, all devices)")
+    ax.set_ylabel("test accuracy")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--datasets", nargs="+", default=["digits", "mnist"])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--epochs", type=float, default=4, help="device epochs E")
+    parser.add_argument("--model", default="mobilenetv3-small")
+    parser.add_argument("--split", type=int, default=2)
+    parser.add_argument("--clients", type=int, default=10)
+    parser.add_argument("--local-steps", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=100, help="B over all clients")
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--beta", default="dirichlet:0.1")
+    parser.add_argument("--ampere-partition", default="ampere:0.33")
+    parser.add_argument("--edges", type=int, default=2)
+    parser.add_argument("--tables", nargs="+", default=["scala", "gapsl", "ampere", "sherl"])
+    parser.add_argument("--png-dir", type=Path, default=Path("benchmarks/out"))
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    args.png_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    report: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}}
+    print(f"settings: {args.model} split {args.split}, {args.clients} clients (fraction 1), "
+          f"T={args.local_steps}, B={args.batch}, lr {args.lr} (SGD unless the paper says "
+          f"otherwise), E={args.epochs} device epochs, seeds {args.seeds}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench-papers-") as tmp:
+        for dataset in args.datasets:
+            n_train = len(load_dataset_split(dataset, TEST_FRACTION, 0)[0])
+            plan: list[tuple[str, str, str, dict[str, Any]]] = []
+            if "scala" in args.tables:
+                plan += [("scala", m, args.beta, {}) for m in SCALA_METHODS]
+            if "gapsl" in args.tables:
+                plan += [("gapsl", m, "dirichlet:0.1",
+                          {"optimizer": "sgd", "momentum": 0.9, "client_lr": 0.005,
+                           "server_lr": 0.01, "client_batch": 128}) for m in GAPSL_METHODS]
+            if "ampere" in args.tables or "sherl" in args.tables:
+                plan.append(("ampere", "splitfed-v1", args.ampere_partition, {}))
+            if "ampere" in args.tables:
+                plan.append(("ampere", "ampere", args.ampere_partition, {}))
+            if "sherl" in args.tables:
+                plan.append(("sherl", "sherl", args.ampere_partition, {
+                    "edges": sherl_topology("sherl", args.edges, args.clients)}))
+            runs: dict[str, dict[str, list[Run]]] = {}
+            for group, method, partition, extra in plan:
+                key = "ampere" if group == "sherl" and method != "sherl" else group
+                for seed in args.seeds:
+                    out = Path(tmp) / f"{dataset}-{group}-{method}-{seed}"
+                    run = simulate_run(method, seed, dataset, partition, args, n_train, out,
+                                       **extra)
+                    runs.setdefault(key, {}).setdefault(method, []).append(run)
+                    print(f"  {dataset} {method} ({partition}) seed {seed}: acc "
+                          f"{run.final:.4f}, {mb(run.total)} MB, {run.epochs:.2f} epochs, "
+                          f"{run.seconds:.0f}s", flush=True)
+            runs.setdefault("sherl", {}).update(
+                {"splitfed-v1": runs.get("ampere", {}).get("splitfed-v1", [])})
+            results: dict[str, Any] = {}
+            print(f"\n## {dataset} (N_train = {n_train})")
+            builders = {"scala": lambda r: table_scala(r, args.beta), "gapsl": table_gapsl,
+                        "ampere": table_ampere, "sherl": table_sherl}
+            methods_of = {"scala": SCALA_METHODS, "gapsl": GAPSL_METHODS,
+                          "ampere": ("splitfed-v1", "ampere"),
+                          "sherl": ("splitfed-v1", "sherl")}
+            for table in args.tables:
+                lines, numbers = builders[table](runs[table])
+                print(f"\n### {table} — {dataset}\n" + "\n".join(lines), flush=True)
+                results[table] = numbers
+                plot(runs[table], methods_of[table], f"{table}: {dataset}, seed "
+                     f"{args.seeds[0]}, E={args.epochs}",
+                     args.png_dir / f"bytes_to_accuracy_{dataset}_{table}.png")
+            report[dataset] = {"results": results, "runs": {
+                t: {m: [vars(r) for r in rs] for m, rs in g.items()} for t, g in runs.items()}}
+    wall = time.perf_counter() - started
+    print(f"\nwall time {wall:.0f}s; PNGs in {args.png_dir}")
+    if args.json is not None:
+        report["wall_s"] = wall
+        args.json.write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
