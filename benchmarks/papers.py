@@ -42,7 +42,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import jetsplit.export.planner  # noqa: F401 - loaded up front: a long run must not import
+import jetsplit.profiles  # noqa: F401 - code that changed on disk since it started
+import jetsplit.server.algorithms.methods  # noqa: F401
+import jetsplit.server.optim  # noqa: F401
 from jetsplit.data import load_dataset_split
+from jetsplit.export.bundle_writer import write_bundle
+from jetsplit.models import ModelSpec
 from jetsplit.server.simulate import sherl_topology, simulate
 from jetsplit.server.training import Settings
 
@@ -80,7 +86,7 @@ class Run:
 
 
 def simulate_run(method: str, seed: int, dataset: str, partition: str, args: argparse.Namespace,
-                 n_train: int, out: Path, **extra: Any) -> Run:
+                 n_train: int, out: Path, bundle: Path, **extra: Any) -> Run:
     """Train `method` for `args.epochs` device epochs and read its metrics rows."""
     steps, clients = args.local_steps, args.clients
     per_client = extra.get("client_batch")
@@ -97,7 +103,8 @@ def simulate_run(method: str, seed: int, dataset: str, partition: str, args: arg
         epochs = rounds * steps * batch / n_train
     started = time.perf_counter()
     simulate(settings, model=args.model, split=args.split, dataset=dataset, clients=clients,
-             partition_scheme=partition, out_dir=out, test_fraction=TEST_FRACTION)
+             partition_scheme=partition, out_dir=out, test_fraction=TEST_FRACTION,
+             bundle=bundle, checkpoint=False)
     run = Run(method, seed, epochs=epochs, seconds=time.perf_counter() - started)
     used = 0
     for line in (out / "metrics.jsonl").read_text().splitlines():
@@ -222,6 +229,54 @@ def plot(runs: dict[str, list[Run]], methods: tuple[str, ...], title: str, path:
     plt.close(fig)
 
 
+def print_tables(dataset: str, n_train: int, runs: dict[str, dict[str, list[Run]]],
+                 args: argparse.Namespace) -> dict[str, Any]:
+    """Every table whose runs are all there, and its bytes-to-accuracy PNG."""
+    runs.setdefault("sherl", {}).update(
+        {"splitfed-v1": runs.get("ampere", {}).get("splitfed-v1", [])})
+    results: dict[str, Any] = {}
+    print(f"\n## {dataset} (N_train = {n_train})")
+    builders = {"scala": lambda r: table_scala(r, args.beta), "gapsl": table_gapsl,
+                "ampere": table_ampere, "sherl": table_sherl}
+    methods_of = {"scala": SCALA_METHODS, "gapsl": GAPSL_METHODS,
+                  "ampere": ("splitfed-v1", "ampere"), "sherl": ("splitfed-v1", "sherl")}
+    for table in args.tables:
+        have = runs.get(table, {})
+        counts = {len(have.get(m, [])) for m in methods_of[table]}
+        if 0 in counts or len(counts) != 1:
+            print(f"\n### {table} — {dataset}: incomplete (runs per method "
+                  f"{ {m: len(have.get(m, [])) for m in methods_of[table]} })")
+            continue
+        lines, numbers = builders[table](have)
+        print(f"\n### {table} — {dataset}\n" + "\n".join(lines), flush=True)
+        results[table] = numbers
+        plot(have, methods_of[table], f"{table}: {dataset}, seed "
+             f"{have[methods_of[table][0]][0].seed}, E={args.epochs}",
+             args.png_dir / f"bytes_to_accuracy_{dataset}_{table}.png")
+    return results
+
+
+def merge(paths: list[Path], args: argparse.Namespace) -> None:
+    """Tables over the runs of several --json reports (e.g. one process per seed)."""
+    combined: dict[str, dict[str, dict[str, list[Run]]]] = {}
+    sizes: dict[str, int] = {}
+    for path in paths:
+        report = json.loads(path.read_text())
+        for dataset, part in report.items():
+            if not isinstance(part, dict) or "runs" not in part:
+                continue
+            sizes[dataset] = int(part["n_train"])
+            for table, methods in part["runs"].items():
+                for method, rows in methods.items():
+                    combined.setdefault(dataset, {}).setdefault(table, {}).setdefault(
+                        method, []).extend(Run(**row) for row in rows)
+    for dataset, runs in combined.items():
+        for table in runs.values():
+            for rs in table.values():
+                rs.sort(key=lambda r: r.seed)
+        print_tables(dataset, sizes[dataset], runs, args)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--datasets", nargs="+", default=["digits", "mnist"])
@@ -239,8 +294,13 @@ def main() -> None:
     parser.add_argument("--tables", nargs="+", default=["scala", "gapsl", "ampere", "sherl"])
     parser.add_argument("--png-dir", type=Path, default=Path("benchmarks/out"))
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--merge", type=Path, nargs="+", default=None,
+                        help="print the tables over these --json reports instead of running")
     args = parser.parse_args()
     args.png_dir.mkdir(parents=True, exist_ok=True)
+    if args.merge:
+        merge(args.merge, args)
+        return
     started = time.perf_counter()
     report: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}}
     print(f"settings: {args.model} split {args.split}, {args.clients} clients (fraction 1), "
@@ -250,12 +310,6 @@ def main() -> None:
         for dataset in args.datasets:
             n_train = len(load_dataset_split(dataset, TEST_FRACTION, 0)[0])
             plan: list[tuple[str, str, str, dict[str, Any]]] = []
-            if "scala" in args.tables:
-                plan += [("scala", m, args.beta, {}) for m in SCALA_METHODS]
-            if "gapsl" in args.tables:
-                plan += [("gapsl", m, "dirichlet:0.1",
-                          {"optimizer": "sgd", "momentum": 0.9, "client_lr": 0.005,
-                           "server_lr": 0.01, "client_batch": 128}) for m in GAPSL_METHODS]
             if "ampere" in args.tables or "sherl" in args.tables:
                 plan.append(("ampere", "splitfed-v1", args.ampere_partition, {}))
             if "ampere" in args.tables:
@@ -263,35 +317,33 @@ def main() -> None:
             if "sherl" in args.tables:
                 plan.append(("sherl", "sherl", args.ampere_partition, {
                     "edges": sherl_topology("sherl", args.edges, args.clients)}))
+            if "scala" in args.tables:
+                plan += [("scala", m, args.beta, {}) for m in SCALA_METHODS]
+            if "gapsl" in args.tables:
+                plan += [("gapsl", m, "dirichlet:0.1",
+                          {"optimizer": "sgd", "momentum": 0.9, "client_lr": 0.005,
+                           "server_lr": 0.01, "client_batch": 128}) for m in GAPSL_METHODS]
             runs: dict[str, dict[str, list[Run]]] = {}
+            bundles = {seed: write_bundle(
+                ModelSpec(args.model, load_dataset_split(dataset, TEST_FRACTION, 0)[1]
+                          .input_shape, 10), args.split, Path(tmp) / f"bundle-{dataset}-{seed}",
+                aux_ratio=0.5, seed=seed, tar=True).tar_path for seed in args.seeds}
             for group, method, partition, extra in plan:
                 key = "ampere" if group == "sherl" and method != "sherl" else group
                 for seed in args.seeds:
                     out = Path(tmp) / f"{dataset}-{group}-{method}-{seed}"
                     run = simulate_run(method, seed, dataset, partition, args, n_train, out,
-                                       **extra)
+                                       bundles[seed], **extra)
                     runs.setdefault(key, {}).setdefault(method, []).append(run)
                     print(f"  {dataset} {method} ({partition}) seed {seed}: acc "
                           f"{run.final:.4f}, {mb(run.total)} MB, {run.epochs:.2f} epochs, "
                           f"{run.seconds:.0f}s", flush=True)
-            runs.setdefault("sherl", {}).update(
-                {"splitfed-v1": runs.get("ampere", {}).get("splitfed-v1", [])})
-            results: dict[str, Any] = {}
-            print(f"\n## {dataset} (N_train = {n_train})")
-            builders = {"scala": lambda r: table_scala(r, args.beta), "gapsl": table_gapsl,
-                        "ampere": table_ampere, "sherl": table_sherl}
-            methods_of = {"scala": SCALA_METHODS, "gapsl": GAPSL_METHODS,
-                          "ampere": ("splitfed-v1", "ampere"),
-                          "sherl": ("splitfed-v1", "sherl")}
-            for table in args.tables:
-                lines, numbers = builders[table](runs[table])
-                print(f"\n### {table} — {dataset}\n" + "\n".join(lines), flush=True)
-                results[table] = numbers
-                plot(runs[table], methods_of[table], f"{table}: {dataset}, seed "
-                     f"{args.seeds[0]}, E={args.epochs}",
-                     args.png_dir / f"bytes_to_accuracy_{dataset}_{table}.png")
-            report[dataset] = {"results": results, "runs": {
-                t: {m: [vars(r) for r in rs] for m, rs in g.items()} for t, g in runs.items()}}
+                    report[dataset] = {"n_train": n_train, "runs": {
+                        t: {m: [vars(r) for r in rs] for m, rs in g.items()}
+                        for t, g in runs.items()}}
+                    if args.json is not None:  # after every run: a cut-short run keeps its part
+                        args.json.write_text(json.dumps(report, indent=2))
+            report[dataset]["results"] = print_tables(dataset, n_train, runs, args)
     wall = time.perf_counter() - started
     print(f"\nwall time {wall:.0f}s; PNGs in {args.png_dir}")
     if args.json is not None:

@@ -37,6 +37,8 @@ def simulate(
     resume: bool = False,
     profiles: list[str] | None = None,
     common_split: bool = False,
+    bundle: Path | None = None,
+    checkpoint: bool = True,
 ) -> dict[str, Any]:
     """Partition `dataset` over `clients` in-process agents and train; returns the summary.
     The simulated agents compute on the coordinator's device (`settings.device`): one GPU
@@ -44,7 +46,10 @@ def simulate(
     The arguments go to `out_dir/simulation.json`, so `--resume DIR` needs nothing else.
     The edges of `settings.edges` (SHeRL-FL) join as data-less agents with role `edge`.
     With `profiles` (cycled over the clients) the fleet planner gives each client a cut
-    for its profile, `split` then being ignored unless `common_split`."""
+    for its profile, `split` then being ignored unless `common_split`.
+    `bundle` reuses an archive written earlier for the same model, split, aux ratio and
+    seed (benchmarks run many methods on one); `checkpoint=False` skips the per-round
+    checkpoint (and with it `--resume`)."""
     from jetsplit.bundle import Bundle
     from jetsplit.data import load_dataset_split, partition
     from jetsplit.devices import resolve_device
@@ -90,7 +95,9 @@ def simulate(
             "common_split": common_split}, indent=2))
     with tempfile.TemporaryDirectory(prefix="jetsplit-sim-") as tmp:
         archive = out_dir / "checkpoint" / "bundle.tar.gz"
-        if not resume:
+        if bundle is not None and not resume:
+            archive = bundle
+        elif not resume:
             report = write_bundle(spec, split, Path(tmp) / "bundle", aux_ratio=aux_ratio,
                                   seed=settings.seed, tar=True)
             assert report.tar_path is not None
@@ -98,7 +105,7 @@ def simulate(
         shallow = {c for c in (cuts or {}).values() if c != split}
         engine = InProcessEngine(workers, run_id=out_dir.name or "simulation")
         summary = run_training(engine, archive, settings, test, out_dir, resume=resume,
-                               cuts=cuts if shallow else None)
+                               cuts=cuts if shallow else None, checkpoint=checkpoint)
     summary["peak_rss_mb"] = peak_rss_mb()
     summary["peak_agents_holding_blocks"] = engine.peak_agents_holding_blocks
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))

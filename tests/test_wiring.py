@@ -209,7 +209,7 @@ def test_lla_sfl_is_splitfed_v1_with_local_adjustment_averaged_every_t(
         trainer = trainer_for(engine, archive, digits[1], algorithm=name, local_steps=2)
         method = methods.build_method(name, trainer)
         copies: dict[str, Any] = {}
-        if hasattr(method, "copies"):
+        if isinstance(method, methods.SplitFedV1):
             end_round = method.end_round
 
             def keep(participants: list[str], m: Any = method, e: Any = end_round,
