@@ -42,9 +42,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import jetsplit.export.planner  # noqa: F401 - loaded up front: a long run must not import
-import jetsplit.profiles  # noqa: F401 - code that changed on disk since it started
+import jetsplit.edge_agent.edge  # noqa: F401 - loaded up front: a long run must not import
+import jetsplit.edge_agent.worker  # noqa: F401 - code that changed on disk since it started
+import jetsplit.export.planner  # noqa: F401
+import jetsplit.profiles  # noqa: F401
 import jetsplit.server.algorithms.methods  # noqa: F401
+import jetsplit.server.engine  # noqa: F401
 import jetsplit.server.optim  # noqa: F401
 from jetsplit.data import load_dataset_split
 from jetsplit.export.bundle_writer import write_bundle
