@@ -95,10 +95,11 @@ def simulate_run(method: str, seed: int, dataset: str, partition: str, args: arg
     per_client = extra.get("client_batch")
     batch = per_client * clients if per_client else args.batch
     if method.startswith("ampere"):
-        settings = Settings(algorithm=method, rounds=2 * args.epochs, batch=args.batch,
-                            lr=args.lr, seed=seed, device_epochs=args.epochs,
-                            patience=args.epochs, server_epochs=args.epochs, **extra)
-        epochs = float(args.epochs)
+        epochs_d = max(1, round(args.epochs))
+        settings = Settings(algorithm=method, rounds=2 * epochs_d, batch=args.batch,
+                            lr=args.lr, seed=seed, device_epochs=epochs_d,
+                            patience=epochs_d, server_epochs=epochs_d, **extra)
+        epochs = float(epochs_d)
     else:
         rounds = max(1, math.ceil(args.epochs * n_train / (steps * batch)))
         settings = Settings(algorithm=method, rounds=rounds, local_steps=steps, batch=batch,
@@ -297,6 +298,8 @@ def main() -> None:
     parser.add_argument("--tables", nargs="+", default=["scala", "gapsl", "ampere", "sherl"])
     parser.add_argument("--png-dir", type=Path, default=Path("benchmarks/out"))
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--only", nargs="+", default=None,
+                        help="run only these methods (merge the rest from other reports)")
     parser.add_argument("--merge", type=Path, nargs="+", default=None,
                         help="print the tables over these --json reports instead of running")
     args = parser.parse_args()
@@ -331,6 +334,7 @@ def main() -> None:
                 ModelSpec(args.model, load_dataset_split(dataset, TEST_FRACTION, 0)[1]
                           .input_shape, 10), args.split, Path(tmp) / f"bundle-{dataset}-{seed}",
                 aux_ratio=0.5, seed=seed, tar=True).tar_path for seed in args.seeds}
+            plan = [p for p in plan if args.only is None or p[1] in args.only]
             for group, method, partition, extra in plan:
                 key = "ampere" if group == "sherl" and method != "sherl" else group
                 for seed in args.seeds:
