@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import copy
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -63,9 +63,12 @@ def subset(arrays: Arrays, names: list[str]) -> Arrays:
 class Completions:
     """The coordinator's per-agent copies of layers c_k+1..c* (see the module docstring)."""
 
-    def __init__(self, template: nn.Sequential, cuts: Mapping[str, int], lr: float,
+    def __init__(self, template: nn.Sequential, cuts: Mapping[str, int],
+                 optimizer: Callable[[Any], torch.optim.Optimizer],
                  input_shape: tuple[int, ...], device: torch.device | str = "cpu") -> None:
-        self.template, self.cuts, self.lr = template, dict(cuts), lr
+        """`optimizer(params)` builds a copy's optimiser: the client tier's (the copies
+        train client layers, so they step as the devices' blocks do)."""
+        self.template, self.cuts, self.make_optimizer = template, dict(cuts), optimizer
         self.device = torch.device(device)  # where the copies train: the server's device
         self.input_shape = tuple(input_shape)
         self.server_cut = len(template)
@@ -103,7 +106,7 @@ class Completions:
                     f"completion copy of {agent}")
         module = module.to(self.device)
         self.copies[agent] = module
-        self.optimizers[agent] = torch.optim.SGD(module.parameters(), lr=self.lr)
+        self.optimizers[agent] = self.make_optimizer(module.parameters())
 
     def begin_round(self, agents: list[str], global_client: Arrays, *, fresh: bool) -> None:
         """`fresh`: every shallow agent's copy restarts from the global block (averaging

@@ -144,8 +144,9 @@ class Trainer:
             probe = client(torch.zeros(1, *self.bundle.spec.input_shape))
         self.activation_shape = tuple(probe.shape[1:])
         k = self.bundle.split
-        self.completions = Completions(self.bundle.client_module(), self.cuts, settings.lr,
-                                       self.bundle.spec.input_shape, self.device)
+        self.completions = Completions(  # client layers: the client tier's optimiser
+            self.bundle.client_module(), self.cuts, self.client_optimizer.build,
+            self.bundle.spec.input_shape, self.device)
         self._activation_shapes = {k: self.activation_shape}
         self.rng = np.random.default_rng(settings.seed)
         self.phases: dict[str, float] = defaultdict(float)

@@ -196,3 +196,14 @@ def test_server_cuts_out_of_range_or_memory_are_one_line_naming_the_device() -> 
     with pytest.raises(ConfigError, match='^agent a0: registered without a device profile; '
                                           'split = "auto"'):
         fleet_cuts(cfg({}, "auto"), {"a0": {}}, **kw)
+
+
+def test_completion_copies_step_with_the_client_tiers_optimiser(archives: dict[int, Path]
+                                                                 ) -> None:
+    """The copies train client layers: GAPSL's client tier (SGD, momentum 0.9, lr 0.005 by
+    its paper) applies to them as to the devices' blocks."""
+    trainer = trainer_for(archives, "gapsl", {"a0": 1}, [50, 50])
+    trainer.completions.begin_round(["a0", "a1"], trainer.global_client, fresh=False)
+    assert set(trainer.completions.copies) == {"a0"}
+    group = trainer.completions.optimizers["a0"].param_groups[0]
+    assert (group["lr"], group["momentum"]) == (0.005, 0.9)
