@@ -44,6 +44,41 @@ def run(
     AgentDaemon(worker, address, cfg.fleet, options).run(stop)
 
 
+@app.command("host")
+def host(
+    config: Annotated[Path, typer.Option("--config", help="agent.toml every hosted agent "
+                                         "starts from (agent = the id prefix).")],
+    count: Annotated[int, typer.Option("--count", help="Agents to host in this process.")],
+    first: Annotated[int, typer.Option("--first", help="Number of the first agent (its id "
+                                       "is <agent><n>, its data shard n).")] = 0,
+    stride: Annotated[int, typer.Option("--stride", help="Step between agent numbers.")] = 1,
+    broker: Annotated[str | None, typer.Option(
+        "--broker", help="mqtt[s]://[user:pass@]host:port (overrides mqtt.broker).")] = None,
+    fleet: Annotated[str | None, typer.Option("--fleet", help="Overrides fleet.")] = None,
+    state_dir: Annotated[str | None, typer.Option("--state-dir", help="Overrides state_dir.")
+                         ] = None,
+) -> None:
+    """Run COUNT emulated agents in one process (one MQTT session each; a load generator
+    and a cheap large trial) until SIGTERM."""
+    from jetsplit.edge_agent.config import load_agent_config
+    from jetsplit.edge_agent.host import FleetHost, hosted_indices
+
+    indices = hosted_indices(count, first, stride)
+    cfg = load_agent_config(config)
+    updates = {k: v for k, v in {"fleet": fleet, "state_dir": state_dir}.items()
+               if v is not None}
+    mqtt = cfg.mqtt.model_copy(update={"broker": broker}) if broker else cfg.mqtt
+    cfg = cfg.model_copy(update={**updates, "mqtt": mqtt})
+    logging.basicConfig(level=cfg.log_level.upper(),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("jetsplit").setLevel(cfg.log_level.upper())
+    fleet_host = FleetHost(cfg, indices).build()
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    fleet_host.run(stop)
+
+
 @app.command("install", add_help_option=False, context_settings={
     "allow_extra_args": True, "ignore_unknown_options": True})
 def install(ctx: typer.Context) -> None:

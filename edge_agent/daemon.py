@@ -56,12 +56,13 @@ class AgentDaemon:
     """Runs a worker behind an MQTT session until `stop` is set."""
 
     def __init__(self, worker: AgentWorker, address: BrokerAddress, fleet: str,
-                 options: EndpointOptions = EndpointOptions()) -> None:
+                 options: EndpointOptions = EndpointOptions(),
+                 cache: ReplyCache | None = None) -> None:
         self.worker = worker
         self.agent = worker.agent_id
         self.topics = Topics(fleet)
         self.options = options
-        self.cache = ReplyCache()
+        self.cache = cache or ReplyCache()
         self.ignored = 0
         self.log_tail = LogTail()
         worker.log_tail = self.log_tail

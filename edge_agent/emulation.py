@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -42,8 +42,13 @@ class EmulationSection(BaseModel):
 class DeviceClock:
     """Stretches compute and delays transfers per `EmulationSection`; counts both."""
 
-    def __init__(self, section: EmulationSection | None = None) -> None:
+    def __init__(self, section: EmulationSection | None = None,
+                 cpu_clock: Callable[[], float] = time.process_time) -> None:
+        """`cpu_clock`: whose CPU time counts as this device's compute; a fleet host running
+        many agents in one process passes `time.thread_time` (each agent computes on its
+        own thread, torch on one thread), so agents are not charged for each other."""
         self.section = section or EmulationSection()
+        self._cpu = cpu_clock
         self.compute_s = 0.0
         self.compute_wall_s = 0.0  # what compute really took here (emulation fidelity)
         self.transfer_s = 0.0
@@ -60,13 +65,13 @@ class DeviceClock:
     def compute(self) -> Iterator[None]:
         """Wrap one command's work; with a slowdown, wait until it took as long as the
         emulated device would have."""
-        wall, cpu = time.perf_counter(), time.process_time()
+        wall, cpu = time.perf_counter(), self._cpu()
         try:
             yield
         finally:
             spent = time.perf_counter() - wall
             if self.emulating:  # the device's time: CPU work × slowdown
-                spent, late = (time.process_time() - cpu) * self.section.compute_slowdown, spent
+                spent, late = (self._cpu() - cpu) * self.section.compute_slowdown, spent
                 if spent > late:
                     time.sleep(spent - late)
             with self._lock:

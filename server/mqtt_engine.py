@@ -10,11 +10,17 @@ Reliability rules, all here:
   need on the agent's downlink), backing off ×2 per retry up to `MAX_RETRY_S`;
 * an agent whose presence turns `offline` (its last will) is dropped from the step at once;
   one that stays silent is dropped at the deadline; both are recorded as missed.
+
+Scale rules: a step costs O(selected) here, whatever the fleet's size (the registry keeps the
+online set indexed); the receive pump drains what has arrived and handles replies before
+presence and registrations, so a storm of hundreds of agents (re)connecting delays no step;
+a registration identical to the one on record skips validation.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -27,6 +33,7 @@ from jetsplit.transport import COORDINATOR, Topics
 from jetsplit.transport.mqtt import EndpointOptions, Inbound, MqttEndpoint
 from jetsplit.wire import Message, MessageType
 
+PUMP_BATCH = 256  # messages drained per pass: replies in a batch jump the presence queue
 log = logging.getLogger("jetsplit.coordinator")
 
 DEFAULT_RETRY_S = 30.0
@@ -103,15 +110,25 @@ class MqttEngine(Engine):
                 self._cond.notify_all()
 
     def _pump(self) -> None:
+        inbox = self.endpoint.inbox
         while not self._closed.is_set():
             try:
-                inbound = self.endpoint.inbox.get(timeout=0.2)
-            except Exception:  # noqa: BLE001 - queue.Empty
+                batch = [inbox.get(timeout=0.2)]
+            except queue.Empty:
                 continue
-            try:
-                self._dispatch(inbound)
-            except Exception:  # noqa: BLE001 - one bad message must not stop the coordinator
-                log.exception("failed to handle a message on %s", inbound.topic)
+            while len(batch) < PUMP_BATCH:
+                try:
+                    batch.append(inbox.get_nowait())
+                except queue.Empty:
+                    break
+            # Replies first: a step waits on them; presence and registrations can wait.
+            batch.sort(key=lambda i: i.message.type not in (MessageType.REPLY,
+                                                            MessageType.ERROR))
+            for inbound in batch:
+                try:
+                    self._dispatch(inbound)
+                except Exception:  # noqa: BLE001 - one bad message must not stop us
+                    log.exception("failed to handle a message on %s", inbound.topic)
 
     def _dispatch(self, inbound: Inbound) -> None:
         msg = inbound.message
@@ -137,27 +154,33 @@ class MqttEngine(Engine):
         elif state == "online" and self.registry.state(agent) is not None:
             self.registry.set_state(agent, "online")
         with self._cond:
-            if state == "online":
+            # Only an agent with a command in flight needs it again (idle ones: nothing).
+            if state == "online" and self.registry.state(agent) == "busy":
                 self._resend.add(agent)
             self._cond.notify_all()
 
     def _on_register(self, agent: str, msg: Message, wire_bytes: int) -> None:
-        try:
-            registration = parse_registration(msg.meta)
-        except ProtocolError as exc:
-            self.rejected_agents += 1
-            log.warning("rejected registration from %s: %s", agent, exc)
-            return
-        if registration.agent != agent:
-            self.rejected_agents += 1
-            log.warning("rejected registration from %s: it names %s", agent, registration.agent)
-            return
-        self.counters.add(agent, Kind.REGISTER.value, "up", wire_bytes)
-        first = self.registry.state(agent) is None
-        self.registry.register(agent, registration.model_dump(mode="json"))
-        if first:
-            log.info("agent %s registered (%s, %d samples)", agent, registration.role,
-                     registration.dataset.size)
+        if self.registry.same_registration(agent, msg.meta):
+            self.counters.add(agent, Kind.REGISTER.value, "up", wire_bytes)
+            self.registry.register(agent, msg.meta)  # validated before; back online
+        else:
+            try:
+                registration = parse_registration(msg.meta)
+            except ProtocolError as exc:
+                self.rejected_agents += 1
+                log.warning("rejected registration from %s: %s", agent, exc)
+                return
+            if registration.agent != agent:
+                self.rejected_agents += 1
+                log.warning("rejected registration from %s: it names %s", agent,
+                            registration.agent)
+                return
+            first = self.registry.state(agent) is None
+            self.counters.add(agent, Kind.REGISTER.value, "up", wire_bytes)
+            self.registry.register(agent, registration.model_dump(mode="json"))
+            if first:
+                log.info("agent %s registered (%s, %d samples)", agent, registration.role,
+                         registration.dataset.size)
         if msg.run != self.run_id:  # announced on (re)connect, not in answer to our DISCOVER
             with self._cond:
                 self._resend.add(agent)
@@ -247,8 +270,9 @@ class MqttEngine(Engine):
             # Fresh commands go out now; older reconnect signals do not apply to them.
             self._resend_all = False
             self._resend.difference_update(a for _, agents in groups for a in agents)
+            states = self.registry.states([a for _, agents in groups for a in agents])
             for command, agents in groups:
-                live = [a for a in agents if self.registry.state(a) not in (None, "offline")]
+                live = [a for a in agents if states[a] not in (None, "offline")]
                 missed.update({a: "offline" for a in agents if a not in live})
                 if not live:
                     continue
@@ -264,7 +288,7 @@ class MqttEngine(Engine):
                     self.registry.set_state(agent, "busy")
                 # One publish on down/all only when it reaches nobody else: every agent
                 # subscribed to down/all downloads it, and device links are the scarce ones.
-                if len(live) > 1 and set(live) >= set(self.registry.online()):
+                if len(live) > 1 and self.registry.covers_online(live):
                     sends.append((self.topics.down_all, message, command, live))
                 else:
                     sends.extend((self.topics.down(a), message, command, [a]) for a in live)
@@ -283,13 +307,14 @@ class MqttEngine(Engine):
             while open_:
                 done: list[tuple[str, Reply | str]] = []
                 with self._cond:
+                    states = self.registry.states(list(open_))
                     for agent, p in list(open_.items()):
                         if p.reply is not None:
                             done.append((agent, f"error: {p.reply.meta.get('error', '?')}"
                                          if p.reply.type == MessageType.ERROR
                                          else reply_from(agent, p.reply, p.wire_bytes)))
                             del open_[agent]
-                        elif self.registry.state(agent) == "offline":
+                        elif states[agent] == "offline":
                             done.append((agent, "offline"))
                             del open_[agent]
                     now = time.monotonic()

@@ -16,15 +16,23 @@ class ByteCounters:
         self._lock = threading.Lock()
         self._bytes: dict[tuple[str, str, str], int] = defaultdict(int)
         self._messages: dict[tuple[str, str, str], int] = defaultdict(int)
+        # Sums over agents, kept as bytes are added: a round's books cost O(kinds), not
+        # O(agents ever seen) (a large fleet registers hundreds that a round never touches).
+        self._kinds: dict[tuple[str, str], int] = defaultdict(int)
 
     def add(self, agent: str, kind: str, direction: Direction, nbytes: int) -> None:
         with self._lock:
             self._bytes[(agent, kind, direction)] += nbytes
             self._messages[(agent, kind, direction)] += 1
+            self._kinds[(kind, direction)] += nbytes
 
     def total(self, direction: Direction | None = None, *, agent: str | None = None,
               kind: str | None = None) -> int:
         with self._lock:
+            if agent is None:
+                return sum(n for (k, d), n in self._kinds.items()
+                           if (direction is None or d == direction)
+                           and (kind is None or k == kind))
             return sum(n for (a, k, d), n in self._bytes.items()
                        if (direction is None or d == direction)
                        and (agent is None or a == agent) and (kind is None or k == kind))
@@ -45,11 +53,12 @@ class ByteCounters:
                 for direction in ("up", "down"):
                     for kind, n in directions.get(direction, {}).items():
                         self._bytes[(str(agent), str(kind), direction)] += int(n)
+                        self._kinds[(str(kind), direction)] += int(n)
 
     def by_kind(self) -> dict[str, dict[str, int]]:
         """``{"up": {kind: bytes}, "down": {kind: bytes}}`` summed over agents."""
         out: dict[str, dict[str, int]] = {"up": {}, "down": {}}
         with self._lock:
-            for (_, kind, direction), n in self._bytes.items():
-                out[direction][kind] = out[direction].get(kind, 0) + n
+            for (kind, direction), n in self._kinds.items():
+                out[direction][kind] = n
         return out

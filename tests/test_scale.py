@@ -1,0 +1,145 @@
+"""Fleet scale on a real Mosquitto: one `jetsplit agent host` process registers 100 agents
+and trains 2 rounds with 10 selected; a presence storm (50 hosted agents drop and come back
+during a round) loses no round."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from jetsplit.data import load_dataset_split
+from jetsplit.edge_agent.config import load_agent_config
+from jetsplit.edge_agent.host import FleetHost, hosted_indices
+from jetsplit.server.brokers import MosquittoProcess
+from jetsplit.server.config import load_server_config
+from jetsplit.server.coordinator import prepare_bundle
+from jetsplit.server.mqtt_engine import MqttEngine
+from jetsplit.server.training import run_training
+
+
+def _agent_toml(root: Path, url: str, fleet: str, clients: int) -> Path:
+    path = root / "agent.toml"
+    path.write_text(f'fleet = "{fleet}"\nagent = "a"\nstate_dir = "{root / "state"}"\n'
+                    'threads = 1\nlog_level = "warning"\n'
+                    f'[mqtt]\nbroker = "{url}"\n'
+                    f'[data]\ndataset = "digits"\npartition = "iid"\nclients = {clients}\n')
+    return path
+
+
+def _server_toml(root: Path, fleet: str, agents: int, rounds: int, fraction: float) -> Path:
+    path = root / "server.toml"
+    path.write_text(
+        f'fleet = "{fleet}"\nagents = {agents}\nout = "{root / "runs"}"\nrun = "scale"\n'
+        '[model]\nname = "mobilenetv3-small"\ninput_shape = [1, 8, 8]\nsplit = 2\n'
+        '[data]\ndataset = "digits"\n'
+        f'[train]\nalgorithm = "splitfed-v2"\nrounds = {rounds}\nlocal_steps = 1\n'
+        f"batch = 40\nlr = 0.05\nfraction = {fraction}\ndeadline_s = 30\n")
+    return path
+
+
+@pytest.fixture()
+def engine(mosquitto: MosquittoProcess) -> Iterator[MqttEngine]:
+    eng = MqttEngine(mosquitto.address, "scale", run_id="scale").start(10.0)
+    try:
+        yield eng
+    finally:
+        eng.close()
+
+
+def _train(engine: MqttEngine, root: Path, agents: int, rounds: int, fraction: float,
+           **kwargs: object) -> list[dict[str, object]]:
+    cfg = load_server_config(_server_toml(root, "scale", agents, rounds, fraction))
+    _, test = load_dataset_split("digits", 0.2, 0)
+    archive = prepare_bundle(cfg, root / "bundle")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the coordinator shares 2 cores with the hosted fleet
+    try:
+        run_training(engine, archive, cfg.settings(), test, root / "runs" / "scale", **kwargs)
+    finally:
+        torch.set_num_threads(threads)
+    return [json.loads(line) for line in (root / "runs" / "scale" / "metrics.jsonl").open()]
+
+
+def test_one_fleet_host_registers_100_agents_and_trains_2_rounds_with_10_selected(
+        mosquitto: MosquittoProcess, engine: MqttEngine, tmp_path: Path) -> None:
+    config = _agent_toml(tmp_path, f"mqtt://127.0.0.1:{mosquitto.port}", "scale", 100)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    log = (tmp_path / "host.log").open("wb")
+    host = subprocess.Popen([sys.executable, "-m", "jetsplit.cli", "agent", "host",
+                             "--config", str(config), "--count", "100"],
+                            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
+    try:
+        online = engine.wait_for_agents(100, 60)
+        assert online == sorted(f"a{i}" for i in range(100)), \
+            (tmp_path / "host.log").read_text()[-2000:]
+        sizes = {int(engine.registry.registration(a)["dataset"]["size"]) for a in online}
+        assert sizes <= {14, 15}  # each its own iid shard of digits' 1437 training images
+        rows = _train(engine, tmp_path, 100, 2, 0.1)
+    finally:
+        host.terminate()
+        host.wait(timeout=30)
+    assert [r["round"] for r in rows] == [0, 1]
+    for row in rows:
+        assert len(row["selected"]) == 10 and not row["missed"]
+        assert set(row["device_gflops"]) == set(row["selected"])
+    assert rows[0]["selected"] != rows[1]["selected"]
+    # Every hosted agent published its last `offline` on the way out.
+    deadline = time.monotonic() + 10
+    while engine.registry.online_count() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert engine.registry.online_count() == 0
+
+
+def test_presence_storm_during_a_round_loses_no_round(
+        mosquitto: MosquittoProcess, engine: MqttEngine, tmp_path: Path) -> None:
+    """Round 1's first command goes out just as 50 of 60 hosted agents lose their
+    connection at once (the broker fires their last wills) and reconnect: every round
+    completes, only dropped agents can miss a step (as `offline`), and all 60 are back for
+    round 2, which runs with its full selection and no miss."""
+    config = load_agent_config(_agent_toml(tmp_path, f"mqtt://127.0.0.1:{mosquitto.port}",
+                                           "scale", 60))
+    host = FleetHost(config, hosted_indices(60)).build()
+    stop = threading.Event()
+    host.start(stop)
+    dropped = {d.agent for d in host.daemons[:50]}
+    send = engine.send_and_receive
+    storms: list[int] = []
+
+    def storm_then_send(commands, **kwargs):  # noqa: ANN001, ANN202 - wraps the engine call
+        if kwargs.get("round") == 1 and not storms:
+            storms.append(len(commands))
+            for daemon in host.daemons[:50]:  # drop the sockets under paho's feet
+                client = daemon.endpoint._client
+                sock = None if client is None else client.socket()
+                if sock is not None:
+                    sock.shutdown(2)
+        return send(commands, **kwargs)
+
+    def back_online(row: dict[str, object]) -> None:
+        if row["round"] == 1:
+            assert len(engine.wait_for_agents(60, 30)) == 60
+
+    engine.send_and_receive = storm_then_send  # type: ignore[method-assign]
+    try:
+        assert len(engine.wait_for_agents(60, 60)) == 60
+        rows = _train(engine, tmp_path, 60, 3, 0.2, on_round=back_online)
+        offline = {r["agent"]: r["offline_events"] for r in engine.registry.snapshot()}
+    finally:
+        stop.set()
+        host.join()
+    assert len(storms) == 1  # the storm hit round 1's first exchange
+    assert [r["round"] for r in rows] == [0, 1, 2]
+    assert all(len(r["selected"]) == 12 for r in rows)
+    assert not rows[0]["missed"] and not rows[2]["missed"]
+    assert set(rows[1]["missed"]) <= dropped & set(rows[1]["selected"])
+    assert set(rows[1]["missed"].values()) <= {"offline"}
+    assert {a for a, n in offline.items() if n} == dropped  # the wills came, from them only
