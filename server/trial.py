@@ -75,6 +75,20 @@ class TrialSpec:
     edges: int = 0  # SHeRL-FL: edge agents e0… (clients dealt to them round-robin)
     edge_profile: str = "orin-nx-16gb"
     device: str = "auto"  # the coordinator's: auto | cpu | cuda (agents emulate on the CPU)
+    agents_per_process: int = 1  # >1: clients run in `jetsplit agent host` processes
+
+    def host_groups(self) -> list[tuple[str, int, int, int]]:
+        """(profile, first, stride, count) per fleet-host process: clients of one profile
+        (a profile's agents are `stride` = len(profiles) apart), at most
+        `agents_per_process` each."""
+        stride = len(self.profiles)
+        groups = []
+        for p in range(min(stride, self.agents)):
+            numbers = list(range(p, self.agents, stride))
+            for k in range(0, len(numbers), self.agents_per_process):
+                chunk = numbers[k:k + self.agents_per_process]
+                groups.append((self.profiles[p], chunk[0], stride, len(chunk)))
+        return groups
 
     def device_profiles(self) -> dict[str, str]:
         """Profile of each agent: clients cycle through `profiles`, edges use
@@ -179,14 +193,15 @@ def predicted_row(plan: dict[str, Any]) -> Any:
 
 
 def agent_config(spec: TrialSpec, agent: str, broker_url: str, state_dir: Path,
-                 emulation: EmulationSection) -> str:
+                 emulation: EmulationSection, *, index: int | None = None) -> str:
     """agent.toml for a trial agent: client aN keeps shard N of the dataset; edge eN has
-    no data; each emulates its device."""
+    no data; each emulates its device. A fleet host's base config is agent `a`, index 0:
+    the host makes agent n of it `a<n>` with shard n and seed + n."""
     import tomli_w
 
     protocol = "3.1.1" if spec.broker is None else "auto"  # amqtt speaks 3.1.1 only
     edge = agent.startswith("e")
-    index = int(agent[1:])
+    index = int(agent[1:]) if index is None else index
     doc: dict[str, Any] = {
         "fleet": "trial", "agent": agent, "role": "edge" if edge else "client",
         "profile": emulation.profile, "state_dir": str(state_dir), "device": "cpu",
@@ -201,21 +216,27 @@ def agent_config(spec: TrialSpec, agent: str, broker_url: str, state_dir: Path,
 
 
 class AgentProcesses:
-    """The trial's agent daemons: `jetsplit agent run` processes, logs in DIR/agents."""
+    """The trial's agent daemons: `jetsplit agent run` processes (or `jetsplit agent host`
+    ones, given the host's arguments per config), logs in DIR/agents."""
 
-    def __init__(self, configs: list[Path]) -> None:
+    def __init__(self, configs: list[Path], host_args: dict[Path, list[str]] | None = None
+                 ) -> None:
         self.configs = configs
+        self.host_args = host_args or {}
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(self) -> AgentProcesses:
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         for path in self.configs:
+            extra = self.host_args.get(path)
+            command = ["run"] if extra is None else ["host", *extra]
             path = path.resolve()
             log_file = path.with_suffix(".log").open("ab")
             # `python -m` puts the working directory first on sys.path: run in the trial's own
             # agents folder so a user's jetsplit.py (or any stray module) cannot shadow ours.
             self.procs.append(subprocess.Popen(
-                [sys.executable, "-m", "jetsplit.cli", "agent", "run", "--config", str(path)],
+                [sys.executable, "-m", "jetsplit.cli", "agent", *command, "--config",
+                 str(path)],
                 stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=path.parent))
             log_file.close()
         return self
@@ -272,6 +293,9 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
         {})
     if spec.agents < 1:
         raise ConfigError(f"--agents must be at least 1, got {spec.agents}")
+    if spec.agents_per_process < 1:
+        raise ConfigError(f"--agents-per-process must be at least 1, got "
+                          f"{spec.agents_per_process}")
     server = validate_options(ServerSection, {"device": spec.device}, {})
     resolve_device(server.device, "--device")
     check_port(metrics_port, "--metrics-port")
@@ -311,7 +335,19 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
     agent_dir = (out_dir / "agents").resolve()
     agent_dir.mkdir(exist_ok=True)
     configs = []
+    host_args: dict[Path, list[str]] = {}
+    hosted = spec.agents_per_process > 1
+    if hosted:  # clients in fleet-host processes, one base config per process
+        for profile, first, stride, count in spec.host_groups():
+            path = agent_dir / f"host-a{first}.toml"
+            path.write_text(agent_config(spec, "a", address.url(), agent_dir / "state",
+                                         sections[profile], index=0))
+            configs.append(path)
+            host_args[path] = ["--count", str(count), "--first", str(first),
+                               "--stride", str(stride)]
     for agent, name in device_profiles.items():
+        if hosted and not agent.startswith("e"):
+            continue
         path = agent_dir / f"{agent}.toml"
         path.write_text(agent_config(spec, agent, address.url(), agent_dir / "state",
                                      sections[name]))
@@ -321,7 +357,7 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
                                           classes=test.num_classes, split=split),
                        train=train, topology=TopologySection(edges=topology), server=server)
     (out_dir / "config.toml").write_text(_server_toml(cfg, address.url()))
-    agents = AgentProcesses(configs).start()
+    agents = AgentProcesses(configs, host_args).start()
     engine = MqttEngine(address, "trial", run_id=out_dir.name or "trial",
                         options=EndpointOptions(protocol="3.1.1" if broker else "auto"),
                         retry_s=train.retry_s)
@@ -420,7 +456,10 @@ def load_spec(run_dir: Path) -> TrialSpec:
 
 def trial_command(
     algorithm: Annotated[str, typer.Option("--algorithm", help="Training method.")] = "scala",
-    agents: Annotated[int, typer.Option("--agents", help="Agent processes to start.")] = 4,
+    agents: Annotated[int, typer.Option("--agents", help="Agents to start.")] = 4,
+    agents_per_process: Annotated[int, typer.Option(
+        "--agents-per-process", help="Clients per process (>1: `jetsplit agent host` "
+        "processes; one torch and dataset for many agents).")] = 1,
     rounds: Annotated[int, typer.Option("--rounds", help="Training rounds.")] = 10,
     broker: Annotated[str | None, typer.Option(
         "--broker", help="mqtt[s]://host:port; default: start the embedded broker.")] = None,
@@ -485,7 +524,8 @@ def trial_command(
                          batch=batch, lr=lr, fraction=fraction, seed=seed, broker=broker,
                          emulate=not no_emulation, split=split, edges=edges,
                          edge_profile=edge_profile, device=device,
-                         common_split=common_split, cuts=parse_cuts(cut))
+                         common_split=common_split, cuts=parse_cuts(cut),
+                         agents_per_process=agents_per_process)
         out_dir = out or Path("runs") / time.strftime("trial-%Y%m%d-%H%M%S", time.gmtime())
     from jetsplit.server.tracking import Trackers
 

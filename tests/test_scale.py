@@ -143,3 +143,44 @@ def test_presence_storm_during_a_round_loses_no_round(
     assert set(rows[1]["missed"]) <= dropped & set(rows[1]["selected"])
     assert set(rows[1]["missed"].values()) <= {"offline"}
     assert {a for a, n in offline.items() if n} == dropped  # the wills came, from them only
+
+
+def test_trial_hosts_clients_by_profile_in_processes_of_at_most_n(tmp_path: Path) -> None:
+    """`--agents-per-process`: each host runs one profile's clients (a profile's agents are
+    len(profiles) apart), at most N; every client is hosted exactly once, and a host's base
+    config gives agent n the id, shard and seed its own process would have had."""
+    from jetsplit.edge_agent.emulation import EmulationSection
+    from jetsplit.edge_agent.host import hosted_config
+    from jetsplit.server.trial import TrialSpec, agent_config
+
+    spec = TrialSpec(agents=11, agents_per_process=3, profiles=["p", "q"], seed=7)
+    groups = spec.host_groups()
+    hosted = [(profile, first + k * stride) for profile, first, stride, count in groups
+              for k in range(count)]
+    assert sorted(n for _, n in hosted) == list(range(11))
+    assert all(profile == spec.profiles[n % 2] for profile, n in hosted)
+    assert max(count for *_, count in groups) == 3 and len(groups) == 4
+    base_path = tmp_path / "host.toml"
+    base_path.write_text(agent_config(spec, "a", "mqtt://127.0.0.1:1883", tmp_path,
+                                      EmulationSection(profile="q"), index=0))
+    own_path = tmp_path / "a5.toml"
+    own_path.write_text(agent_config(spec, "a5", "mqtt://127.0.0.1:1883", tmp_path,
+                                     EmulationSection(profile="q")))
+    assert hosted_config(load_agent_config(base_path), 5) == load_agent_config(own_path)
+
+
+def test_fleet_host_options_fail_in_one_line(tmp_path: Path) -> None:
+    from jetsplit.edge_agent.host import hosted_config
+    from jetsplit.errors import ConfigError
+
+    config = _agent_toml(tmp_path, "mqtt://127.0.0.1:1", "scale", 10)
+    with pytest.raises(ConfigError, match="--stride >= 1"):
+        hosted_indices(2, 0, 0)
+    with pytest.raises(ConfigError, match="shard 10 but data.clients is 10"):
+        hosted_config(load_agent_config(config), 10)
+    done = subprocess.run([sys.executable, "-m", "jetsplit.cli", "agent", "host",
+                           "--config", str(config), "--count", "0"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "--count must be 1..10000" in done.stderr and "Traceback" not in done.stderr
+    assert done.stderr.count("\n") == 1
