@@ -28,6 +28,7 @@ import gc
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -79,24 +80,32 @@ def deep_size(obj: Any, seen: set[int] | None = None) -> int:
 
 
 class TopicCounter:
-    """A wildcard subscriber: every message the broker routes on the fleet's topics."""
+    """Every message the broker routes on the fleet's topics, counted by a `mosquitto_sub`
+    process writing one timestamped line per message (none of it in the coordinator's
+    process, whose CPU is what we measure)."""
 
-    def __init__(self, port: int, fleet: str) -> None:
-        import paho.mqtt.client as mqtt
+    def __init__(self, port: int, fleet: str, log: Path) -> None:
+        binary = shutil.which("mosquitto_sub")
+        if binary is None:
+            raise SystemExit("error: mosquitto_sub is not installed (apt-get install "
+                             "mosquitto-clients)")
+        self.log = log
+        self._out = log.open("wb")
+        self._proc = subprocess.Popen(
+            [binary, "-h", "127.0.0.1", "-p", str(port), "-q", "0", "-F", "%U",
+             "-t", f"jetsplit/v1/{fleet}/#"], stdout=self._out, stderr=subprocess.DEVNULL)
+        time.sleep(0.5)  # subscribed before the fleet starts
 
-        self.count = 0
-        self._client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="bench-counter")
-        self._client.on_message = self._on_message
-        self._client.on_connect = lambda c, *_: c.subscribe(f"jetsplit/v1/{fleet}/#", qos=0)
-        self._client.connect("127.0.0.1", port)
-        self._client.loop_start()
-
-    def _on_message(self, *_: Any) -> None:
-        self.count += 1
+    def stamps(self) -> list[float]:
+        """Arrival times (Unix seconds) of the messages so far."""
+        self._out.flush()
+        lines = self.log.read_bytes().splitlines()
+        return [float(line) for line in lines if line.strip()]
 
     def close(self) -> None:
-        self._client.loop_stop()
-        self._client.disconnect()
+        self._proc.terminate()
+        self._proc.wait(timeout=10)
+        self._out.close()
 
 
 def write_configs(root: Path, port: int, fleet: str, agents: int, rounds: int) -> tuple[Path, Path]:
@@ -122,12 +131,12 @@ def measure(size: int, steps: int, rounds: int, archive: Path | None, root: Path
     me = psutil.Process()
     with MosquittoProcess() as broker:
         agent_toml, server_toml = write_configs(root, broker.port, fleet, size, rounds)
-        counter = TopicCounter(broker.port, fleet)
+        counter = TopicCounter(broker.port, fleet, root / "messages.log")
         engine = MqttEngine(broker.address, fleet, run_id="bench").start(10.0)
         hosts: list[subprocess.Popen[bytes]] = []
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         try:
-            launched = time.perf_counter()
+            launched = time.time()
             for first in range(0, size, AGENTS_PER_HOST):
                 count = min(AGENTS_PER_HOST, size - first)
                 hosts.append(subprocess.Popen(
@@ -135,13 +144,15 @@ def measure(size: int, steps: int, rounds: int, archive: Path | None, root: Path
                      str(agent_toml), "--count", str(count), "--first", str(first)],
                     stdout=subprocess.DEVNULL, stderr=(root / f"host{first}.log").open("wb"),
                     env=env, cwd=root))
-            engine.wait_for_agents(1, 300)
-            first_seen, messages0 = time.perf_counter(), counter.count
             online = engine.wait_for_agents(size, 300)
-            registered = time.perf_counter()
+            registered = time.time()
             if len(online) < size:
                 raise SystemExit(f"error: only {len(online)} of {size} agents registered")
-            register_rate = (counter.count - messages0) / max(1e-3, registered - first_seen)
+            time.sleep(1.0)  # let mosquitto_sub write out the burst
+            # From the first agent's first message (presence) to the last registration.
+            stamps = [t for t in counter.stamps() if launched <= t <= registered]
+            first_seen = min(stamps, default=registered)
+            register_rate = len(stamps) / max(1e-3, registered - first_seen)
             gc.collect()
             per_agent = deep_size(engine.registry._agents) / size
 
@@ -159,17 +170,20 @@ def measure(size: int, steps: int, rounds: int, archive: Path | None, root: Path
 
             # A training round at 10% selected.
             cfg = load_server_config(server_toml)
-            if archive is None:
-                archive = prepare_bundle(cfg, root / "bundle")
+            if archive is None:  # the export is setup, not part of any round
+                archive = prepare_bundle(cfg, root.parent / "bundle")
             _, test = load_dataset_split("digits", 0.2, 0)
             threads = torch.get_num_threads()
             torch.set_num_threads(1)
-            messages1, started = counter.count, time.perf_counter()
+            round_from = time.time()
             try:
                 run_training(engine, archive, cfg.settings(), test, root / "runs" / fleet)
             finally:
                 torch.set_num_threads(threads)
-            round_rate = (counter.count - messages1) / (time.perf_counter() - started)
+            round_to = time.time()
+            time.sleep(1.0)
+            round_rate = sum(round_from <= t <= round_to for t in counter.stamps()) / max(
+                1e-3, round_to - round_from)
             rows = [json.loads(line) for line in
                     (root / "runs" / fleet / "metrics.jsonl").open()]
             return {

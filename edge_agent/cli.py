@@ -52,10 +52,10 @@ def host(
     first: Annotated[int, typer.Option("--first", help="Number of the first agent (its id "
                                        "is <agent><n>, its data shard n).")] = 0,
     stride: Annotated[int, typer.Option("--stride", help="Step between agent numbers.")] = 1,
-    broker: Annotated[str | None, typer.Option(
+    broker: Annotated[Optional[str], typer.Option(
         "--broker", help="mqtt[s]://[user:pass@]host:port (overrides mqtt.broker).")] = None,
-    fleet: Annotated[str | None, typer.Option("--fleet", help="Overrides fleet.")] = None,
-    state_dir: Annotated[str | None, typer.Option("--state-dir", help="Overrides state_dir.")
+    fleet: Annotated[Optional[str], typer.Option("--fleet", help="Overrides fleet.")] = None,
+    state_dir: Annotated[Optional[str], typer.Option("--state-dir", help="Overrides state_dir.")
                          ] = None,
 ) -> None:
     """Run COUNT emulated agents in one process (one MQTT session each; a load generator
