@@ -9,8 +9,9 @@ side by side in one run:
 * per-step coordinator overhead at a FIXED number selected (5): the coordinator process's
   CPU seconds per step of a small command (`release`) sent to 5 agents and answered, and
   the step's wall time; this is what must not grow with the fleet;
-* a training round at 10% selected (mobilenetv3-small on UCI digits, splitfed-v2): round
-  seconds (bundle installs included);
+* a training round at 10% selected (mobilenetv3-small on UCI digits, splitfed-v2, 2 local
+  steps, 4 samples per selected client): the last round's seconds (bundle installs of newly
+  selected agents included);
 * coordinator RSS, and the registry's bytes per registered-but-idle agent;
 * broker message rate: messages on the fleet's topics per second during registration and
   the round (a wildcard subscriber counts them).
@@ -92,15 +93,20 @@ class TopicCounter:
         self.log = log
         self._out = log.open("wb")
         self._proc = subprocess.Popen(
-            [binary, "-h", "127.0.0.1", "-p", str(port), "-q", "0", "-F", "%U",
+            [binary, "-h", "127.0.0.1", "-p", str(port), "-q", "0", "-F", "%U %t",
              "-t", f"jetsplit/v1/{fleet}/#"], stdout=self._out, stderr=subprocess.DEVNULL)
         time.sleep(0.5)  # subscribed before the fleet starts
 
-    def stamps(self) -> list[float]:
-        """Arrival times (Unix seconds) of the messages so far."""
+    def stamps(self, *, agents_only: bool = False) -> list[float]:
+        """Arrival times (Unix seconds) of the messages so far; `agents_only`: what agents
+        published (presence, up), not the coordinator's commands."""
         self._out.flush()
-        lines = self.log.read_bytes().splitlines()
-        return [float(line) for line in lines if line.strip()]
+        out = []
+        for line in self.log.read_bytes().splitlines():
+            stamp, _, topic = line.decode(errors="replace").partition(" ")
+            if stamp and not (agents_only and "/down/" in topic):
+                out.append(float(stamp))
+        return out
 
     def close(self) -> None:
         self._proc.terminate()
@@ -120,7 +126,9 @@ def write_configs(root: Path, port: int, fleet: str, agents: int, rounds: int) -
         '[model]\nname = "mobilenetv3-small"\ninput_shape = [1, 8, 8]\nsplit = 2\n'
         '[data]\ndataset = "digits"\n'
         f'[train]\nalgorithm = "splitfed-v2"\nrounds = {rounds}\nlocal_steps = 2\n'
-        "batch = 40\nlr = 0.05\nfraction = 0.1\ndeadline_s = 120\n")
+        # 4 samples per selected client whatever the fleet (BatchNorm needs more than 1)
+        f"batch = {4 * max(1, round(0.1 * agents))}\nlr = 0.05\nfraction = 0.1\n"
+        "deadline_s = 120\n")
     return agent, server
 
 
@@ -151,7 +159,8 @@ def measure(size: int, steps: int, rounds: int, archive: Path | None, root: Path
             time.sleep(1.0)  # let mosquitto_sub write out the burst
             # From the first agent's first message (presence) to the last registration.
             stamps = [t for t in counter.stamps() if launched <= t <= registered]
-            first_seen = min(stamps, default=registered)
+            first_seen = min((t for t in counter.stamps(agents_only=True) if t >= launched),
+                             default=registered)
             register_rate = len(stamps) / max(1e-3, registered - first_seen)
             gc.collect()
             per_agent = deep_size(engine.registry._agents) / size
