@@ -130,8 +130,13 @@ class SplitMethod(Method):
         return losses
 
     def iterate(self, live: list[str], step: int) -> float | None:
+        return self.split_step(self.trainer.batches(live), step)
+
+    def split_step(self, batches: dict[str, int], step: int) -> float | None:
+        """One split iteration for these agents: their forwards, the server's update (through
+        any completion layers), their backwards."""
         t = self.trainer
-        out = t.forward(t.batches(live), step)
+        out = t.forward(batches, step)
         if not out.agents:
             return None
         agents, acts, labels = t.inputs(out)
@@ -393,17 +398,7 @@ class SplitFedV2(SplitMethod):
 
     def _serve(self, agent: str, batch: int, step: int) -> float | None:
         """One client's iteration: its forward, the server's update, its backward."""
-        t = self.trainer
-        out = t.forward({agent: batch}, step)
-        if not out.agents:
-            return None
-        agents, acts, labels = t.inputs(out)
-        with t.server_compute():
-            acts = t.completions.forward(agents, acts)
-            loss, grads = self.server_update(agents, acts, labels)
-            grads = t.completions.backward(grads)
-        t.backward(grads, step)
-        return loss
+        return self.split_step({agent: batch}, step)
 
     def server_update(self, agents, acts, labels):  # noqa: ANN001, ANN201
         t = self.trainer
