@@ -52,6 +52,9 @@ class DeviceClock:
         self.compute_s = 0.0
         self.compute_wall_s = 0.0  # what compute really took here (emulation fidelity)
         self.transfer_s = 0.0
+        self.setup_s = 0.0  # one-time setup inside commands, never stretched (see `setup`)
+        self._setup_cpu = 0.0
+        self._setup_wall = 0.0
         self.started = time.monotonic()
         self._lock = threading.Lock()
 
@@ -66,17 +69,36 @@ class DeviceClock:
         """Wrap one command's work; with a slowdown, wait until it took as long as the
         emulated device would have."""
         wall, cpu = time.perf_counter(), self._cpu()
+        setup_cpu, setup_wall = self._setup_cpu, self._setup_wall
         try:
             yield
         finally:
-            spent = time.perf_counter() - wall
+            skip_cpu = self._setup_cpu - setup_cpu
+            spent = time.perf_counter() - wall - (self._setup_wall - setup_wall)
             if self.emulating:  # the device's time: CPU work × slowdown
-                spent, late = (self._cpu() - cpu) * self.section.compute_slowdown, spent
+                spent, late = (self._cpu() - cpu - skip_cpu) * self.section.compute_slowdown, \
+                    spent
                 if spent > late:
                     time.sleep(spent - late)
             with self._lock:
                 self.compute_s += spent
                 self.compute_wall_s += time.perf_counter() - wall
+
+    @contextlib.contextmanager
+    def setup(self) -> Iterator[None]:
+        """One-time setup inside a command (building blocks from a bundle, the runtime's first
+        pass): booked as `setup_s`, not stretched. The slowdown models training throughput;
+        stretching this machine's one-off start-up by it made an emulated first round many
+        times slower than the device's would be."""
+        wall, cpu = time.perf_counter(), self._cpu()
+        try:
+            yield
+        finally:
+            spent_wall, spent_cpu = time.perf_counter() - wall, self._cpu() - cpu
+            with self._lock:
+                self._setup_wall += spent_wall
+                self._setup_cpu += spent_cpu
+                self.setup_s += spent_wall
 
     def transfer(self, nbytes: int, direction: Direction, spent_s: float = 0.0) -> None:
         """Account one message; on an emulated link, wait for its bytes to pass."""
@@ -95,6 +117,7 @@ class DeviceClock:
             return {"compute_s": round(self.compute_s, 4),
                     "compute_wall_s": round(self.compute_wall_s, 4),
                     "transfer_s": round(self.transfer_s, 4),
+                    "setup_s": round(self.setup_s, 4),
                     "uptime_s": round(time.monotonic() - self.started, 4),
                     "profile": self.section.profile,
                     "compute_slowdown": self.section.compute_slowdown}

@@ -8,6 +8,7 @@ PyTorch; forward-only work (activation generation) runs the exported block in ON
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import logging
 import os
@@ -17,7 +18,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 import numpy as np
 import torch
@@ -100,6 +101,19 @@ class BatchSampler:
         return np.sort(indices)
 
 
+def warm_up(block: nn.Module, batch_shape: Tuple[int, ...], device: torch.device,
+            opt: OptimizerArgs) -> None:
+    """One throwaway training pass through a copy of the block at a new batch shape, so the
+    runtime's first-call costs (autograd engine, per-shape kernels, allocator) are paid as
+    setup and not stretched into an emulated round. Weights, BatchNorm statistics and every
+    RNG stay untouched."""
+    scratch = copy.deepcopy(block).train()
+    with torch.random.fork_rng(devices=[]):
+        out = scratch(torch.zeros(batch_shape, device=device))
+        out.float().sum().backward()
+        make_optimizer([q for q in scratch.parameters() if q.requires_grad], opt).step()
+
+
 def make_optimizer(params: List[nn.Parameter], opt: OptimizerArgs) -> torch.optim.Optimizer:
     """The optimiser the coordinator asked for (`OptimizerArgs`: SGD or Adam)."""
     if opt.name == "adam":
@@ -148,6 +162,7 @@ class AgentWorker(EdgeRole):
         self._modules: dict[str, nn.Module] = {}
         self.optimizer_args = OptimizerArgs()
         self._optimizers: dict[str, torch.optim.Optimizer] = {}
+        self._warmed: set[tuple[int, ...]] = set()  # batch shapes warmed up (emulation only)
         self._pending: OrderedDict[tuple[int, int], torch.Tensor] = OrderedDict()
         self._onnx_current = False
         self._onnx_block: Any = None
@@ -187,7 +202,9 @@ class AgentWorker(EdgeRole):
                 return None  # a role-true bundle ships only the blocks its role runs
             build = {"client": self.bundle.client_module, "aux": self.bundle.aux_module,
                      "server": self.bundle.server_module}[name]
-            self._modules[name] = build().to(self.device)
+            with self.clock.setup():
+                self._modules[name] = build().to(self.device)
+            self._warmed.clear()
         return self._modules[name]
 
     @property
@@ -362,6 +379,10 @@ class AgentWorker(EdgeRole):
         self._require_bundle()
         assert self.client is not None
         x, y = self._batch(args.batch, round_)
+        if self.clock.emulating and tuple(x.shape) not in self._warmed:
+            with self.clock.setup():
+                warm_up(self.client, tuple(x.shape), self.device, self.optimizer_args)
+            self._warmed.add(tuple(x.shape))
         self.client.train()
         activations = self.client(x)
         self._pending[(round_, step)] = activations
