@@ -40,6 +40,7 @@ from jetsplit.server.evaluation import Evaluation, evaluate, summarize
 log = logging.getLogger("jetsplit.coordinator")
 Arrays = dict[str, np.ndarray]
 REJOIN_GRACE_S = 3.0  # after an outage, how long to wait for the rest of the fleet
+MIN_CLIENT_BATCH = 2  # BatchNorm in training mode needs more than one value per channel
 
 
 @dataclass(frozen=True)
@@ -265,8 +266,10 @@ class Trainer:
             return torch.full((classes,), 1.0 / classes)
 
     def batches(self, agents: list[str]) -> dict[str, int]:
-        """B_k = B·|D_k| / Σ_j |D_j| (at least 1): SCALA's size-proportional batches; or
-        the fixed per-client batch where one is set (server/optim.client_batch)."""
+        """B_k = B·|D_k| / Σ_j |D_j| (at least 2: BatchNorm in training mode needs more
+        than one value per channel, and SplitFed V2 serves one client's batch alone): SCALA's
+        size-proportional batches; or the fixed per-client batch where one is set
+        (server/optim.client_batch)."""
         from jetsplit.server.optim import client_batch
 
         fixed = client_batch(self.settings)
@@ -274,7 +277,8 @@ class Trainer:
             return dict.fromkeys(agents, fixed)
         sizes = self.sizes(agents)
         total = sum(sizes.values()) or 1
-        return {a: max(1, round(self.settings.batch * sizes[a] / total)) for a in agents}
+        return {a: max(MIN_CLIENT_BATCH, round(self.settings.batch * sizes[a] / total))
+                for a in agents}
 
     def live(self, agents: list[str]) -> list[str]:
         """The selected agents not known to be offline, with the bundle installed."""

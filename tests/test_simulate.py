@@ -103,3 +103,14 @@ def test_hundred_clients_share_one_copy_of_the_data(tmp_path: Path) -> None:
     # when the round's average is taken).
     assert 1 <= summary["peak_agents_holding_blocks"] <= 10
     assert summary["peak_rss_mb"] > 0
+
+
+def test_splitfed_v2_serves_a_client_whose_batch_share_rounds_to_one(tmp_path: Path) -> None:
+    # 4 samples over 6 clients: B_k would round to 1, and SplitFed V2 runs each client's batch
+    # through the server block alone, where BatchNorm needs more than one value per channel.
+    settings = Settings(algorithm="splitfed-v2", rounds=1, local_steps=1, batch=4, lr=0.05)
+    summary = simulate(settings, model="mobilenetv3-small", split=2, dataset="digits",
+                       clients=6, partition_scheme="iid", out_dir=tmp_path)
+    assert summary["algorithm"] == "splitfed-v2"
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]
+    assert np.isfinite(rows[-1]["train_loss"])
