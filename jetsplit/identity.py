@@ -83,32 +83,31 @@ class KeyRing:
             raise BadSignature(f"signature does not verify under {sender}'s key") from None
 
 
+def _load_ed25519(path: Path, what: str, private: bool) -> Any:  # noqa: ANN401
+    """An Ed25519 key from a PEM file, or one ConfigError line saying what is wrong."""
+    serialization, ed25519 = _crypto()
+    kind = "private" if private else "public"
+    try:
+        data = path.read_bytes()
+        key = (serialization.load_pem_private_key(data, password=None) if private
+               else serialization.load_pem_public_key(data))
+    except OSError as exc:
+        raise ConfigError(f"{what} {path}: cannot read: {exc.strerror or exc}") from None
+    except (ValueError, TypeError):
+        raise ConfigError(f"{what} {path}: not a PEM {kind} key") from None
+    wanted = ed25519.Ed25519PrivateKey if private else ed25519.Ed25519PublicKey
+    if not isinstance(key, wanted):
+        raise ConfigError(f"{what} {path}: not an Ed25519 key")
+    return key
+
+
 def load_signer(path: str | Path, name: str) -> Signer:
     """This device's private signing key (PKCS#8 PEM, as `jetsplit provision` writes it)."""
-    serialization, ed25519 = _crypto()
-    path = Path(path).expanduser()
-    try:
-        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
-    except OSError as exc:
-        raise ConfigError(f"signing key {path}: cannot read: {exc.strerror or exc}") from None
-    except (ValueError, TypeError):
-        raise ConfigError(f"signing key {path}: not a PEM private key") from None
-    if not isinstance(key, ed25519.Ed25519PrivateKey):
-        raise ConfigError(f"signing key {path}: not an Ed25519 key")
-    return Signer(name, key)
+    return Signer(name, _load_ed25519(Path(path).expanduser(), "signing key", private=True))
 
 
 def load_public_key(path: Path) -> Any:  # noqa: ANN401
-    serialization, ed25519 = _crypto()
-    try:
-        key = serialization.load_pem_public_key(path.read_bytes())
-    except OSError as exc:
-        raise ConfigError(f"public key {path}: cannot read: {exc.strerror or exc}") from None
-    except (ValueError, TypeError):
-        raise ConfigError(f"public key {path}: not a PEM public key") from None
-    if not isinstance(key, ed25519.Ed25519PublicKey):
-        raise ConfigError(f"public key {path}: not an Ed25519 key")
-    return key
+    return _load_ed25519(path, "public key", private=False)
 
 
 def load_keyring(folder: str | Path) -> KeyRing:

@@ -26,6 +26,7 @@ from jetsplit.wire import (
     encode_message,
 )
 from jetsplit.wire import errors as wire_errors
+from jetsplit.wire.fuzz import mutate_bytes
 
 # torch-free device side: `.ci/run` also runs this on Python 3.9
 pytestmark = pytest.mark.device_pure
@@ -210,28 +211,6 @@ def _valid_messages() -> list[bytes]:
     return out
 
 
-def _mutate(data: bytes, rng: random.Random) -> bytes:
-    buf = bytearray(data)
-    op = rng.randrange(6)
-    if op == 0:  # flip bits
-        for _ in range(rng.randint(1, 8)):
-            buf[rng.randrange(len(buf))] ^= 1 << rng.randrange(8)
-    elif op == 1:  # truncate
-        del buf[rng.randrange(len(buf)):]
-    elif op == 2:  # extend
-        buf += rng.randbytes(rng.randint(1, 64))
-    elif op == 3:  # overwrite a random span with random bytes
-        i = rng.randrange(len(buf))
-        buf[i:i + 16] = rng.randbytes(16)
-    elif op == 4:  # mutate and re-checksum, so the header and body parsers see it
-        i = rng.randrange(20, len(buf) - 4)
-        buf[i] = rng.randrange(256)
-        buf[-4:] = zlib.crc32(bytes(buf[:-4])).to_bytes(4, "big")
-    else:  # corrupt the declared lengths
-        buf[8:20] = rng.randbytes(12)
-    return bytes(buf)
-
-
 def test_ten_thousand_hostile_inputs_are_rejected_with_typed_errors() -> None:
     rng = random.Random(1234)
     valid = _valid_messages()
@@ -243,7 +222,7 @@ def test_ten_thousand_hostile_inputs_are_rejected_with_typed_errors() -> None:
             if i % 8 == 0:
                 data = b"JSPL\x01" + data
         else:
-            data = _mutate(rng.choice(valid), rng)
+            data = mutate_bytes(rng.choice(valid), rng)
         try:
             decode_message(data, limits=Limits(max_message_bytes=1 << 20))
             accepted += 1  # a mutation can land in padding-free but harmless places (seq, ts)

@@ -137,9 +137,12 @@ def _randbytes(rng: random.Random, n: int) -> bytes:
     return bytes(rng.getrandbits(8) for _ in range(n))
 
 
-def _mutate_bytes(data: bytes, rng: random.Random) -> bytes:
+def mutate_bytes(data: bytes, rng: random.Random) -> bytes:
+    """One random byte-level mutation of an encoded frame (the harness's and the tests' one
+    mutator): bit flips, truncation, extension, a random span, a re-checksummed body byte
+    (so the header and body parsers see it), or corrupted declared lengths."""
     buf = bytearray(data)
-    op = rng.randrange(5)
+    op = rng.randrange(6)
     if op == 0:  # flip bits
         for _ in range(rng.randint(1, 8)):
             buf[rng.randrange(len(buf))] ^= 1 << rng.randrange(8)
@@ -150,6 +153,10 @@ def _mutate_bytes(data: bytes, rng: random.Random) -> bytes:
     elif op == 3:  # overwrite a span
         i = rng.randrange(len(buf))
         buf[i:i + 16] = _randbytes(rng, 16)
+    elif op == 4 and len(buf) > 24:  # mutate a byte, then fix the trailing crc32
+        i = rng.randrange(20, len(buf) - 4)
+        buf[i] = rng.randrange(256)
+        buf[-4:] = zlib.crc32(bytes(buf[:-4])).to_bytes(4, "big")
     else:  # corrupt the declared lengths
         buf[8:20] = _randbytes(rng, 12)
     return bytes(buf)
@@ -220,7 +227,7 @@ def frames(count: int, seed: int = 1234, key: Any = None) -> Iterator[bytes]:
         if kind == 0:
             yield (b"JSPL\x01" if i % 16 == 0 else b"") + _randbytes(rng, rng.randint(0, 300))
         elif kind <= 3:
-            yield _mutate_bytes(rng.choice(valid), rng)
+            yield mutate_bytes(rng.choice(valid), rng)
         else:
             mtype, header, body = rng.choice(parsed)
             yield _mutate_header(mtype, header, body, rng, key)
