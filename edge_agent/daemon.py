@@ -1,10 +1,14 @@
 """The agent daemon: one MQTT session, one command at a time, forever.
 
 It announces itself (retained presence, last will `offline`), registers, then executes the
-coordinator's commands through `AgentWorker` and answers on `up/<agent>`. A command id seen
-before is answered from the reply cache instead of running twice, so QoS 1 redelivery and
-the coordinator's retransmissions are harmless. Connection loss is paho's to repair (with
-backoff); the session is persistent and the daemon re-announces on every reconnect.
+coordinator's commands through `AgentWorker` and answers on `up/<agent>`. Direct messages
+a command produces for peers (SHeRL-FL's smashed data and gradients) go out first, on
+`peer/<peer>/<agent>`; those peers send to `peer/<agent>/+`, which the MQTT thread hands
+straight to the worker's peer inbox (a command may be waiting for them). A command id seen
+before is answered from the reply cache instead of running twice (its peer messages are
+sent again), so QoS 1 redelivery and the coordinator's retransmissions are harmless.
+Connection loss is paho's to repair (with backoff); the session is persistent and the
+daemon re-announces on every reconnect.
 """
 
 from __future__ import annotations
@@ -14,11 +18,12 @@ import queue
 import threading
 from collections import OrderedDict
 from dataclasses import replace
+from typing import Dict, List, Sequence, Tuple
 
 from jetsplit.broker_url import BrokerAddress
 from jetsplit.edge_agent.log_tail import LogTail
 from jetsplit.edge_agent.service import SystemdNotifier
-from jetsplit.edge_agent.worker import AgentWorker, respond
+from jetsplit.edge_agent.worker import AgentWorker, Response, respond
 from jetsplit.errors import ConfigError
 from jetsplit.protocol import Kind
 from jetsplit.transport import COORDINATOR, Topics
@@ -31,25 +36,32 @@ REPLY_CACHE_ENTRIES = 32
 REPLY_CACHE_BYTES = 256 * 1024 * 1024
 
 
+Peers = Sequence[Tuple[str, Message]]
+
+
 class ReplyCache:
-    """Recent replies by (run, command id), bounded by count and tensor bytes."""
+    """Recent replies (and their peer messages) by (run, command id), bounded by count and
+    tensor bytes."""
 
     def __init__(self, entries: int = REPLY_CACHE_ENTRIES, max_bytes: int = REPLY_CACHE_BYTES):
         self.entries, self.max_bytes = entries, max_bytes
-        self._items: OrderedDict[tuple[str, int], tuple[Message, str, str, int]] = OrderedDict()
+        self._items: OrderedDict[tuple[str, int], tuple[Message, str, str, Peers, int]] = \
+            OrderedDict()
         self._bytes = 0
 
-    def get(self, key: tuple[str, int]) -> tuple[Message, str, str] | None:
+    def get(self, key: tuple[str, int]) -> tuple[Message, str, str, Peers] | None:
         item = self._items.get(key)
-        return None if item is None else item[:3]
+        return None if item is None else item[:4]
 
-    def put(self, key: tuple[str, int], reply: Message, codec: str, compression: str) -> None:
-        size = sum(t.nbytes for t in reply.tensors.values())
+    def put(self, key: tuple[str, int], reply: Message, codec: str, compression: str,
+            peers: Peers = ()) -> None:
+        size = sum(t.nbytes for m in [reply, *(p for _, p in peers)]
+                   for t in m.tensors.values())
         old = self._items.pop(key, None)
-        self._bytes += size - (old[3] if old else 0)
-        self._items[key] = (reply, codec, compression, size)
+        self._bytes += size - (old[4] if old else 0)
+        self._items[key] = (reply, codec, compression, tuple(peers), size)
         while self._items and (len(self._items) > self.entries or self._bytes > self.max_bytes):
-            self._bytes -= self._items.popitem(last=False)[1][3]
+            self._bytes -= self._items.popitem(last=False)[1][4]
 
 
 class AgentDaemon:
@@ -70,10 +82,22 @@ class AgentDaemon:
                                          signer=options.signer)
         self.endpoint = MqttEndpoint(
             address, f"jetsplit-{fleet}-{self.agent}", options,
-            subscriptions=(self.topics.down(self.agent), self.topics.down_all),
+            subscriptions=(self.topics.down(self.agent), self.topics.down_all,
+                           self.topics.peer_inbox(self.agent)),
             will=(self.topics.presence(self.agent), self._offline),
             on_connect=self._announce, sender=self.agent,
-            topic_owner=lambda _topic: COORDINATOR)  # down/* speaks for the coordinator only
+            # down/* speaks for the coordinator only, peer/<us>/X for X only
+            topic_owner=lambda topic: self.topics.peer_sender(topic) or COORDINATOR,
+            route=self._from_peer)
+
+    def _from_peer(self, inbound: Inbound) -> bool:
+        """A peer's direct message goes to the worker's inbox at once (on the MQTT thread:
+        a command may be waiting for it); raises its typed rejection, which the endpoint
+        counts. Returns whether it was one."""
+        if self.topics.peer_sender(inbound.topic) is None:
+            return False
+        self.worker.peers.accept(inbound.message, inbound.wire_bytes)
+        return True
 
     def _announce(self, count: int) -> None:
         """On every (re)connect: retained presence `online`, then a fresh registration."""
@@ -105,16 +129,32 @@ class AgentDaemon:
         key = (msg.run, cmd if isinstance(cmd, int) else msg.seq)
         cached = self.cache.get(key)
         if cached is None:
-            reply, codec, compression = respond(self.worker, msg, self.endpoint.next_seq())
-            self.cache.put(key, reply, codec, compression)
+            response = respond(self.worker, msg, self.endpoint.next_seq)
+            reply, codec, compression, peers = response
+            self.cache.put(key, reply, codec, compression, peers)
         else:
             log.info("repeated command %s (round %d step %d): re-sending the reply",
                      msg.kind, msg.round, msg.step)
-            old, codec, compression = cached
+            old, codec, compression, old_peers = cached
+            peers = [(to, replace(p, seq=self.endpoint.next_seq())) for to, p in old_peers]
             reply = replace(old, seq=self.endpoint.next_seq())
+        sent = self._send_peers(Response(reply, codec, compression, list(peers)))
+        if sent:  # the coordinator books what went to peers from this
+            reply = replace(reply, meta={**reply.meta, "sent": sent})
         parts = self.endpoint.prepare(reply, codec=codec, compression=compression)
         self.worker.clock.transfer(sum(len(p) for p in parts), "up")
         self.endpoint.publish_parts(self.topics.up(self.agent), parts)
+
+    def _send_peers(self, response: Response) -> Dict[str, int]:
+        """Publish a command's direct messages to peers; returns bytes sent per kind."""
+        sent: Dict[str, int] = {}
+        for to, message in response.peers:
+            parts: List[bytes] = self.endpoint.prepare(message, codec=response.codec,
+                                                       compression=response.compression)
+            self.worker.clock.transfer(sum(len(p) for p in parts), "up")
+            nbytes = self.endpoint.publish_parts(self.topics.peer(to, self.agent), parts)
+            sent[message.kind] = sent.get(message.kind, 0) + nbytes
+        return sent
 
     def run(self, stop: threading.Event, notifier: SystemdNotifier | None = None) -> None:
         """Serve until `stop` is set; the endpoint retries the broker with backoff. Under

@@ -1,15 +1,18 @@
 """The edge tier of SHeRL-FL, on an agent with role `edge` (e.g. an Orin NX serving Nanos).
 
-The coordinator relays its clients' smashed data to the edge (agents only talk to the
-coordinator). The edge runs its block on them, trains that block on the cosine-distance
-contrastive loss of the batch's pairs, and answers with the activation gradients for its
-clients. Its detached embeddings and labels wait for the cloud's `edge_upload`; nothing
-ever comes back from the cloud but aggregated models (`edge_load`).
+Its clients send their smashed data straight to it (`smashed` messages on the edge's peer
+topic, through the broker but never through the coordinator); `edge_load` names the clients
+it may accept them from. On `edge_step` the edge concatenates the step's smashed data in the
+order the command lists the clients, runs its block, trains that block on the
+cosine-distance contrastive loss of the batch's pairs and sends each client its slice of
+the activation gradients directly (`gradient` messages). Its reply to the coordinator
+carries the detached embeddings and labels for the cloud; nothing ever comes back from the
+cloud but aggregated models (`edge_load`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -17,11 +20,13 @@ from torch import nn
 
 from jetsplit.bundle import Bundle
 from jetsplit.data import ArrayDataset
+from jetsplit.edge_agent.emulation import DeviceClock
+from jetsplit.edge_agent.peers import PeerInbox, PeerSend
 from jetsplit.models.weights import from_arrays, load_strict
 from jetsplit.protocol import (
     EdgeLoadArgs,
     EdgeStepArgs,
-    EdgeUploadArgs,
+    Kind,
     OptimizerArgs,
     ProtocolError,
 )
@@ -31,7 +36,7 @@ if TYPE_CHECKING:
     from jetsplit.edge_agent.worker import Result
 
 Tensors = Dict[str, np.ndarray]
-MAX_EDGE_BATCH = 1 << 16  # samples per relayed batch (the sum of its clients' batches)
+MAX_EDGE_BATCH = 1 << 16  # samples per edge step (the sum of its clients' batches)
 
 
 def no_data() -> ArrayDataset:
@@ -41,8 +46,7 @@ def no_data() -> ArrayDataset:
 
 
 class EdgeTier:
-    """The edge block this agent trains, its optimizer, and the embeddings of its last
-    step until the cloud collects them."""
+    """The edge block this agent trains and its optimizer."""
 
     def __init__(self, block: nn.Sequential, input_shape: tuple[int, ...],
                  optimizer: OptimizerArgs, device: torch.device) -> None:
@@ -52,29 +56,36 @@ class EdgeTier:
         from jetsplit.edge_agent.worker import make_optimizer
 
         self.optimizer = make_optimizer(list(self.block.parameters()), optimizer)
-        self.pending: tuple[tuple[int, int], np.ndarray, np.ndarray] | None = None
 
-    def inputs(self, tensors: Tensors) -> tuple[torch.Tensor, torch.Tensor]:
-        """The relayed activations and labels, checked (commands are untrusted)."""
-        acts, labels = tensors.get("activations"), tensors.get("labels")
-        if acts is None or labels is None:
-            raise ProtocolError("edge_step needs 'activations' and 'labels'")
-        n = len(labels)
-        if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer) \
-                or not 0 < n <= MAX_EDGE_BATCH:
-            raise ProtocolError(f"edge_step labels must be 1..{MAX_EDGE_BATCH} integers")
-        if acts.dtype != np.float32 or tuple(acts.shape) != (n, *self.input_shape):
-            raise ProtocolError(f"edge_step activations are {acts.dtype} {list(acts.shape)}, "
-                                f"expected float32 {[n, *self.input_shape]}")
-        if not np.isfinite(acts).all():
-            raise ProtocolError("edge_step activations contain NaN or infinity")
-        return (torch.from_numpy(np.array(acts)).to(self.device),
-                torch.from_numpy(labels.astype(np.int64)).to(self.device))
+    def inputs(self, smashed: Dict[str, Tensors]) -> Tuple[torch.Tensor, torch.Tensor, List[int]]:
+        """Each client's activations and labels, checked (peers are untrusted), then
+        concatenated in the given order; also each client's sample count."""
+        acts: List[np.ndarray] = []
+        labels: List[np.ndarray] = []
+        for client, tensors in smashed.items():
+            a, y = tensors.get("activations"), tensors.get("labels")
+            if a is None or y is None:
+                raise ProtocolError(f"smashed data from {client} lacks activations or labels")
+            if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer) or len(y) == 0:
+                raise ProtocolError(f"smashed data from {client}: labels must be 1-D integers")
+            if a.dtype != np.float32 or tuple(a.shape) != (len(y), *self.input_shape):
+                raise ProtocolError(f"smashed data from {client}: activations are {a.dtype} "
+                                    f"{list(a.shape)}, expected float32 "
+                                    f"{[len(y), *self.input_shape]}")
+            if not np.isfinite(a).all():
+                raise ProtocolError(f"smashed data from {client} contains NaN or infinity")
+            acts.append(a)
+            labels.append(y.astype(np.int64))
+        sizes = [len(y) for y in labels]
+        if sum(sizes) > MAX_EDGE_BATCH:
+            raise ProtocolError(f"edge_step: {sum(sizes)} samples, at most {MAX_EDGE_BATCH}")
+        return (torch.from_numpy(np.concatenate(acts)).to(self.device),
+                torch.from_numpy(np.concatenate(labels)).to(self.device), sizes)
 
-    def step(self, key: tuple[int, int], acts: torch.Tensor, labels: torch.Tensor,
-             margin: float) -> tuple[np.ndarray, float]:
-        """One contrastive update; returns ∂L/∂activations for the clients and the loss.
-        The embeddings (before the update, as the loss saw them) wait for the upload."""
+    def step(self, acts: torch.Tensor, labels: torch.Tensor, margin: float
+             ) -> tuple[np.ndarray, float, np.ndarray]:
+        """One contrastive update; returns ∂L/∂activations for the clients, the loss, and
+        the embeddings before the update (as the loss saw them) for the cloud."""
         leaf = acts.requires_grad_(True)
         self.block.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -83,17 +94,8 @@ class EdgeTier:
         loss.backward()
         self.optimizer.step()
         assert leaf.grad is not None
-        self.pending = (key, z.detach().cpu().numpy(), labels.cpu().numpy())
-        return leaf.grad.cpu().numpy(), float(loss.detach())
-
-    def upload(self, key: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-        """The embeddings and labels of step `key`, once."""
-        if self.pending is None or self.pending[0] != key:
-            raise ProtocolError(f"edge_upload for round {key[0]} step {key[1]}: no such "
-                                f"edge step")
-        _, embeddings, labels = self.pending
-        self.pending = None
-        return np.ascontiguousarray(embeddings, np.float32), labels
+        return (leaf.grad.cpu().numpy(), float(loss.detach()),
+                np.ascontiguousarray(z.detach().cpu().numpy(), np.float32))
 
 
 class EdgeRole:
@@ -102,10 +104,13 @@ class EdgeRole:
 
     agent_id: str
     role: str
+    run: str
     bundle: Optional[Bundle]
     device: torch.device
     optimizer_args: OptimizerArgs
     edge_tier: Optional[EdgeTier]
+    peers: PeerInbox
+    clock: DeviceClock
 
     def _edge_bundle(self) -> Bundle:
         if self.role != "edge":
@@ -126,7 +131,8 @@ class EdgeRole:
                       ) -> Result:
         """Install the cloud's edge-tier model: the edge bundle's middle block (server
         layers [:layers]; the edge never holds the classifier) with the weights sent
-        (edge/… names), and a fresh optimizer."""
+        (edge/… names), and a fresh optimizer; from now on take smashed data from the
+        clients named, for this run and round only."""
         from jetsplit.edge_agent.worker import Result
 
         bundle = self._edge_bundle()
@@ -140,24 +146,29 @@ class EdgeRole:
         shape = tuple(bundle.manifest.activation_shape)
         self.edge_tier = EdgeTier(block, shape, args.optimizer or self.optimizer_args,
                                   self.device)
+        self.peers.expect(Kind.SMASHED.value, args.clients, self.run, round_)
         return Result(meta={"layers": args.layers})
 
     def _do_edge_step(self, args: EdgeStepArgs, round_: int, step: int, tensors: Tensors
                       ) -> Result:
+        """Train on what the listed clients sent for this step (those in within `wait_s`),
+        send each its gradient slice, and answer with who was served and the embeddings."""
         from jetsplit.edge_agent.worker import Result
 
         tier = self._edge()
-        acts, labels = tier.inputs(tensors)
-        grad, loss = tier.step((round_, step), acts, labels, args.margin)
-        return Result(meta={"loss": loss, "samples": int(len(labels))},
-                      tensors={"grad": np.ascontiguousarray(grad, np.float32)},
-                      codec=args.codec, compression=args.compression)
-
-    def _do_edge_upload(self, args: EdgeUploadArgs, round_: int, step: int, tensors: Tensors
-                        ) -> Result:
-        from jetsplit.edge_agent.worker import Result
-
-        embeddings, labels = self._edge().upload((round_, step))
-        return Result(meta={"samples": int(len(labels))},
-                      tensors={"embeddings": embeddings, "labels": labels},
-                      codec=args.codec, compression=args.compression)
+        got = self.peers.take(Kind.SMASHED.value, args.clients, self.run, round_, step,
+                              args.wait_s)
+        served = [c for c in args.clients if c in got]
+        if not served:
+            raise ProtocolError(f"edge_step round {round_} step {step}: no smashed data from "
+                                f"{', '.join(args.clients)} within {args.wait_s:g}s")
+        self.clock.transfer(sum(got[c][1] for c in served), "down")
+        acts, labels, sizes = tier.inputs({c: got[c][0].tensors for c in served})
+        grad, loss, embeddings = tier.step(acts, labels, args.margin)
+        parts = np.split(np.ascontiguousarray(grad, np.float32), np.cumsum(sizes)[:-1])
+        return Result(meta={"loss": loss, "samples": int(len(labels)), "clients": served,
+                            "sizes": sizes},
+                      tensors={"embeddings": embeddings, "labels": labels.cpu().numpy()},
+                      codec=args.codec, compression=args.compression,
+                      peers=[PeerSend(c, Kind.GRADIENT.value, {"grad": g})
+                             for c, g in zip(served, parts)])

@@ -18,7 +18,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Tuple
 
 import numpy as np
 import torch
@@ -37,6 +37,7 @@ from jetsplit.data import ArrayDataset
 from jetsplit.edge_agent.edge import EdgeRole, EdgeTier
 from jetsplit.edge_agent.emulation import DeviceClock
 from jetsplit.edge_agent.file_cache import FileCache, missing_files
+from jetsplit.edge_agent.peers import PeerInbox, PeerSend
 from jetsplit.errors import BundleError, JetsplitError
 from jetsplit.models import ZOO_VERSION
 from jetsplit.models.split import eval_mode
@@ -65,12 +66,14 @@ MAX_PENDING_FORWARDS = 16  # activations kept for a backward that may never come
 
 @dataclass
 class Result:
-    """What a command returns: small values in `meta`, arrays in `tensors`."""
+    """What a command returns: small values in `meta`, arrays in `tensors`, and direct
+    messages to peers (`peers`, sent with the same codec) that its caller delivers."""
 
     meta: Dict[str, Any] = field(default_factory=dict)
     tensors: Tensors = field(default_factory=dict)
     codec: str = "fp32"
     compression: str = "none"
+    peers: List[PeerSend] = field(default_factory=list)
 
 
 class BatchSampler:
@@ -164,6 +167,9 @@ class AgentWorker(EdgeRole):
         self._optimizers: dict[str, torch.optim.Optimizer] = {}
         self._warmed: set[tuple[int, ...]] = set()  # batch shapes warmed up (emulation only)
         self._pending: OrderedDict[tuple[int, int], torch.Tensor] = OrderedDict()
+        self._sent_to: dict[tuple[int, int], str] = {}  # forward → the edge it went to
+        self.peers = PeerInbox()  # direct messages from peers (SHeRL-FL)
+        self.run = "-"  # the run of the command being handled (peer messages carry it)
         self._onnx_current = False
         self._onnx_block: Any = None
         self.edge_tier: EdgeTier | None = None
@@ -227,9 +233,10 @@ class AgentWorker(EdgeRole):
     # ------------------------------------------------------------------ dispatch
 
     def handle(self, kind: str, round_: int, step: int, meta: dict[str, Any],
-               tensors: Tensors) -> Result:
+               tensors: Tensors, run: str = "-") -> Result:
         """Execute one command; user-caused problems raise JetsplitError (→ ERROR reply)."""
         args = parse_args(kind, meta)
+        self.run = run
         handler = getattr(self, f"_do_{kind}")
         if kind not in (Kind.STATUS.value, Kind.SHUTDOWN.value):
             self.last_command = kind
@@ -321,7 +328,7 @@ class AgentWorker(EdgeRole):
         self.edge_tier = None
         self.optimizer_args = args.optimizer
         self._optimizers.clear()
-        self._pending.clear()
+        self._forget_forwards()
         self._onnx_current, self._onnx_block = True, None
         return Result(meta={"installed": True, "model": bundle.spec.name, "split": bundle.split,
                             "role": bundle.role, "sha256": digest,
@@ -371,7 +378,7 @@ class AgentWorker(EdgeRole):
         self._modules.clear()
         self.edge_tier = None
         self._optimizers.clear()
-        self._pending.clear()
+        self._forget_forwards()
         self._client_changed()
         return Result()
 
@@ -387,11 +394,41 @@ class AgentWorker(EdgeRole):
         activations = self.client(x)
         self._pending[(round_, step)] = activations
         while len(self._pending) > MAX_PENDING_FORWARDS:
-            self._pending.popitem(last=False)
-        return Result(meta={"samples": int(len(y))},
-                      tensors={"activations": activations.detach().cpu().numpy(),
-                               "labels": y.cpu().numpy()},
-                      codec=args.codec, compression=args.compression)
+            self._sent_to.pop(self._pending.popitem(last=False)[0], None)
+        smashed = {"activations": activations.detach().cpu().numpy(), "labels": y.cpu().numpy()}
+        if args.edge is None:
+            return Result(meta={"samples": int(len(y))}, tensors=smashed, codec=args.codec,
+                          compression=args.compression)
+        # SHeRL-FL: straight to the edge; only its gradient may come back for this step.
+        self._sent_to[(round_, step)] = args.edge
+        self.peers.expect(Kind.GRADIENT.value, [args.edge], self.run, round_, step)
+        return Result(meta={"samples": int(len(y))}, codec=args.codec,
+                      compression=args.compression,
+                      peers=[PeerSend(args.edge, Kind.SMASHED.value, smashed)])
+
+    def _forget_forwards(self) -> None:
+        """Drop pending forwards and what peers may still send for them."""
+        self._pending.clear()
+        self._sent_to.clear()
+        self.peers.clear()
+
+    def _direct_gradient(self, key: tuple[int, int], wait_s: float) -> np.ndarray:
+        """The gradient the forward's edge sent for it (waiting up to `wait_s`), checked:
+        it comes from a peer, not from the coordinator."""
+        edge = self._sent_to.pop(key, None)
+        if edge is None:
+            raise ProtocolError(f"backward for round {key[0]} step {key[1]}: that forward "
+                                f"went to no edge")
+        got = self.peers.take(Kind.GRADIENT.value, [edge], self.run, key[0], key[1], wait_s)
+        if edge not in got:
+            raise ProtocolError(f"backward for round {key[0]} step {key[1]}: no gradient "
+                                f"from edge {edge} within {wait_s:g}s")
+        message, wire_bytes = got[edge]
+        self.clock.transfer(wire_bytes, "down")
+        grad = message.tensors.get("grad")
+        if grad is None or grad.dtype != np.float32 or not np.isfinite(grad).all():
+            raise ProtocolError(f"backward: edge {edge}'s gradient is not finite float32")
+        return grad
 
     def _do_backward(self, args: BackwardArgs, round_: int, step: int, tensors: Tensors
                      ) -> Result:
@@ -400,7 +437,7 @@ class AgentWorker(EdgeRole):
         activations = self._pending.pop(key, None)
         if activations is None:
             raise ProtocolError(f"backward for round {key[0]} step {key[1]}: no such forward")
-        grad = tensors.get("grad")
+        grad = self._direct_gradient(key, args.wait_s) if args.direct else tensors.get("grad")
         if grad is None or tuple(grad.shape) != tuple(activations.shape):
             got = None if grad is None else list(grad.shape)
             raise ProtocolError(f"backward needs 'grad' of shape {list(activations.shape)}, "
@@ -488,6 +525,7 @@ class AgentWorker(EdgeRole):
         if "client" in blocks:
             self._client_changed()
         self._pending.clear()
+        self._sent_to.clear()
         return Result(meta={"blocks": blocks})
 
     def _do_generate(self, args: GenerateArgs, round_: int, step: int, tensors: Tensors
@@ -543,22 +581,36 @@ class AgentWorker(EdgeRole):
         return Result(meta={"stopping": True})
 
 
-def respond(worker: AgentWorker, command: Message, seq: int) -> tuple[Message, str, str]:
-    """Run one COMMAND message; returns the REPLY (or ERROR) message and its codec and
-    compression. Both engines call this, so agents behave the same behind either."""
+class Response(NamedTuple):
+    """One command's REPLY (or ERROR) with its codec and compression, and the direct
+    messages to peers (recipient, PEER message) its caller delivers before the reply."""
+
+    reply: Message
+    codec: str
+    compression: str
+    peers: List[Tuple[str, Message]]
+
+
+def respond(worker: AgentWorker, command: Message, next_seq: Callable[[], int]) -> Response:
+    """Run one COMMAND message. Both engines call this, so agents behave the same behind
+    either; `next_seq` numbers the reply and the peer messages."""
     re = command.meta.get("cmd", command.seq)  # a retransmitted command keeps its id
-    base = {"run": command.run, "sender": worker.agent_id, "seq": seq, "round": command.round,
-            "step": command.step, "kind": command.kind}
+    base = {"run": command.run, "sender": worker.agent_id, "round": command.round,
+            "step": command.step}
     try:
         result = worker.handle(command.kind, command.round, command.step, dict(command.meta),
-                               command.tensors)
+                               command.tensors, run=command.run)
     except Exception as exc:  # noqa: BLE001 - any failure becomes an ERROR reply; we live on
         text = str(exc) if isinstance(exc, JetsplitError) else f"{type(exc).__name__}: {exc}"
         text = " ".join(text.split())[:2000]
         worker.last_error = text
         log.warning("command %s (round %d step %d) failed: %s", command.kind, command.round,
                     command.step, text)
-        return (Message(MessageType.ERROR, meta={"re": re, "error": text}, **base),
-                "fp32", "none")
-    return (Message(MessageType.REPLY, meta={"re": re, **result.meta},
-                    tensors=result.tensors, **base), result.codec, result.compression)
+        return Response(Message(MessageType.ERROR, meta={"re": re, "error": text},
+                                seq=next_seq(), kind=command.kind, **base),
+                        "fp32", "none", [])
+    peers = [(p.to, Message(MessageType.PEER, seq=next_seq(), kind=p.kind, tensors=p.tensors,
+                            **base)) for p in result.peers]
+    return Response(Message(MessageType.REPLY, meta={"re": re, **result.meta},
+                            tensors=result.tensors, seq=next_seq(), kind=command.kind, **base),
+                    result.codec, result.compression, peers)

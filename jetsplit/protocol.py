@@ -20,6 +20,10 @@ CODEC_NAMES = ("fp32", "fp16", "bf16", "int8")
 CodecName = Literal["fp32", "fp16", "bf16", "int8"]
 CompressionName = Literal["none", "lz4", "zstd"]
 Batch = Annotated[int, Field(ge=1, le=65536)]
+AgentId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
+# How long a command waits for a peer's direct message that has not arrived yet.
+WaitSeconds = Annotated[float, Field(ge=0, le=3600, allow_inf_nan=False)]
+MAX_EDGE_CLIENTS = 4096
 LearningRate = Annotated[float, Field(gt=0, le=10, allow_inf_nan=False)]
 
 
@@ -47,11 +51,19 @@ class Kind(str, Enum):
     STATUS = "status"  # health and counters (answered at any time, also when idle)
     SHUTDOWN = "shutdown"  # `jetsplit fleet stop`: reply, then the daemon exits cleanly
     RELEASE = "release"  # free blocks and optimizer state until needed again
-    # SHeRL-FL's edge tier (role `edge`): install the edge block, train it on relayed client
-    # activations with the contrastive loss, upload its detached embeddings to the cloud.
+    # SHeRL-FL's edge tier (role `edge`): install the edge block (and learn its clients),
+    # train it on its clients' smashed data with the contrastive loss; the reply carries the
+    # detached embeddings and labels for the cloud.
     EDGE_LOAD = "edge_load"
     EDGE_STEP = "edge_step"
-    EDGE_UPLOAD = "edge_upload"
+    # Direct agent-to-agent messages (MessageType.PEER on peer/<to>/<from>), never via the
+    # coordinator: a client's smashed data (activations + labels) to its edge, and the
+    # edge's activation gradients back to each client.
+    SMASHED = "smashed"
+    GRADIENT = "gradient"
+
+
+PEER_KINDS = (Kind.SMASHED.value, Kind.GRADIENT.value)
 
 
 class ProtocolError(JetsplitError):
@@ -93,13 +105,22 @@ class BundlePartArgs(_Args):
 
 
 class ForwardArgs(_Args):
+    """With `edge`, the activations and labels go straight to that edge (a `smashed`
+    message on its peer topic) and the reply carries only the sample count."""
+
     batch: Batch
     codec: CodecName = "fp32"
     compression: CompressionName = "none"
+    edge: Optional[AgentId] = None
 
 
 class BackwardArgs(_Args):
+    """With `direct`, the gradient is the one the forward's edge sent on its own (a
+    `gradient` message), waited for up to `wait_s`; else it is this command's tensor."""
+
     forward_step: Optional[Annotated[int, Field(ge=0)]] = None  # default: this message's step
+    direct: bool = False
+    wait_s: WaitSeconds = 0.0
 
 
 class TrainArgs(_Args):
@@ -136,24 +157,26 @@ class EdgeLoadArgs(_Args):
 
     layers: Annotated[int, Field(ge=1, le=4096)]
     optimizer: Optional[OptimizerArgs] = None  # the edge tier's (default: the bundle's)
+    # The clients assigned to this edge for the round: the only senders of smashed data it
+    # accepts (for this run and round).
+    clients: List[AgentId] = Field(default_factory=list, max_length=MAX_EDGE_CLIENTS)
 
 
 class EdgeStepArgs(_Args):
-    """Train the edge block on the relayed activations; `margin` of the cosine-distance
-    contrastive loss (distances lie in [0, 2])."""
+    """Train the edge block on the smashed data `clients` sent this step (in that order,
+    waiting up to `wait_s` for late ones); `margin` of the cosine-distance contrastive loss
+    (distances lie in [0, 2]). The codec applies to the gradients and the embeddings."""
 
+    clients: List[AgentId] = Field(min_length=1, max_length=MAX_EDGE_CLIENTS)
     margin: Annotated[float, Field(gt=0, le=2, allow_inf_nan=False)] = 0.5
     codec: CodecName = "fp32"
     compression: CompressionName = "none"
+    wait_s: WaitSeconds = 0.0
 
 
 class StatusArgs(_Args):
     logs: Annotated[int, Field(ge=0, le=500)] = 0  # last log lines to include (fleet logs)
 
-
-class EdgeUploadArgs(_Args):
-    codec: CodecName = "fp32"
-    compression: CompressionName = "none"
 
 
 _ARGS: dict[str, type[_Args]] = {
@@ -173,7 +196,6 @@ _ARGS: dict[str, type[_Args]] = {
     Kind.RELEASE.value: _Args,
     Kind.EDGE_LOAD.value: EdgeLoadArgs,
     Kind.EDGE_STEP.value: EdgeStepArgs,
-    Kind.EDGE_UPLOAD.value: EdgeUploadArgs,
 }
 
 COMMAND_KINDS = tuple(_ARGS)

@@ -6,12 +6,21 @@ agent-id order (never arrival order, so runs are reproducible), and the agents t
 the step with the reason. The MQTT engine (`server.mqtt_engine`) implements the same calls
 over a broker; the in-process engine calls the agents' workers directly, but still passes
 every message through the wire encoder, so codecs and byte counts are the same.
+
+Agents may also message each other directly (SHeRL-FL's clients and edge: `Kind.SMASHED`,
+`Kind.GRADIENT`): over MQTT on their own peer topics, never through the coordinator; here
+the engine hands them from one worker to the other through the same encoder. Either way the
+sender's reply reports what it sent (`sent`: bytes per kind) and the engine books it on the
+sender's `up`, once per message: `up` is what an agent sent, `down` what the coordinator
+sent it.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -19,11 +28,14 @@ from typing import Any, Protocol
 import numpy as np
 
 from jetsplit.devices import torch_threads
+from jetsplit.protocol import PEER_KINDS
 from jetsplit.server.registry import FleetRegistry, MissedStep
 from jetsplit.transport import COORDINATOR, ByteCounters
-from jetsplit.wire import Message, MessageType, decode_message, encode_message
+from jetsplit.wire import Message, MessageType, WireError, decode_message, encode_message
 
 Tensors = dict[str, np.ndarray]
+MAX_SENT_BYTES = 1 << 40  # a reply's claim about its peer traffic, per kind (untrusted)
+log = logging.getLogger("jetsplit.coordinator")
 
 
 @dataclass(frozen=True)
@@ -103,6 +115,17 @@ class Engine(ABC):
     def close(self) -> None:  # noqa: B027 - engines without resources need nothing here
         """Release connections and processes."""
 
+    def book_sent(self, agent: str, meta: dict[str, Any]) -> None:
+        """Book the direct messages an agent's reply says it sent to peers (`sent`: bytes
+        per peer kind) on its `up`: the coordinator never sees them pass. A malformed claim
+        is ignored (it is only bookkeeping)."""
+        sent = meta.get("sent")
+        if not isinstance(sent, dict):
+            return
+        for kind, nbytes in sorted(sent.items()):
+            if kind in PEER_KINDS and isinstance(nbytes, int) and 0 < nbytes <= MAX_SENT_BYTES:
+                self.counters.add(agent, kind, "up", nbytes)
+
     def _finish(self, replies: dict[str, Reply], missed: dict[str, str], kind: str,
                 round: int, step: int) -> Outcome:
         for agent, reason in sorted(missed.items()):
@@ -154,6 +177,7 @@ class InProcessEngine(Engine):
         self.workers = dict(sorted(workers.items()))
         self._seq = itertools.count(1)
         self.peak_agents_holding_blocks = 0
+        self.peer_rejected: Counter[str] = Counter()  # direct messages a peer refused
         for agent, worker in self.workers.items():
             self.registry.register(agent, worker.registration())
 
@@ -188,13 +212,35 @@ class InProcessEngine(Engine):
         down = encode_message(msg, codec=command.codec, compression=command.compression)
         self.counters.add(agent, command.kind, "down", len(down))
         with torch_threads(getattr(worker, "threads", 0)):
-            reply, codec, compression = self._respond(worker, decode_message(down),
-                                                      next(self._seq))
-        up = encode_message(reply, codec=codec, compression=compression)
+            response = self._respond(worker, decode_message(down), lambda: next(self._seq))
+        reply = response.reply
+        sent = self._deliver(response.peers, response.codec, response.compression)
+        if sent:
+            reply.meta["sent"] = sent
+        up = encode_message(reply, codec=response.codec, compression=response.compression)
         self.counters.add(agent, reply.kind, "up", len(up))
         holding = sum(1 for w in self.workers.values() if getattr(w, "holds_blocks", False))
         self.peak_agents_holding_blocks = max(self.peak_agents_holding_blocks, holding)
         decoded = decode_message(up)
+        self.book_sent(agent, decoded.meta)
         if decoded.type == MessageType.ERROR:
             return f"error: {decoded.meta.get('error', '?')}"
         return reply_from(agent, decoded, len(up))
+
+    def _deliver(self, peers: list[tuple[str, Message]], codec: str, compression: str
+                 ) -> dict[str, int]:
+        """Hand direct messages to their recipients' peer inboxes through the encoder, as
+        a broker would; a refusal is counted by its error class. Bytes sent per kind."""
+        sent: dict[str, int] = {}
+        for to, message in peers:
+            data = encode_message(message, codec=codec, compression=compression)
+            sent[message.kind] = sent.get(message.kind, 0) + len(data)
+            target = self.workers.get(to)
+            if target is None:  # a topic nobody reads: the message just goes nowhere
+                continue
+            try:
+                target.peers.accept(decode_message(data), len(data))  # type: ignore[attr-defined]
+            except WireError as exc:
+                self.peer_rejected[type(exc).__name__] += 1
+                log.warning("%s refused %s from %s: %s", to, message.kind, message.sender, exc)
+        return sent

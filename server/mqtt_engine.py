@@ -145,6 +145,7 @@ class MqttEngine(Engine):
             self._on_register(agent, msg, inbound.wire_bytes)
         elif msg.type in (MessageType.REPLY, MessageType.ERROR):
             self.counters.add(agent, msg.kind, "up", inbound.wire_bytes)
+            self.book_sent(agent, msg.meta)
             self._on_reply(agent, msg, inbound.wire_bytes)
 
     def _on_presence(self, agent: str, state: str) -> None:

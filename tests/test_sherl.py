@@ -240,52 +240,83 @@ def _install(workers: list[AgentWorker], archive: Path, edge_layers: int) -> Non
     assert shipper.ensure(engine.online()) == engine.online()
 
 
-def test_edge_commands_train_the_edge_block_and_check_their_input(bundle_archive: Path
-                                                                  ) -> None:
+def test_edge_commands_exchange_smashed_data_and_gradients_directly(bundle_archive: Path
+                                                                    ) -> None:
+    """Through the in-process engine: clients send their smashed data straight to their
+    edge, which trains on it, answers the cloud with embeddings + labels, and sends each
+    client its gradient slice; the edge refuses smashed data from a client it was not
+    assigned, and that client gets no gradient."""
     from jetsplit.bundle import load_bundle
     from jetsplit.models.weights import to_arrays
     from jetsplit.protocol import ProtocolError
+    from jetsplit.server.engine import Command, InProcessEngine
 
     bundle = load_bundle(bundle_archive)
     edge_block, _ = carve(bundle.server_module(), 3)
     weights = to_arrays(edge_block, "edge")
+    train = load_dataset_split("digits", 0.2, 0)[0]
     edge = AgentWorker("e0", no_data(), role="edge")
-    client = AgentWorker("a0", load_dataset_split("digits", 0.2, 0)[0], role="client")
-    _install([edge, client], bundle_archive, 3)
+    clients = [AgentWorker(f"a{i}", train, role="client", seed=i) for i in range(3)]
+    _install([edge, *clients], bundle_archive, 3)
     # Role-true: the edge holds its middle block only (no classifier, no client block).
     assert edge.bundle is not None and edge.bundle.role == "edge"
     assert {p.name for p in edge.bundle.root.iterdir()} == {"manifest.json", "edge.safetensors"}
     assert edge.server is None and edge.client is None
-    assert client.bundle is not None and not client.bundle.has_block("server")
+    assert clients[0].bundle is not None and not clients[0].bundle.has_block("server")
     with pytest.raises(ProtocolError, match="has role client"):
-        client.handle(Kind.EDGE_LOAD.value, 0, 0, {"layers": 3}, weights)
+        clients[0].handle(Kind.EDGE_LOAD.value, 0, 0, {"layers": 3}, weights)
     with pytest.raises(ProtocolError, match="no edge block loaded"):
-        edge.handle(Kind.EDGE_STEP.value, 0, 0, {}, {})
+        edge.handle(Kind.EDGE_STEP.value, 0, 0, {"clients": ["a0"]}, {})
     with pytest.raises(ProtocolError, match="margin"):
-        edge.handle(Kind.EDGE_STEP.value, 0, 0, {"margin": 3.0}, {})
-    edge.handle(Kind.EDGE_LOAD.value, 0, 0, {"layers": 3}, weights)
-    acts = client.handle(Kind.FORWARD.value, 0, 0, {"batch": 16}, {}).tensors
-    bad = {"activations": acts["activations"][:, :5], "labels": acts["labels"]}
-    with pytest.raises(ProtocolError, match="activations are float32"):
-        edge.handle(Kind.EDGE_STEP.value, 0, 0, {}, bad)
-    result = edge.handle(Kind.EDGE_STEP.value, 0, 0, {"margin": 0.5}, acts)
-    assert result.tensors["grad"].shape == acts["activations"].shape
-    assert result.meta["loss"] > 0 and result.meta["samples"] == 16
-    with pytest.raises(ProtocolError, match="no such edge step"):
-        edge.handle(Kind.EDGE_UPLOAD.value, 0, 1, {}, {})
-    upload = edge.handle(Kind.EDGE_UPLOAD.value, 0, 0, {}, {}).tensors
-    assert upload["embeddings"].shape == (16, *edge_block(torch.from_numpy(
-        acts["activations"])).shape[1:])
-    assert np.array_equal(upload["labels"], acts["labels"])
+        edge.handle(Kind.EDGE_STEP.value, 0, 0, {"clients": ["a0"], "margin": 3.0}, {})
+    with pytest.raises(ProtocolError, match="clients"):
+        edge.handle(Kind.EDGE_STEP.value, 0, 0, {"clients": []}, {})
+
+    engine = InProcessEngine({w.agent_id: w for w in [edge, *clients]}, run_id="r")
+    out = engine.send_and_receive({"e0": Command(Kind.EDGE_LOAD.value, {
+        "layers": 3, "clients": ["a0", "a1"]}, weights)})
+    assert out.agents == ["e0"]
+    # a2 was not assigned to e0: its smashed data is refused (typed, counted).
+    fwd = engine.send_and_receive({c.agent_id: Command(Kind.FORWARD.value,
+                                                       {"batch": 8 + i, "edge": "e0"})
+                                   for i, c in enumerate(clients)})
+    assert {a: r.meta["samples"] for a, r in fwd.replies.items()} == {"a0": 8, "a1": 9, "a2": 10}
+    assert all(not r.tensors for r in fwd.replies.values())  # nothing up to the coordinator
+    assert engine.peer_rejected == {"UnexpectedPeer": 1}
+    assert [k[:2] for k in edge.peers.held()] == [("smashed", "a0"), ("smashed", "a1")]
+    sent = engine.counters.snapshot()
+    assert all(sent[c]["up"]["smashed"] > 8 * 64 * 4 for c in ("a0", "a1", "a2"))
+    step = engine.send_and_receive({"e0": Command(Kind.EDGE_STEP.value,
+                                                  {"clients": ["a0", "a1"], "margin": 0.5})})
+    reply = step["e0"]
+    assert reply.meta["clients"] == ["a0", "a1"] and reply.meta["sizes"] == [8, 9]
+    assert reply.meta["loss"] > 0 and reply.meta["samples"] == 17
+    embeddings = reply.tensors["embeddings"]
+    assert embeddings.shape[0] == 17 and embeddings.dtype == np.float32
+    assert reply.tensors["labels"].shape == (17,)
+    assert engine.counters.snapshot()["e0"]["up"]["gradient"] > 17 * 64 * 4
+    back = engine.send_and_receive({c.agent_id: Command(Kind.BACKWARD.value, {"direct": True})
+                                    for c in clients})
+    assert back.agents == ["a0", "a1"]
+    assert back.missed == {"a2": "error: backward for round 0 step 0: no gradient from edge "
+                                 "e0 within 0s"}
     trained = edge.handle(Kind.GET_WEIGHTS.value, 0, 0, {"blocks": ["edge"]}, {}).tensors
     assert set(trained) == set(weights)
     assert any(not np.array_equal(trained[k], weights[k]) for k in weights)  # it stepped
+    # Malformed smashed data from an assigned client is the edge step's error.
+    from jetsplit.wire import Message, MessageType
+
+    bad = Message(MessageType.PEER, run="r", sender="a0", seq=1, step=1, kind="smashed",
+                  tensors={"activations": np.zeros((4, 5), np.float32),
+                           "labels": np.zeros(4, np.int64)})
+    edge.peers.accept(bad, 100)
+    with pytest.raises(ProtocolError, match="activations are float32"):
+        edge.handle(Kind.EDGE_STEP.value, 0, 1, {"clients": ["a0"]}, {}, run="r")
 
 
 # ---------------------------------------------------------------- whole runs
 
-EDGE_KINDS = {Kind.EDGE_LOAD.value, Kind.EDGE_STEP.value, Kind.EDGE_UPLOAD.value,
-              Kind.GET_WEIGHTS.value}
+EDGE_KINDS = {Kind.EDGE_LOAD.value, Kind.EDGE_STEP.value, Kind.GET_WEIGHTS.value}
 SETUP_KINDS = {Kind.BUNDLE.value, Kind.BUNDLE_PART.value, Kind.STATUS.value,
                Kind.REGISTER.value}
 
@@ -310,14 +341,20 @@ def test_in_process_sherl_learns_digits_and_books_bytes_per_tier(tmp_path: Path)
     for row in rows:
         tiers = row["tier_bytes"]
         assert sum(tiers.values()) == row["bytes_up"] + row["bytes_down"]
-        assert min(tiers[k] for k in ("client_to_edge", "edge_to_client", "edge_to_cloud",
-                                      "model_client_edge", "model_edge_cloud", "relay")) > 0
+        assert set(tiers) == {"client_to_edge", "edge_to_client", "edge_to_cloud",
+                              "model_client_edge", "model_edge_cloud", "control"}
+        assert min(tiers.values()) > 0
+        # Direct messages are booked once, on their sender: what the clients sent their
+        # edges and what the edges sent back.
+        by_kind = row["bytes_by_kind"]["up"]
+        assert tiers["client_to_edge"] == by_kind["smashed"]
+        assert tiers["edge_to_client"] == by_kind["gradient"]
         assert row["edge_split"] == 5 and row["edge_loss"] is not None
         assert set(row["edge_gflops"]) == {"e0", "e1"}
     edges = {a: summary["bytes"][a] for a in ("e0", "e1")}
-    for counters in edges.values():  # edges get models and relayed activations, no gradient
+    for counters in edges.values():  # edges get commands and models, never smashed data
         assert set(counters["down"]) - SETUP_KINDS == EDGE_KINDS
-        assert Kind.BACKWARD.value not in counters["down"]
+        assert set(counters["up"]) - SETUP_KINDS == EDGE_KINDS | {Kind.GRADIENT.value}
 
 
 def test_sherl_resumes_bit_identically(tmp_path: Path) -> None:
@@ -373,7 +410,7 @@ def test_sherl_over_mqtt_two_edges_four_clients(mosquitto: MosquittoProcess, age
     counters = summary["bytes"]
     for edge in ("e0", "e1"):
         assert set(counters[edge]["down"]) - SETUP_KINDS == EDGE_KINDS
-        assert set(counters[edge]["up"]) - SETUP_KINDS == EDGE_KINDS
+        assert set(counters[edge]["up"]) - SETUP_KINDS == EDGE_KINDS | {Kind.GRADIENT.value}
     # Role-true bundles: edges hold their middle block only, clients their client block;
     # no device ever received the server block (nor the classifier with it).
     state = tmp_path / "state" / "sherl"
@@ -383,8 +420,9 @@ def test_sherl_over_mqtt_two_edges_four_clients(mosquitto: MosquittoProcess, age
     assert not list(state.rglob("server.safetensors"))
     for client in ("a0", "a1", "a2", "a3"):
         assert counters[client]["down"][Kind.BACKWARD.value] > 0
-        assert not set(counters[client]["down"]) & {Kind.EDGE_STEP.value,
-                                                    Kind.EDGE_LOAD.value}
+        assert counters[client]["up"][Kind.SMASHED.value] > 0
+        assert not set(counters[client]["down"]) & {Kind.EDGE_STEP.value, Kind.EDGE_LOAD.value,
+                                                    Kind.GRADIENT.value, Kind.SMASHED.value}
 
     # The same fleet and config in process: the same weights and accuracies, bit for bit.
     from jetsplit.edge_agent.config import load_agent_config

@@ -134,16 +134,21 @@ class MqttEndpoint:
         on_connect: Callable[[int], None] | None = None,
         sender: str | None = None,
         topic_owner: Callable[[str], str | None] | None = None,
+        route: Callable[[Inbound], bool] | None = None,
     ) -> None:
         """`topic_owner(topic)` names the only sender a topic may carry (the coordinator:
         up/X and presence/X belong to X); a mismatch is rejected before the replay window
-        sees the message, so a forged sender cannot poison another sender's window."""
+        sees the message, so a forged sender cannot poison another sender's window.
+        `route(inbound)`, on the MQTT thread, may take a verified message instead of the
+        inbox (True), e.g. a peer's data a blocked command waits for; a WireError it raises
+        is counted like any rejection."""
         self.address, self.client_id, self.options = address, client_id, options
         self.subscriptions = subscriptions
         self.will = will
         self.sender = sender or client_id
         self._on_connect_hook = on_connect
         self._topic_owner = topic_owner
+        self._route = route
         self.inbox: queue.Queue[Inbound] = queue.Queue()
         self.rejected: Counter[str] = Counter()
         self.connected = threading.Event()
@@ -367,7 +372,9 @@ class MqttEndpoint:
             message = self._decode(whole, topic)
             if message.type == MessageType.CHUNK:
                 raise WireError("a chunk may not carry another chunk")
-        self.inbox.put(Inbound(topic, message, size))
+        inbound = Inbound(topic, message, size)
+        if self._route is None or not self._route(inbound):
+            self.inbox.put(inbound)
 
     def publish_raw(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
         """Publish an already-encoded envelope (presence) with QoS 1."""

@@ -1,4 +1,6 @@
-"""The MQTT topic tree, in one place: ``jetsplit/v1/<fleet>/{presence,up,down}/<agent>``."""
+"""The MQTT topic tree, in one place: ``jetsplit/v1/<fleet>/{presence,up,down}/<agent>``,
+and ``jetsplit/v1/<fleet>/peer/<recipient>/<sender>`` for direct agent-to-agent messages
+(SHeRL-FL's clients and their edge), which never pass the coordinator."""
 
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ def check_id(value: str, what: str) -> str:
 
 
 class Topics:
-    """Topic names for one fleet; agents publish up and presence, the coordinator down."""
+    """Topic names for one fleet; agents publish up and presence, the coordinator down,
+    and an agent publishes peer/<recipient>/<itself> to reach a peer directly."""
 
     def __init__(self, fleet: str) -> None:
         self.fleet = check_id(fleet, "fleet")
@@ -46,6 +49,23 @@ class Topics:
     @property
     def up_any(self) -> str:
         return f"{self.base}/up/+"
+
+    def peer(self, recipient: str, sender: str) -> str:
+        """`sender`'s direct topic to `recipient` (the sender is in the topic, so a receiver
+        can check that the message's signer owns it, as for up/X)."""
+        return f"{self.base}/peer/{recipient}/{sender}"
+
+    def peer_inbox(self, agent: str) -> str:
+        """What `agent` subscribes to: every peer's direct topic to it."""
+        return f"{self.base}/peer/{agent}/+"
+
+    def peer_sender(self, topic: str) -> str | None:
+        """The sender a peer topic belongs to (None for any other topic)."""
+        prefix, _, sender = topic.rpartition("/")
+        head, _, recipient = prefix.rpartition("/")
+        if head == f"{self.base}/peer" and _ID.match(recipient) and _ID.match(sender):
+            return sender
+        return None
 
     def agent_of(self, topic: str) -> str | None:
         """The agent id a presence/up topic belongs to (None for foreign topics)."""

@@ -67,6 +67,7 @@ class MessageType(IntEnum):
     CHUNK = 5
     ACK = 6
     ERROR = 7
+    PEER = 8  # agent → agent on a direct topic (SHeRL-FL's smashed data and gradients)
 
 
 @dataclass(frozen=True)

@@ -60,3 +60,17 @@ class CodecError(WireError):
 
 class ReassemblyError(WireError):
     """A chunk that does not fit its message, or a message whose chunks expired."""
+
+
+class UnexpectedPeer(WireError):
+    """A direct message from an agent that is not this agent's assigned peer for it (not
+    one of an edge's clients, not a client's edge), or of a kind it may not send."""
+
+
+class StalePeerMessage(WireError):
+    """A direct message for another run, round or step than the one its receiver is in."""
+
+
+class PeerBacklog(WireError):
+    """A direct message over what a receiver holds for commands yet to come (count or
+    bytes), or a second copy of one it already holds."""

@@ -11,17 +11,28 @@ client averages) every τ2.
 
 How it maps onto this runtime:
 
-* Agents only talk to the coordinator, so client↔edge traffic is relayed through it: a
-  client's activations come up in its `forward` reply and go down to its edge in
-  `edge_step`; the gradients come up in the `edge_step` reply and go down in `backward`.
-  The coordinator also averages each edge's client blocks on that edge's behalf (the
-  weights only pass through; averaging is arithmetic, the edge's real work is its block).
+* Clients and their edge talk directly, on their own topics through the broker
+  (`peer/<recipient>/<sender>` under `jetsplit/v1/<fleet>/`), never through the
+  coordinator, which only commands each phase of an iteration: `forward` (each client sends
+  its smashed data, activations + labels, to its edge as a `smashed` message and answers
+  with its sample count), `edge_step` (the edge trains on the listed clients' smashed data,
+  concatenated in client-id order, sends each client its gradient slice as a `gradient`
+  message, and answers with who it served and the detached embeddings + labels for the
+  cloud), `backward` (each served client applies the gradient its edge sent). An edge
+  accepts smashed data only from the clients `edge_load` assigned it for this run and
+  round, a client a gradient only from the edge its forward went to, for that step; any
+  other direct message is a typed, counted rejection (`edge_agent.peers`). With a local
+  broker per site bridged to the cloud's (docs/field-guide.md), client↔edge traffic never
+  leaves the site. The coordinator still averages each edge's client blocks on that edge's
+  behalf (the weights only pass through; averaging is arithmetic, the edge's real work is
+  its block).
 * Bytes per tier, from the engine's per-agent × kind counters (`tier_bytes` in each
-  metrics row): `client_to_edge` (smashed data + labels, counted once, on the client's
-  link), `edge_to_client` (gradients, on the client's link), `edge_to_cloud` (embeddings +
-  labels), `model_client_edge` and `model_edge_cloud` (model exchange per tier), `relay`
-  (the second leg of relayed client↔edge traffic, which a direct link would not carry),
-  `control` (the rest). They add up to the row's bytes up + down.
+  metrics row): `client_to_edge` (the clients' `smashed` messages), `edge_to_client` (the
+  edge's `gradient` messages), `edge_to_cloud` (the `edge_step` replies: embeddings +
+  labels), `model_client_edge` and `model_edge_cloud` (model exchange per tier), `control`
+  (commands and small replies). Every message is booked once, on its sender's side: direct
+  messages on the sending agent's `up` (its reply reports their wire bytes, as the
+  coordinator never sees them), so the tiers add up to the row's bytes up + down.
 * A round is T = local_steps iterations; τ1 divides τ2 and τ2 divides T, so every round
   ends with a cloud aggregation and is evaluated as client∘edge∘head of one global model.
 * k2 (`edge_split`) is configured or chosen by `export.planner.plan_three_tier` from the
@@ -32,6 +43,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,7 +59,7 @@ from jetsplit.server.aggregation import fedavg
 from jetsplit.server.algorithms.methods import Method
 from jetsplit.server.checkpoint import CheckpointError
 from jetsplit.server.compute import autocast, to_device
-from jetsplit.server.engine import Command, Outcome
+from jetsplit.server.engine import Command, Outcome, Reply
 from jetsplit.server.optim import tier_optimizer
 from jetsplit.server.topology import Topology, resolve
 from jetsplit.server.training import Arrays, Settings, Trainer
@@ -58,18 +70,16 @@ FALLBACK_PROFILE = "x86-cpu"  # for agents that announce no profile (simulations
 
 # (role, direction, kind) → tier; anything else is control traffic.
 TIERS: dict[tuple[str, str, str], str] = {
-    ("client", "up", Kind.FORWARD.value): "client_to_edge",
-    ("client", "down", Kind.BACKWARD.value): "edge_to_client",
-    ("edge", "down", Kind.EDGE_STEP.value): "relay",
-    ("edge", "up", Kind.EDGE_STEP.value): "relay",
-    ("edge", "up", Kind.EDGE_UPLOAD.value): "edge_to_cloud",
+    ("client", "up", Kind.SMASHED.value): "client_to_edge",
+    ("edge", "up", Kind.GRADIENT.value): "edge_to_client",
+    ("edge", "up", Kind.EDGE_STEP.value): "edge_to_cloud",
     ("client", "up", Kind.GET_WEIGHTS.value): "model_client_edge",
     ("client", "down", Kind.SET_WEIGHTS.value): "model_client_edge",
     ("edge", "up", Kind.GET_WEIGHTS.value): "model_edge_cloud",
     ("edge", "down", Kind.EDGE_LOAD.value): "model_edge_cloud",
 }
 TIER_NAMES = ("client_to_edge", "edge_to_client", "edge_to_cloud", "model_client_edge",
-              "model_edge_cloud", "relay", "control")
+              "model_edge_cloud", "control")
 Snapshot = dict[str, dict[str, dict[str, int]]]
 
 
@@ -85,6 +95,11 @@ def periods(settings: Settings) -> tuple[int, int]:
         raise ConfigError(f"train.local_steps ({steps}) must be a multiple of train.tau2 "
                           f"({tau2}): every round ends with a cloud aggregation")
     return tau1, tau2
+
+
+def _count(value: object, most: int) -> bool:
+    """Whether a reply's sample count is an int in 1..most (replies are untrusted)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= most
 
 
 def tier_bytes(before: Snapshot, after: Snapshot, edges: set[str]) -> dict[str, int]:
@@ -252,102 +267,111 @@ class SHeRL(Method):
         self.ready = set()
         if not edges:
             return
-        command = Command(Kind.EDGE_LOAD.value,
-                          {"layers": len(self.edge_view),
-                           "optimizer": tier_optimizer(t.settings, "edge").wire()},
-                          to_arrays(self.edge_view, "edge"))
+        weights = to_arrays(self.edge_view, "edge")
+        optimizer = tier_optimizer(t.settings, "edge").wire()
+        commands = {e: Command(Kind.EDGE_LOAD.value,  # each edge learns its own clients
+                               {"layers": len(self.edge_view), "optimizer": optimizer,
+                                "clients": list(self.groups[e])}, weights)
+                    for e in edges}
         with t.timed("distribute"):
-            out = t.note(t.engine.broadcast(command, edges, round=t.round,
-                                            deadline_s=t.settings.deadline_s))
+            out = t.note(t.engine.send_and_receive(commands, round=t.round,
+                                                   deadline_s=t.settings.deadline_s))
         self.ready = set(out.agents)
 
     def _iterate(self, step: int, period: _Period) -> tuple[float | None, list[float]] | None:
-        """One iteration: client forward → edge step → client backward + edge upload →
-        cloud step. Returns (cloud loss, edge losses), or None when nobody can train."""
+        """One iteration: client forward (smashed data to the edges) → edge step
+        (gradients to the clients, embeddings to the cloud) → client backward → cloud step.
+        Returns (cloud loss, edge losses), or None when nobody can train."""
         t = self.trainer
         clients = t.live([c for e in sorted(self.ready) for c in self.groups.get(e, [])])
         if not clients:
             return None
-        forward = t.forward(t.batches(clients), step)
-        batches = self._by_edge(forward)
-        stepped = self._edge_step(batches, step)
-        grads: dict[str, np.ndarray] = {}
-        for edge, reply in stepped.replies.items():
-            members = batches[edge][0]
-            sizes = [len(forward[c].tensors["labels"]) for c in members]
-            parts = np.split(reply.tensors["grad"], np.cumsum(sizes)[:-1])
-            grads.update(zip(members, parts, strict=True))
-            self.edge_samples[edge] += int(sum(sizes))
-        uploads = self._backward_and_upload(grads, stepped.agents, batches, step)
+        samples = self._forward(t.batches(clients), step)
+        stepped = self._edge_step(self._by_edge(samples), samples, step)
+        served = {e: list(r.meta["clients"]) for e, r in stepped.replies.items()}
+        backward = self._backward([c for e in stepped.agents for c in served[e]], samples,
+                                  step)
         for edge in stepped.agents:
-            done = [c for c in batches[edge][0] if c in uploads.replies]
-            period.trained[edge].update(done)
-            period.served[edge].update(batches[edge][0])
+            period.trained[edge].update(c for c in served[edge] if c in backward.replies)
+            period.served[edge].update(served[edge])
+            self.edge_samples[edge] += int(stepped[edge].meta["samples"])
         edge_losses = [float(r.meta["loss"]) for r in stepped.replies.values()]
-        embeddings = {e: uploads[e].tensors["embeddings"] for e in stepped.agents
-                      if e in uploads.replies}
+        uploads = stepped.replies
         with t.timed("cloud"):
-            loss = self._cloud_step(embeddings, {e: batches[e][2] for e in embeddings})
+            loss = self._cloud_step({e: r.tensors["embeddings"] for e, r in uploads.items()},
+                                    {e: r.tensors["labels"] for e, r in uploads.items()})
         return loss, edge_losses
 
-    def _by_edge(self, forward: Outcome) -> dict[str, tuple[list[str], np.ndarray, np.ndarray]]:
-        """Each edge's clients that replied, their concatenated activations and labels."""
+    def _forward(self, batches: dict[str, int], step: int) -> dict[str, int]:
+        """Each client sends its smashed data straight to its edge; returns the samples
+        each one reports having sent."""
+        t, s = self.trainer, self.trainer.settings
+        commands = {c: Command(Kind.FORWARD.value,
+                               {"batch": b, "codec": s.codec, "compression": s.compression,
+                                "edge": self.topology.edge_of(c)})
+                    for c, b in batches.items()}
+        with t.timed("forward"):
+            out = t.note(self._checked(t.engine.send_and_receive(
+                commands, round=t.round, step=step, deadline_s=s.deadline_s),
+                lambda c, r: None if _count(r.meta.get("samples"), batches[c])
+                else f"samples {r.meta.get('samples')!r}, expected 1..{batches[c]}"))
+        for client, reply in out.replies.items():
+            t.fwd_samples[client] += int(reply.meta["samples"])
+        return {c: int(r.meta["samples"]) for c, r in out.replies.items()}
+
+    def _by_edge(self, samples: dict[str, int]) -> dict[str, list[str]]:
+        """Each edge's clients whose smashed data went out, in id order."""
         members: dict[str, list[str]] = defaultdict(list)
-        for client in forward.agents:
+        for client in sorted(samples):
             edge = self.topology.edge_of(client)
             if edge is not None:
                 members[edge].append(client)
-        return {e: (cs, np.concatenate([forward[c].tensors["activations"] for c in cs]),
-                    np.concatenate([forward[c].tensors["labels"].astype(np.int64)
-                                    for c in cs]))
-                for e, cs in sorted(members.items())}
+        return dict(sorted(members.items()))
 
-    def _edge_step(self, batches: dict[str, tuple[list[str], np.ndarray, np.ndarray]],
-                   step: int) -> Outcome:
-        """Relay each edge its clients' smashed data; edges that fail sit out the rest of
-        the round (their clients' forwards would be wasted)."""
+    def _edge_step(self, members: dict[str, list[str]], samples: dict[str, int], step: int
+                   ) -> Outcome:
+        """Each edge trains on its clients' smashed data and answers with the embeddings;
+        edges that fail sit out the rest of the round (their clients' forwards would be
+        wasted)."""
         t, s = self.trainer, self.trainer.settings
+        wait_s = float(s.deadline_s) / 2  # late smashed data: still time to reply without it
         commands = {e: Command(Kind.EDGE_STEP.value,
-                               {"margin": s.margin, "codec": s.codec,
-                                "compression": s.compression},
-                               {"activations": acts, "labels": labels}, codec=s.codec,
-                               compression=s.compression)
-                    for e, (_, acts, labels) in batches.items()}
+                               {"clients": cs, "margin": s.margin, "codec": s.codec,
+                                "compression": s.compression, "wait_s": wait_s})
+                    for e, cs in members.items()}
         with t.timed("edge"):
-            out = t.note(t._checked(
+            out = t.note(self._checked(
                 t.engine.send_and_receive(commands, round=t.round, step=step,
                                           deadline_s=s.deadline_s),
-                lambda e, x: self._grad_problem(x, len(batches[e][2]))))
+                lambda e, r: self._step_problem(r, members[e], samples)))
         for edge in out.missed:
             self.ready.discard(edge)
-        for edge in list(out.replies):
-            loss = out[edge].meta.get("loss")
-            if not isinstance(loss, float) or not np.isfinite(loss):
-                log.warning("dropped %s's edge step: loss %r", edge, loss)
-                del out.replies[edge]
-                self.ready.discard(edge)
         return out
 
-    def _backward_and_upload(self, grads: dict[str, np.ndarray], edges: list[str],
-                             batches: dict[str, tuple[list[str], np.ndarray, np.ndarray]],
-                             step: int) -> Outcome:
-        """Clients apply their edge's gradients while the edges upload their embeddings:
-        one exchange, nothing from the cloud reaches the clients or the edges."""
+    def _backward(self, clients: list[str], samples: dict[str, int], step: int) -> Outcome:
+        """Clients apply the gradients their edge sent them directly; nothing from the
+        cloud reaches the clients or the edges."""
         t, s = self.trainer, self.trainer.settings
-        commands = {c: Command(Kind.BACKWARD.value, {}, {"grad": g}, codec=s.codec,
-                               compression=s.compression) for c, g in grads.items()}
-        upload = Command(Kind.EDGE_UPLOAD.value, {"codec": s.codec,
-                                                  "compression": s.compression})
-        commands.update(dict.fromkeys(edges, upload))
+        command = Command(Kind.BACKWARD.value, {"direct": True,
+                                                "wait_s": float(s.deadline_s) / 2})
+        if not clients:
+            return Outcome({})
         with t.timed("backward"):
-            out = t.note(t._checked(
-                t.engine.send_and_receive(commands, round=t.round, step=step,
-                                          deadline_s=s.deadline_s),
-                lambda a, x: self._upload_problem(x, batches[a][2]) if a in self.edges
-                else None))
-        for client in grads:
-            if client in out.replies:
-                t.bwd_samples[client] += int(grads[client].shape[0])
+            out = t.note(t.engine.broadcast(command, clients, round=t.round, step=step,
+                                            deadline_s=s.deadline_s))
+        for client in out.replies:
+            t.bwd_samples[client] += samples[client]
+        return out
+
+    def _checked(self, out: Outcome, problem: Callable[[str, Reply], str | None]) -> Outcome:
+        """Replies that fail `problem` become misses with the reason (replies are
+        untrusted)."""
+        for agent in list(out.replies):
+            reason = problem(agent, out.replies[agent])
+            if reason is not None:
+                log.warning("dropped %s's reply: %s", agent, reason)
+                del out.replies[agent]
+                out.missed[agent] = f"error: bad reply: {reason}"
         return out
 
     def _cloud_step(self, embeddings: dict[str, np.ndarray], labels: dict[str, np.ndarray]
@@ -425,26 +449,30 @@ class SHeRL(Method):
 
     # ------------------------------------------------------------------ validation
 
-    def _grad_problem(self, tensors: Arrays, n: int) -> str | None:
-        grad = tensors.get("grad")
-        want = (n, *self.trainer.activation_shape)
-        if grad is None or grad.dtype != np.float32 or tuple(grad.shape) != want:
-            got = None if grad is None else f"{grad.dtype} {list(grad.shape)}"
-            return f"gradient is {got}, expected float32 {list(want)}"
-        if not np.isfinite(grad).all():
-            return "gradient contains NaN or infinity"
-        return None
-
-    def _upload_problem(self, tensors: Arrays, labels: np.ndarray) -> str | None:
-        emb, got = tensors.get("embeddings"), tensors.get("labels")
-        want = (len(labels), *self.embedding_shape)
+    def _step_problem(self, reply: Reply, clients: list[str], samples: dict[str, int]
+                      ) -> str | None:
+        """Why an edge step's reply cannot be trained on, or None: it must name a non-empty
+        subsequence of the clients asked, with the sample counts they reported, and carry
+        finite embeddings and in-range labels for exactly those samples."""
+        served, sizes, loss = (reply.meta.get(k) for k in ("clients", "sizes", "loss"))
+        if not isinstance(served, list) or not served or \
+                [c for c in clients if c in served] != served:
+            return f"served clients {served!r} are not a subsequence of {clients}"
+        if sizes != [samples[c] for c in served]:
+            return f"sizes {sizes!r} differ from what the clients sent"
+        if not isinstance(loss, float) or not np.isfinite(loss):
+            return f"loss {loss!r}"
+        emb, labels = reply.tensors.get("embeddings"), reply.tensors.get("labels")
+        want = (sum(sizes), *self.embedding_shape)
         if emb is None or emb.dtype != np.float32 or tuple(emb.shape) != want:
             shape = None if emb is None else f"{emb.dtype} {list(emb.shape)}"
             return f"embeddings are {shape}, expected float32 {list(want)}"
         if not np.isfinite(emb).all():
             return "embeddings contain NaN or infinity"
-        if got is None or got.shape != labels.shape or not np.array_equal(got, labels):
-            return "labels differ from those relayed to the edge"
+        classes = self.trainer.bundle.spec.num_classes
+        if labels is None or labels.shape != (want[0],) or labels.dtype.kind not in "iu" or \
+                (len(labels) and (labels.min() < 0 or labels.max() >= classes)):
+            return f"labels must be {want[0]} integers in 0..{classes - 1}"
         return None
 
     def _edge_weights_problem(self, tensors: Arrays) -> str | None:
