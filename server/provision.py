@@ -4,8 +4,9 @@ a Mosquitto config that enforces who may publish where.
 Each kit holds the fleet CA certificate, the device's own TLS key and certificate (client
 authentication: the broker maps the certificate's CN to a user name and applies the ACL),
 its own Ed25519 signing key, and the public signing keys it must trust: an agent trusts the
-coordinator's only, the coordinator trusts every agent's. Private keys never leave the kit
-they were made for; the CA key stays in `ca/` (keep it offline).
+coordinator's (and, in a SHeRL-FL topology, its direct peers': a client its edge's, an edge
+its clients'), the coordinator trusts every agent's. Private keys never leave the kit they
+were made for; the CA key stays in `ca/` (keep it offline).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import datetime as dt
 import ipaddress
 import json
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated
 
@@ -21,6 +23,7 @@ import typer
 
 from jetsplit.errors import ConfigError
 from jetsplit.identity import PUBLIC_SUFFIX, Signer
+from jetsplit.server.topology import check_shape
 from jetsplit.transport.topics import COORDINATOR, ROOT, check_id
 
 KIT_FILE = "kit.json"
@@ -124,17 +127,37 @@ def _write(path: Path, data: bytes, private: bool = False) -> None:
         path.write_bytes(data)
 
 
-def acl_text(fleet: str, agents: list[str]) -> str:
+Edges = Mapping[str, Sequence[str]]
+
+
+def peers_of(edges: Edges) -> dict[str, list[str]]:
+    """Who may message whom directly: a client its edge, an edge its clients."""
+    out: dict[str, list[str]] = {}
+    for edge, clients in sorted(edges.items()):
+        out[edge] = sorted(clients)
+        for client in clients:
+            out[client] = [edge]
+    return out
+
+
+def acl_text(fleet: str, agents: list[str], edges: Edges | None = None) -> str:
     """Mosquitto ACL: agent X publishes only up/X and presence/X and reads only down/X and
-    down/all; the coordinator publishes down/* and reads up/* and presence/*."""
+    down/all; the coordinator publishes down/* and reads up/* and presence/*. In a SHeRL-FL
+    topology (`edges`), X also reads its own direct topics peer/X/+ and publishes only
+    peer/P/X for each of its peers P (a client: its edge; an edge: its clients)."""
     base = f"{ROOT}/{fleet}"
+    peers = peers_of(edges or {})
     lines = ["# written by `jetsplit provision`; user = certificate CN (use_identity_as_username)",
              "", f"user {COORDINATOR}", f"topic write {base}/down/#",
              f"topic read {base}/up/+", f"topic read {base}/presence/+", ""]
     for agent in agents:
         lines += [f"user {agent}", f"topic write {base}/up/{agent}",
                   f"topic write {base}/presence/{agent}", f"topic read {base}/down/{agent}",
-                  f"topic read {base}/down/all", ""]
+                  f"topic read {base}/down/all"]
+        if agent in peers:
+            lines += [f"topic read {base}/peer/{agent}/+",
+                      *(f"topic write {base}/peer/{p}/{agent}" for p in peers[agent])]
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -204,9 +227,12 @@ _TOP_README = """# fleet `{fleet}`: what `jetsplit provision` wrote
 takes each client's user name from its certificate's CN (`use_identity_as_username true`)
 and applies `broker/acl`: agent X may publish only `{base}/up/X` and `{base}/presence/X`
 and read only `{base}/down/X` and `{base}/down/all`; the coordinator publishes `down/#` and
-reads `up/+` and `presence/+`. A certificate from another fleet's CA is refused at the TLS
-handshake. The broker certificate names: {names}. Mosquitto runs as user `mosquitto`:
-make `broker/server.key` readable by it (`chown mosquitto broker/server.key`).
+reads `up/+` and `presence/+`. SHeRL-FL peers ({peers}) also read their own direct topics
+`{base}/peer/X/+` and publish only `{base}/peer/P/X` for each peer P: a client to its edge,
+an edge to each of its clients (configure the same `[topology]` in `server.toml`). A
+certificate from another fleet's CA is refused at the TLS handshake. The broker
+certificate names: {names}. Mosquitto runs as user `mosquitto`: make `broker/server.key`
+readable by it (`chown mosquitto broker/server.key`).
 
 ## The same on EMQX
 
@@ -238,14 +264,16 @@ with `acl.conf`:
 Every message is signed with its sender's own Ed25519 key and verified against the key
 provisioned for the sender it names; the coordinator also checks that up/X and presence/X
 carry messages from X, and agents accept commands only when signed by the coordinator's
-key. Replay windows are per sender; retained presence must be signed and fresh. (The
+key; a direct message on peer/X/P must be signed by P, and X holds only the keys of its own
+peers. Replay windows are per sender; retained presence must be signed and fresh. (The
 older shared fleet key, `fleet_key_file`, signs with one HMAC key that every device holds:
 it keeps strangers out but gives no per-device identity.)
 """
 
 
-def emqx_acl(fleet: str, agents: list[str]) -> str:
+def emqx_acl(fleet: str, agents: list[str], edges: Edges | None = None) -> str:
     base = f"{ROOT}/{fleet}"
+    peers = peers_of(edges or {})
     rules = [f'{{allow, {{user, "{COORDINATOR}"}}, publish, ["{base}/down/#"]}}.',
              f'{{allow, {{user, "{COORDINATOR}"}}, subscribe, ["{base}/up/+", '
              f'"{base}/presence/+"]}}.']
@@ -254,14 +282,19 @@ def emqx_acl(fleet: str, agents: list[str]) -> str:
                   f'"{base}/presence/{a}"]}}.',
                   f'{{allow, {{user, "{a}"}}, subscribe, ["{base}/down/{a}", '
                   f'"{base}/down/all"]}}.']
+        if a in peers:
+            writes = ", ".join(f'"{base}/peer/{p}/{a}"' for p in peers[a])
+            rules += [f'{{allow, {{user, "{a}"}}, publish, [{writes}]}}.',
+                      f'{{allow, {{user, "{a}"}}, subscribe, ["{base}/peer/{a}/+"]}}.']
     rules.append("{deny, all}.")
     return "\n".join(f"    {r}" for r in rules)
 
 
 def provision(fleet: str, agents: list[str], out: Path, *, broker_names: tuple[str, ...] =
               ("localhost", "127.0.0.1"), port: int = 8883, bind: str = "0.0.0.0",
-              days: int = 825) -> dict[str, Path]:
-    """Write the CA, the broker folder and one kit per device; returns the kit folders."""
+              days: int = 825, edges: Edges | None = None) -> dict[str, Path]:
+    """Write the CA, the broker folder and one kit per device; returns the kit folders.
+    `edges` (edge → its clients, all among `agents`) opens SHeRL-FL's direct topics."""
     check_id(fleet, "fleet")
     if not agents:
         raise ConfigError("provision: name at least one agent (--agents a0,a1,...)")
@@ -271,6 +304,15 @@ def provision(fleet: str, agents: list[str], out: Path, *, broker_names: tuple[s
             raise ConfigError(f"agent {agent!r}: that name is reserved")
     if len(set(agents)) != len(agents):
         raise ConfigError("provision: agent names repeat")
+    edges = {e: list(cs) for e, cs in (edges or {}).items()}
+    try:
+        check_shape(edges)
+    except ValueError as exc:
+        raise ConfigError(f"provision: --edge: {exc}") from None
+    strangers = sorted({*edges, *(c for cs in edges.values() for c in cs)} - set(agents))
+    if strangers:
+        raise ConfigError(f"provision: --edge names {', '.join(strangers)}, not in --agents")
+    peers = peers_of(edges)
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"provision: {out} is not empty (keys are never overwritten)")
     ca = FleetCA(fleet, days)
@@ -282,7 +324,7 @@ def provision(fleet: str, agents: list[str], out: Path, *, broker_names: tuple[s
     _write(broker / "ca.crt", _cert_pem(ca.cert))
     _write(broker / "server.crt", _cert_pem(cert))
     _write(broker / "server.key", _key_pem(key), private=True)
-    _write(broker / "acl", acl_text(fleet, agents).encode())
+    _write(broker / "acl", acl_text(fleet, agents, edges).encode())
     _write(broker / "mosquitto.conf", mosquitto_conf(broker, port, bind).encode())
 
     signers = {who: Signer.generate(who) for who in [COORDINATOR, *agents]}
@@ -295,7 +337,7 @@ def provision(fleet: str, agents: list[str], out: Path, *, broker_names: tuple[s
         _write(kit / "client.key", _key_pem(key), private=True)
         _write(kit / "signing.key", signer.private_pem(), private=True)
         _write(kit / "signing.pub", signer.public_pem())
-        trusted = agents if who == COORDINATOR else [COORDINATOR]
+        trusted = agents if who == COORDINATOR else [COORDINATOR, *peers.get(who, [])]
         for other in trusted:
             _write(kit / "trusted" / f"{other}{PUBLIC_SUFFIX}", signers[other].public_pem())
         _write(kit / KIT_FILE, json.dumps({"fleet": fleet, "id": who, "port": port},
@@ -303,7 +345,9 @@ def provision(fleet: str, agents: list[str], out: Path, *, broker_names: tuple[s
         install = (_COORDINATOR_INSTALL.format(fleet=fleet, port=port, d=kit.resolve())
                    if who == COORDINATOR else
                    _AGENT_INSTALL.format(who=who, fleet=fleet, port=port))
-        trusts = "every agent's" if who == COORDINATOR else "the coordinator's only"
+        trusts = ("every agent's" if who == COORDINATOR else
+                  "the coordinator's and its direct peers': " + ", ".join(peers[who])
+                  if who in peers else "the coordinator's only")
         _write(kit / "README.md", _KIT_README.format(who=who, fleet=fleet, trusts=trusts,
                                                      install=install).encode())
         kits[who] = kit
@@ -311,8 +355,22 @@ def provision(fleet: str, agents: list[str], out: Path, *, broker_names: tuple[s
                      for a in agents)
     _write(out / "README.md", _TOP_README.format(
         fleet=fleet, COORDINATOR=COORDINATOR, rows=rows, port=port, base=f"{ROOT}/{fleet}",
-        names=", ".join(broker_names), emqx_acl=emqx_acl(fleet, agents)).encode())
+        names=", ".join(broker_names), emqx_acl=emqx_acl(fleet, agents, edges),
+        peers=", ".join(f"{e}: {', '.join(cs)}" for e, cs in sorted(edges.items())) or "none"
+        ).encode())
     return kits
+
+
+def parse_edges(specs: list[str]) -> dict[str, list[str]]:
+    """`--edge e0=a0,a2` options as {edge: clients}; a malformed one is a ConfigError."""
+    edges: dict[str, list[str]] = {}
+    for spec in specs:
+        edge, sep, clients = spec.partition("=")
+        names = [c.strip() for c in clients.split(",") if c.strip()]
+        if not sep or not names or edge.strip() in edges:
+            raise ConfigError(f"--edge {spec!r}: write EDGE=CLIENT,CLIENT..., once per edge")
+        edges[check_id(edge.strip(), "edge")] = [check_id(c, "agent") for c in names]
+    return edges
 
 
 def provision_command(
@@ -327,6 +385,9 @@ def provision_command(
     bind: Annotated[str, typer.Option("--bind", help="Address the broker listens on.")
                     ] = "0.0.0.0",
     days: Annotated[int, typer.Option("--days", help="Certificate validity.", min=1)] = 825,
+    edge: Annotated[list[str] | None, typer.Option(
+        "--edge", help="SHeRL-FL: EDGE=CLIENT,CLIENT... (repeat per edge): opens the direct "
+        "client<->edge topics for exactly these pairs.")] = None,
 ) -> None:
     """Fleet CA, per-device startup kits (mTLS certificate + Ed25519 signing key) and a
     Mosquitto config with per-device ACLs."""
@@ -334,6 +395,7 @@ def provision_command(
     if not names:
         raise ConfigError("--broker-host: name at least one host")
     ids = [a.strip() for a in agents.split(",") if a.strip()]
-    kits = provision(fleet, ids, out, broker_names=names, port=port, bind=bind, days=days)
+    kits = provision(fleet, ids, out, broker_names=names, port=port, bind=bind, days=days,
+                     edges=parse_edges(edge or []))
     typer.echo(f"fleet {fleet}: CA, broker config and {len(kits)} kits "
                f"({', '.join(kits)}) in {out}; read {out / 'README.md'}")

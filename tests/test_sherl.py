@@ -466,15 +466,27 @@ def test_aggregation_periods_must_nest(taus: dict[str, int], message: str) -> No
 
 
 class _LyingEdge(AgentWorker):
-    """An edge whose gradients are NaN: the coordinator must not pass them on."""
+    """An edge whose gradients (sent straight to its client) or embeddings (for the cloud)
+    are NaN: the client, or the coordinator, must refuse them."""
+
+    poison = "grad"
 
     def _do_edge_step(self, args: Any, round_: int, step: int, tensors: Any) -> Any:
         result = super()._do_edge_step(args, round_, step, tensors)
-        result.tensors["grad"][:] = np.nan
+        if self.poison == "grad":
+            for peer in result.peers:
+                peer.tensors["grad"][:] = np.nan
+        else:
+            result.tensors["embeddings"][:] = np.nan
         return result
 
 
-def test_a_bad_edge_reply_is_a_recorded_miss_and_training_goes_on(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("poison", "missed"), [
+    ("grad", {"a1": "error: backward: edge e1's gradient is not finite float32"}),
+    ("embeddings", {"e1": "error: bad reply: embeddings contain NaN or infinity"}),
+])
+def test_a_bad_edge_is_a_recorded_miss_and_training_goes_on(
+        tmp_path: Path, poison: str, missed: dict[str, str]) -> None:
     from jetsplit.data import partition
     from jetsplit.export.bundle_writer import write_bundle
     from jetsplit.models import ModelSpec
@@ -486,7 +498,8 @@ def test_a_bad_edge_reply_is_a_recorded_miss_and_training_goes_on(tmp_path: Path
     workers: dict[str, AgentWorker] = {
         f"a{i}": AgentWorker(f"a{i}", train.subset(s), seed=i) for i, s in enumerate(shards)}
     workers["e0"] = AgentWorker("e0", no_data(), role="edge")
-    workers["e1"] = _LyingEdge("e1", no_data(), role="edge")
+    workers["e1"] = liar = _LyingEdge("e1", no_data(), role="edge")
+    liar.poison = poison
     archive = write_bundle(ModelSpec("mobilenetv3-small", (1, 8, 8), 10), 2, tmp_path / "b",
                            aux_ratio=None, tar=True).tar_path
     assert archive is not None
@@ -495,7 +508,10 @@ def test_a_bad_edge_reply_is_a_recorded_miss_and_training_goes_on(tmp_path: Path
     engine = InProcessEngine(workers)
     run_training(engine, archive, settings, test, tmp_path / "run", checkpoint=False)
     row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text())
-    assert row["missed"] == {"e1": "error: bad reply: gradient contains NaN or infinity"}
+    assert row["missed"] == missed
     assert row["train_loss"] is not None and row["accuracy"] is not None
-    assert Kind.BACKWARD.value not in engine.counters.snapshot()["a1"]["down"]
-    assert engine.counters.snapshot()["a0"]["down"][Kind.BACKWARD.value] > 0
+    trained = [a for a in ("a0", "a1")
+               if engine.counters.snapshot()[a]["down"].get(Kind.BACKWARD.value)]
+    # A NaN gradient reaches a1 (it comes from its edge) but is never applied; after a
+    # NaN upload the coordinator drops e1 for the round, so a1 is not even asked.
+    assert trained == (["a0", "a1"] if poison == "grad" else ["a0"])
