@@ -22,6 +22,7 @@ from pathlib import Path
 
 from jetsplit.broker_url import BrokerAddress
 from jetsplit.errors import BackendUnavailable, JetsplitError
+from jetsplit.transport.topics import check_id
 
 LOOPBACK = "127.0.0.1"
 
@@ -178,6 +179,27 @@ def _mosquitto_major(binary: str) -> int:
     return int(match.group(1)) if match else 0
 
 
+def site_bridge_conf(fleet: str, cloud: BrokerAddress, *, name: str = "cloud",
+                     ca_file: str | None = None) -> str:
+    """Mosquitto config lines that bridge a site's local broker to the cloud's for one fleet:
+    agents' up/ and presence/ go out, the coordinator's down/ comes in, and nothing else
+    crosses, so SHeRL-FL's direct client↔edge topics (peer/…) stay on the site. With
+    `ca_file` the bridge speaks TLS to the cloud broker (add `bridge_certfile` and
+    `bridge_keyfile` where it requires client certificates)."""
+    base = f"jetsplit/v1/{check_id(fleet, 'fleet')}"
+    lines = [f"connection {name}", f"address {cloud.host}:{cloud.port}",
+             "bridge_protocol_version mqttv311", "try_private true", "cleansession false",
+             "notifications false", "restart_timeout 1 30",
+             f"topic {base}/up/# out 1", f"topic {base}/presence/# out 1",
+             f"topic {base}/down/# in 1"]
+    if cloud.username:
+        lines += [f"remote_username {cloud.username}",
+                  f"remote_password {cloud.password or ''}"]
+    if ca_file is not None:
+        lines.append(f"bridge_cafile {ca_file}")
+    return "".join(f"{line}\n" for line in lines)
+
+
 class MosquittoProcess:
     """A private Mosquitto on loopback with its own config; restartable on the same port."""
 
@@ -189,12 +211,14 @@ class MosquittoProcess:
         tls: bool = False,
         users: dict[str, str] | None = None,
         provisioned: Path | None = None,
+        extra: str = "",
     ) -> None:
         """`tls=True`: a throwaway CA and a server certificate for 127.0.0.1/localhost are
         made in the private directory (trust `ca_file`); `users`: logins required (the first
         one goes into `address`), anonymous clients refused; `provisioned`: the `broker/`
         folder `jetsplit provision` wrote (mutual TLS, identities from certificates, ACL),
-        run as written except for its listener, which moves to loopback and our port."""
+        run as written except for its listener, which moves to loopback and our port;
+        `extra`: more config lines (e.g. `site_bridge_conf`'s bridge to a cloud broker)."""
         binary = mosquitto_binary()
         if binary is None:
             raise BackendUnavailable("mosquitto is not installed (apt-get install mosquitto)")
@@ -213,7 +237,7 @@ class MosquittoProcess:
             if hasattr(os, "geteuid") and os.geteuid() == 0:
                 lines.append("user root")  # the kit's keys are 0600, owned by us
             self.config.write_text("\n".join([*lines, "persistence false", "log_type error",
-                                              "max_queued_messages 100000", ""]))
+                                              "max_queued_messages 100000", ""]) + extra)
             return
         try:
             listener = self._secure_options(binary)
@@ -230,6 +254,7 @@ class MosquittoProcess:
             "max_queued_messages 100000\n"
             "log_type error\n"
             + ("set_tcp_nodelay true\n" if _mosquitto_major(binary) >= 2 else "")
+            + extra
         )
         self._process: subprocess.Popen[bytes] | None = None
 
