@@ -23,8 +23,8 @@ Tables (one per paper; means over seeds, the spread in brackets):
    Goal: ≤ 0.6× SplitFed's bytes at comparable accuracy. Two ratios: all bytes, and the
    bytes that cross to the cloud when each edge's site broker is bridged to the cloud's
    (edge → cloud embeddings, edge-tier models, control; client↔edge traffic stays on the
-   site), against SplitFed's, all of which crosses. A `relay` tier (client↔edge traffic
-   forwarded by the coordinator, in runs that had one) is reported apart.
+   site), against SplitFed's, all of which crosses. Clients and their edge exchange smashed
+   data and gradients directly on their own topics, so there is no relay leg to take out.
    `--sherl-local-steps` sets SHeRL's T (its τ2 is T: one cloud aggregation per round);
    the paper gives no τ values.
 
@@ -207,31 +207,25 @@ def table_sherl(runs: dict[str, list[Run]]) -> tuple[list[str], dict[str, Any]]:
     sf, sh = runs["splitfed-v1"], runs["sherl"]
     sf_total = statistics.mean(r.total for r in sf)
     sh_total = statistics.mean(r.total for r in sh)
-    relay = statistics.mean(r.tiers.get("relay", 0) for r in sh)
     cloud = statistics.mean(sum(r.tiers.get(t, 0) for t in CLOUD_TIERS) for r in sh)
-    lines = ["| method | accuracy | device epochs | MB total | MB without relay | "
-             "MB crossing to the cloud | ratio to SplitFed V1 | ratio without relay | "
-             "cloud-link ratio |", "|---|---|---|---|---|---|---|---|---|",
+    lines = ["| method | accuracy | device epochs | MB total | MB crossing to the cloud | "
+             "ratio to SplitFed V1 | cloud-link ratio |", "|---|---|---|---|---|---|---|",
              f"| splitfed-v1 | {mean_sd([r.final for r in sf])} | {sf[0].epochs:.2f} | "
-             f"{mb(sf_total)} | {mb(sf_total)} | {mb(sf_total)} | 1.000 | 1.000 | 1.000 |",
+             f"{mb(sf_total)} | {mb(sf_total)} | 1.000 | 1.000 |",
              f"| sherl | {mean_sd([r.final for r in sh])} | {sh[0].epochs:.2f} | "
-             f"{mb(sh_total)} | {mb(sh_total - relay)} | {mb(cloud)} | "
-             f"{sh_total / sf_total:.3f} | {(sh_total - relay) / sf_total:.3f} | "
+             f"{mb(sh_total)} | {mb(cloud)} | {sh_total / sf_total:.3f} | "
              f"{cloud / sf_total:.3f} |"]
     tiers = {k: statistics.mean(r.tiers.get(k, 0) for r in sh) for k in sh[0].tiers}
     lines.append("\nSHeRL-FL MB per tier (mean): "
                  + ", ".join(f"{k} {mb(v)}" for k, v in tiers.items()))
     acc_gap = 100 * (statistics.mean(r.final for r in sh) - statistics.mean(r.final for r in sf))
-    ratio = (sh_total - relay) / sf_total
+    ratio = sh_total / sf_total
     comparable = acc_gap >= -2.0
     lines.append(f"SHeRL-FL − SplitFed V1 accuracy: {acc_gap:+.2f} points; bytes ratio "
-                 f"{sh_total / sf_total:.3f} as run (with relay), {ratio:.3f} direct "
-                 f"(goal ≤ 0.6 at comparable accuracy, within 2 points): "
-                 f"{'MET' if ratio <= 0.6 and comparable else 'NOT MET'} (direct), "
-                 f"{'MET' if sh_total / sf_total <= 0.6 and comparable else 'NOT MET'} "
-                 f"(as run); cloud-link ratio {cloud / sf_total:.3f}")
-    return lines, {"sherl_ratio": sh_total / sf_total, "sherl_ratio_direct": ratio,
-                   "sherl_cloud_link_ratio": cloud / sf_total,
+                 f"{ratio:.3f} (goal ≤ 0.6 at comparable accuracy, within 2 points): "
+                 f"{'MET' if ratio <= 0.6 and comparable else 'NOT MET'}; cloud-link ratio "
+                 f"{cloud / sf_total:.3f}")
+    return lines, {"sherl_ratio": ratio, "sherl_cloud_link_ratio": cloud / sf_total,
                    "sherl_accuracy_gap_points": acc_gap}
 
 
