@@ -157,6 +157,7 @@ class AgentLike(Protocol):
 
     agent_id: str
     threads: int  # intra-op torch threads its compute runs with (0: the process's)
+    peers: Any  # edge_agent.peers.PeerInbox: direct messages from other agents
 
     def registration(self) -> dict[str, Any]: ...
 
@@ -239,7 +240,7 @@ class InProcessEngine(Engine):
             if target is None:  # a topic nobody reads: the message just goes nowhere
                 continue
             try:
-                target.peers.accept(decode_message(data), len(data))  # type: ignore[attr-defined]
+                target.peers.accept(decode_message(data), len(data))
             except WireError as exc:
                 self.peer_rejected[type(exc).__name__] += 1
                 log.warning("%s refused %s from %s: %s", to, message.kind, message.sender, exc)
