@@ -550,8 +550,8 @@ def test_sherl_with_a_site_broker_bridged_to_the_cloud(agent_fleet: Any, tmp_pat
         on_site = _Watcher(site.port, f"{base}/peer/#")
         fleet = agent_fleet(f"mqtt://127.0.0.1:{site.port}", "site", 2, edges=1).start()
         config = _server_config(tmp_path, "site", 3, "bridged",
-                                "rounds = 2\nlocal_steps = 2\ntau1 = 1\nbatch = 16\ncodec = \"fp16\"\n"
-                                "lr = 0.05\n", 'edges.e0 = ["a0", "a1"]\n')
+                                "rounds = 2\nlocal_steps = 2\ntau1 = 1\nbatch = 16\n"
+                                'lr = 0.05\ncodec = "fp16"\n', 'edges.e0 = ["a0", "a1"]\n')
         done = _server_run(config, f"mqtt://127.0.0.1:{cloud.port}")
         on_cloud.close()
         on_site.close()
