@@ -156,6 +156,8 @@ class EdgeRole:
         from jetsplit.edge_agent.worker import Result
 
         tier = self._edge()
+        if len(set(args.clients)) != len(args.clients):
+            raise ProtocolError("edge_step: a client is listed twice")
         got = self.peers.take(Kind.SMASHED.value, args.clients, self.run, round_, step,
                               args.wait_s)
         served = [c for c in args.clients if c in got]
