@@ -22,7 +22,7 @@ Tables (one per paper; means over seeds, the spread in brackets):
 4. SHeRL-FL (sherl-fl.txt): bytes per tier and accuracy vs SplitFed V1, same partition.
    Goal: ≤ 0.6× SplitFed's bytes at comparable accuracy. Two ratios: all bytes, and the
    bytes that cross to the cloud when each edge's site broker is bridged to the cloud's
-   (edge → cloud embeddings, edge-tier models, control; client↔edge traffic stays on the
+   (everything but the direct client↔edge smashed data and gradients, which stay on the
    site), against SplitFed's, all of which crosses. Clients and their edge exchange smashed
    data and gradients directly on their own topics, so there is no relay leg to take out.
    `--sherl-local-steps` sets SHeRL's T (its τ2 is T: one cloud aggregation per round);
@@ -72,8 +72,10 @@ from jetsplit.server.training import Settings
 SCALA_METHODS = ("scala", "ca-sfl", "lla-sfl", "splitfed-v1", "splitfed-v2")
 GAPSL_METHODS = ("gapsl", "psl")
 TEST_FRACTION = 0.2
-# SHeRL-FL tiers whose bytes cross to the cloud with a site broker bridged to it.
-CLOUD_TIERS = ("edge_to_cloud", "model_edge_cloud", "control")
+# SHeRL-FL tiers whose bytes cross to the cloud with a site broker bridged to it: all but the
+# direct client↔edge messages (the coordinator averages each edge's client blocks on the
+# edge's behalf, so `model_client_edge` crosses too).
+CLOUD_TIERS = ("edge_to_cloud", "model_edge_cloud", "model_client_edge", "control")
 
 
 @dataclass
