@@ -15,8 +15,9 @@ import typer
 from jetsplit.export.planner import ALGORITHMS, NOT_PLANNED, OBJECTIVES, FleetPlan, PlanSettings
 
 _ALGO_HELP = (" | ".join(ALGORITHMS) + ". The split methods get a cut per device (the "
-              "coordinator completes shallow devices to the deepest cut); fedavg and ampere "
-              "one common cut. " + "; ".join(NOT_PLANNED.values()) + ".")
+              "coordinator completes shallow devices to the deepest cut; ampere: each device's "
+              "block + aux head at its own cut, §3.2.1); fedavg one common cut. "
+              + "; ".join(NOT_PLANNED.values()) + ".")
 
 
 def plan(
@@ -197,10 +198,11 @@ def _print_per_device(console: Any, plan: FleetPlan) -> None:
     console.print(table)
     common = plan.best_common_k
     if plan.objective == "time" and plan.value is not None:
-        line = f"predicted round time (T={s.local_steps}): {plan.value * s.local_steps / 1e3:.3f} s"
+        iters = s.iterations_per_round(ALGORITHMS[plan.algorithm])  # Ampere: one epoch
+        line = f"predicted round time (T={iters}): {plan.value * iters / 1e3:.3f} s"
         if common is not None:
             base = plan.fleet_values[common]
-            line += (f" per-device vs {base * s.local_steps / 1e3:.3f} s at the best common cut "
+            line += (f" per-device vs {base * iters / 1e3:.3f} s at the best common cut "
                      f"k={common} (ratio {plan.value / base:.3f})")
         console.print(line)
     elif common is not None:

@@ -18,9 +18,13 @@ measured profile changes times only. Time per iteration amortises per-round and 
 transfers over the T (and R × T) iterations they serve; the ``bytes`` objective is bytes
 per round with one-shot bytes amortised over R rounds (Ampere eq. 27 divided by N = R).
 Ampere's server trains on stored activations off the devices' critical path: no server
-time per iteration. Fleet rule for common splits: see ``requires_common_split``; the other
-split methods get a cut per device (``plan_fleet``), the coordinator completing shallow
-devices up to the deepest cut (its completion work is in each device's server time).
+time per iteration. Fleet rule for common splits: see ``requires_common_split``; the split
+methods get a cut per device (``plan_fleet``), the coordinator completing shallow devices up
+to the deepest cut (SplitFed family: its completion work is in each device's server time;
+Ampere: one forward pass of the uploaded activations, off the devices' critical path). For
+Ampere that is §3.2.1 per device: p_k trades on-device compute of block + aux head over the
+epochs and the 2·N model exchanges (both grow with p) against the one-shot upload
+s^o_p·|D_k| over the device's own uplink, and the fleet waits for its slowest device.
 """
 
 from __future__ import annotations
@@ -93,12 +97,14 @@ NOT_PLANNED = {"sherl": "sherl is planned over three tiers (client, edge, cloud)
 
 
 def requires_common_split(algorithm: Algorithm) -> bool:
-    """THE rule for fleets: every device cuts at the same k when there is no split (FedAvg)
-    or when devices train without server gradients (Ampere's local loss: its auxiliary head
-    is built for one cut). The SplitFed family trains per-device cuts: the coordinator
-    completes a shallow device's activations up to the server cut with its own copies of
-    the missing layers, and averages every copy of a layer (server/hetero.py)."""
-    return not algorithm.splits or not algorithm.per_iteration_exchange
+    """THE rule for fleets: every device cuts at the same k only when there is no split
+    (FedAvg trains the whole model everywhere). Every split method trains per-device cuts:
+    the SplitFed family's coordinator completes a shallow device's activations up to the
+    server cut with its own copies of the missing layers and averages every copy of a layer
+    (server/hetero.py); Ampere's device k trains layers 1..p_k with an aux head built for
+    p_k, layers are averaged over the devices that hold them, and the coordinator carries a
+    shallow device's one-shot upload to the deepest cut through the global layers."""
+    return not algorithm.splits
 
 
 def get_algorithm(name: str) -> Algorithm:

@@ -154,7 +154,8 @@ def test_fleet_common_split_equals_brute_force(all_costs: dict[str, ModelCosts])
     for name, costs in all_costs.items():
         for settings in (PlanSettings(common_split=True),
                          PlanSettings(algorithm="scala", objective="bytes", common_split=True),
-                         PlanSettings(algorithm="ampere", batch=128, optimizer="adam")):
+                         PlanSettings(algorithm="ampere", batch=128, optimizer="adam",
+                                      common_split=True)):
             plan = plan_fleet(costs, fleet, SERVER, settings)
             assert plan.common and len(set(plan.chosen.values())) == 1
             assert plan.common_k == brute_force(costs, fleet, SERVER, settings), name
@@ -172,7 +173,7 @@ def test_fleet_common_split_equals_brute_force(all_costs: dict[str, ModelCosts])
 
 def test_split_methods_plan_per_device_cuts_the_rest_one_cut() -> None:
     common = {n for n, a in ALGORITHMS.items() if requires_common_split(a)}
-    assert common == {"fedavg", "ampere"}
+    assert common == {"fedavg"}
 
 
 def brute_force_per_device(c: ModelCosts, fleet: list[DeviceProfile], server: DeviceProfile,
@@ -206,7 +207,8 @@ def test_per_device_cuts_equal_brute_force_and_never_lose_to_a_common_cut(
         costs = all_costs[name]
         for fleet in fleets:
             for settings in (PlanSettings(algorithm="scala", batch=16),
-                             PlanSettings(algorithm="psl", bandwidth_mbps=10)):
+                             PlanSettings(algorithm="psl", bandwidth_mbps=10),
+                             PlanSettings(algorithm="ampere", dataset_size=400, rounds=5)):
                 plan = plan_fleet(costs, fleet, SERVER, settings)
                 want = brute_force_per_device(costs, fleet, SERVER, settings)
                 if want is None:
@@ -219,6 +221,75 @@ def test_per_device_cuts_equal_brute_force_and_never_lose_to_a_common_cut(
                 forced = plan_fleet(costs, fleet, SERVER,
                                     PlanSettings(**{**settings.__dict__, "common_split": True}))
                 assert forced.common and forced.common_k == common
+
+
+def with_link(profile: DeviceProfile, name: str, *, up: float, down: float) -> DeviceProfile:
+    data = profile.model_dump(mode="python", exclude_none=True)
+    data["device"]["name"] = name
+    data["network"].update(uplink_mbps=up, downlink_mbps=down)
+    return profile_from_dict(data)
+
+
+def test_ampere_puts_a_slow_uplink_deep_and_a_slow_device_at_p1(
+        all_costs: dict[str, ModelCosts]) -> None:
+    """§3.2.1 per device: the one-shot upload |D_k|·s^o_p shrinks with p while the compute
+    of block + aux and the 2N model exchanges grow. The expectations come from `brute_row`
+    (the formula written on raw layer data), not from the planner."""
+    by_name = {p.stem: load_profile(p) for p in PROFILES}
+    costs = all_costs["resnet18"]
+    settings = PlanSettings(algorithm="ampere", batch=32, dataset_size=600, rounds=5)
+    lte = with_link(by_name["agx-orin-64gb"], "orin-lte", up=20, down=50)
+    wired = with_link(by_name["jetson-nano-4gb-320mhz"], "nano-wired", up=1000, down=1000)
+    ks = range(1, costs.num_layers)
+
+    def own_best(profile: DeviceProfile) -> int:
+        rows = {k: brute_row(costs, profile, SERVER, settings, k) for k in ks}
+        return min((r["dev_ms"], k) for k, r in rows.items() if r["fits"])[1]
+
+    # orin-lte: the upload at k=1 costs more than all its compute at k=1 and k=2 together
+    one = brute_row(costs, lte, SERVER, settings, 1)
+    iters = math.ceil(600 / 32)
+    upload_ms = 600 * (costs.layers[0].out_numel * 4 + 8) / (20e6 / 8) * 1e3
+    assert upload_ms / (settings.rounds * iters) > one["dev_ms"] / 2
+    deep, shallow = own_best(lte), own_best(wired)
+    assert deep > 1 and shallow == 1
+    for profile, want in ((lte, deep), (wired, shallow)):
+        assert plan_fleet(costs, [profile], SERVER, settings).chosen == {profile.name: want}
+    # together: each keeps its own p, and that beats every common cut
+    plan = plan_fleet(costs, [wired, lte], SERVER, settings)
+    assert plan.chosen == {"nano-wired": 1, "orin-lte": deep} and not plan.common
+    assert plan.value == pytest.approx(brute_force_per_device(costs, [wired, lte], SERVER,
+                                                              settings), rel=1e-9)
+    assert plan.best_common_k is not None
+    assert plan.value < plan.fleet_values[plan.best_common_k]
+    forced = plan_fleet(costs, [wired, lte], SERVER,
+                        PlanSettings(**{**settings.__dict__, "common_split": True}))
+    assert forced.common and forced.common_k == plan.best_common_k
+
+
+@pytest.mark.usefixtures("cli_cache")
+def test_cli_plan_prints_amperes_per_device_choice(capsys: pytest.CaptureFixture[str],
+                                                   tmp_path: Path) -> None:
+    import tomli_w
+
+    by_name = {p.stem: load_profile(p) for p in PROFILES}
+    args = ["export", "plan", "--model", "resnet18", "--algorithm", "ampere", "--batch", "32",
+            "--dataset-size", "600", "--rounds", "5"]
+    for profile in (with_link(by_name["jetson-nano-4gb-320mhz"], "nano-wired", up=1000,
+                              down=1000),
+                    with_link(by_name["agx-orin-64gb"], "orin-lte", up=20, down=50)):
+        path = tmp_path / f"{profile.name}.toml"
+        path.write_bytes(tomli_w.dumps(profile.model_dump(mode="json",
+                                                          exclude_none=True)).encode())
+        args += ["--profile", str(path)]
+    assert main([*args, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    cuts = {p: d["cut"] for p, d in data["per_device"].items()}
+    assert cuts["nano-wired"] == 1 < cuts["orin-lte"] == data["server_cut"]
+    assert data["value"] < data["best_common_value"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "per-device cuts" in out and "at the best common cut" in out and "(T=19)" in out
 
 
 def test_infeasible_splits_are_marked_and_never_chosen(all_costs: dict[str, ModelCosts]
@@ -286,7 +357,7 @@ def test_cli_plan_prints_a_table_and_json(capsys: pytest.CaptureFixture[str]) ->
     assert "layer4_1" in out and "chosen split: k=" in out
     assert main(["export", "plan", "--model", "resnet18", "--profile", "jetson-nano-4gb",
                  "--profile", "orin-nx-16gb", "--algorithm", "ampere", "--json",
-                 "--codec", "int8", "--batch", "16"]) == 0
+                 "--codec", "int8", "--batch", "16", "--common-split"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["common_split"] and data["chosen_k"] in range(1, 10)
     assert [d["profile"] for d in data["devices"]] == ["jetson-nano-4gb", "orin-nx-16gb"]
