@@ -34,3 +34,20 @@ def fedavg(states: Mapping[str, Arrays], weights: Mapping[str, float]) -> Arrays
         else:
             out[name] = np.max(np.stack([states[a][name] for a in agents]), axis=0)
     return out
+
+
+def layerwise_fedavg(states: Mapping[str, Arrays], weights: Mapping[str, float]) -> Arrays:
+    """FedAvg of each tensor over the agents that hold it: devices at different cuts hold
+    different layers (server/hetero.py), so layer l averages over the devices with c_k ≥ l.
+    Where every agent holds every tensor this is `fedavg`, bit for bit."""
+    agents = sorted(states)
+    names: dict[str, None] = {}  # first-seen order, agents in id order
+    for agent in agents:
+        names.update(dict.fromkeys(states[agent]))
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for name in names:
+        groups.setdefault(tuple(a for a in agents if name in states[a]), []).append(name)
+    out: Arrays = {}
+    for holders, group in groups.items():
+        out.update(fedavg({a: {n: states[a][n] for n in group} for a in holders}, weights))
+    return {n: out[n] for n in names}

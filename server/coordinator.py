@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from jetsplit.bundle import MANIFEST_NAME, Bundle, load_bundle
 from jetsplit.models import ModelSpec
@@ -75,6 +76,7 @@ class DeviceBundle:
     manifest: bytes
     sha256: str
     files: dict[str, tuple[int, Path]]  # file sha256 -> (size, path)
+    root: Path  # the bundle's folder on the coordinator
 
     @property
     def nbytes(self) -> int:
@@ -85,8 +87,11 @@ class DeviceBundles:
     """Device bundles cut from one full bundle, made once per (role, cut, aux, edge) key."""
 
     def __init__(self, source: Path, workdir: Path | None = None, *, seed: int = 0,
-                 loaded: Bundle | None = None) -> None:
-        """`loaded`: the full bundle already verified from `source` (saves a second read)."""
+                 loaded: Bundle | None = None,
+                 aux_weights: Mapping[int, Mapping[str, torch.Tensor]] | None = None) -> None:
+        """`loaded`: the full bundle already verified from `source` (saves a second read).
+        `aux_weights`: the aux head for a cut other than the full bundle's (Ampere's phase
+        2 ships each cut's trained head); other cuts get a fresh seeded head."""
         import tempfile
 
         self.full: Bundle = loaded if loaded is not None else load_bundle(source)
@@ -96,6 +101,7 @@ class DeviceBundles:
             workdir = Path(self._tmp.name)
         self.workdir = Path(workdir)
         self.seed = seed
+        self.aux_weights = dict(aux_weights or {})
         self._made: dict[tuple[str, int, bool, int | None], DeviceBundle] = {}
 
     def get(self, role: str, cut: int | None = None, *, aux: bool = False,
@@ -115,7 +121,8 @@ class DeviceBundles:
         source = self.full
         if cut != self.full.split:  # another cut: re-export the same weights split there
             weights = {**source.client_module().state_dict(),
-                       **source.server_module().state_dict()}
+                       **source.server_module().state_dict(),
+                       **{f"aux.{k}": v for k, v in self.aux_weights.get(cut, {}).items()}}
             report = write_bundle(source.spec, cut, self.workdir / f"full-k{cut}",
                                   aux_ratio=source.manifest.aux_ratio, seed=self.seed,
                                   weights=weights)
@@ -126,7 +133,8 @@ class DeviceBundles:
         files = {entry.sha256: (entry.size, role_dir / fname)
                  for fname, entry in bundle.manifest.files.items()}
         manifest = (role_dir / MANIFEST_NAME).read_bytes()
-        return DeviceBundle(role, cut, manifest, hashlib.sha256(manifest).hexdigest(), files)
+        return DeviceBundle(role, cut, manifest, hashlib.sha256(manifest).hexdigest(), files,
+                            role_dir)
 
     def close(self) -> None:
         """Remove the bundles made in a temporary folder (a given workdir is the caller's)."""
@@ -151,12 +159,13 @@ class BundleShipper:
                  kind: str = Kind.BUNDLE.value, content: str = "client",
                  workdir: Path | None = None, piece_bytes: int = PIECE_BYTES,
                  seed: int = 0, bundle: Bundle | None = None,
-                 optimizer: dict[str, Any] | None = None) -> None:
+                 optimizer: dict[str, Any] | None = None,
+                 aux_weights: Mapping[int, Mapping[str, torch.Tensor]] | None = None) -> None:
         """`kind` BUNDLE is setup traffic; TRAINED_BUNDLE (a bundle carrying trained
         weights, Ampere's phase 2) is counted as training traffic. `content` is what a
         client runs: "client", "aux" (client block + aux head) or "full" (FedAvg).
         `optimizer` is the client optimiser the agents train with (`OptimizerArgs`;
-        default plain SGD at `lr`)."""
+        default plain SGD at `lr`); `aux_weights` per cut: see `DeviceBundles`."""
         self.optimizer = dict(optimizer) if optimizer is not None else {"lr": lr}
         self.engine, self.lr, self.deadline_s, self.kind = engine, lr, deadline_s, kind
         self.part_kind = (Kind.TRAINED_BUNDLE_PART if kind == Kind.TRAINED_BUNDLE.value
@@ -165,7 +174,8 @@ class BundleShipper:
         self.edge_layers: int | None = None  # SHeRL-FL sets it once it knows k2
         self.piece_bytes = piece_bytes
         self.sha256 = hashlib.sha256(Path(archive).read_bytes()).hexdigest()  # the full one
-        self.bundles = DeviceBundles(archive, workdir, seed=seed, loaded=bundle)
+        self.bundles = DeviceBundles(archive, workdir, seed=seed, loaded=bundle,
+                                     aux_weights=aux_weights)
 
     def close(self) -> None:
         self.bundles.close()

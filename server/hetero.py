@@ -75,6 +75,7 @@ class Completions:
         self.copies: dict[str, nn.Sequential] = {}
         self.optimizers: dict[str, torch.optim.Optimizer] = {}
         self._pending: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._tail: tuple[int, Arrays, nn.Sequential] | None = None  # `carry`'s last module
 
     def cut(self, agent: str) -> int:
         return self.cuts.get(agent, self.server_cut)
@@ -94,19 +95,42 @@ class Completions:
 
     # ------------------------------------------------------------------ weights
 
+    def layers_after(self, cut: int, global_client: Arrays, what: str) -> nn.Sequential:
+        """Layers cut+1..c* of the template with the global block's weights, on the
+        coordinator's device."""
+        children = list(copy.deepcopy(self.template).named_children())[cut:]
+        module = nn.Sequential(OrderedDict(children))
+        names = [f"client/{k}" for k in module.state_dict()]
+        load_strict(module, from_arrays(subset(global_client, names), "client"), what)
+        return module.to(self.device)
+
     def load(self, agent: str, global_client: Arrays) -> None:
         """(Re)build agent's copy from the global block's layers c_k+1..c*."""
         cut = self.cut(agent)
         if cut >= self.server_cut:
             return
-        children = list(copy.deepcopy(self.template).named_children())[cut:]
-        module = nn.Sequential(OrderedDict(children))
-        names = [f"client/{k}" for k in module.state_dict()]
-        load_strict(module, from_arrays(subset(global_client, names), "client"),
-                    f"completion copy of {agent}")
-        module = module.to(self.device)
+        module = self.layers_after(cut, global_client, f"completion copy of {agent}")
         self.copies[agent] = module
         self.optimizers[agent] = self.make_optimizer(module.parameters())
+
+    def carry(self, cut: int, global_client: Arrays, acts: np.ndarray,
+              chunk: int = 256) -> np.ndarray:
+        """Activations at `cut` carried to c* through the global layers cut+1..c* (eval
+        mode, no gradient): Ampere's consolidated store holds one shape, so a shallow
+        device's one-shot upload is completed here before it is stored. Chunked: an upload
+        slice can be large, the intermediate maps of the first layers larger."""
+        if cut >= self.server_cut:
+            return acts
+        if self._tail is None or self._tail[0] != cut or self._tail[1] is not global_client:
+            self._tail = (cut, global_client,
+                          self.layers_after(cut, global_client, f"layers after cut {cut}"))
+        module = self._tail[2]
+        out = []
+        with eval_mode(module), torch.no_grad():
+            for start in range(0, len(acts), chunk):
+                x = torch.from_numpy(np.ascontiguousarray(acts[start:start + chunk]))
+                out.append(module(x.to(self.device)).float().cpu().numpy())
+        return np.concatenate(out) if out else acts
 
     def begin_round(self, agents: list[str], global_client: Arrays, *, fresh: bool) -> None:
         """`fresh`: every shallow agent's copy restarts from the global block (averaging

@@ -141,6 +141,9 @@ class Trainer:
         self.global_client: Arrays = to_arrays(client, "client")
         self.weight_template: Arrays = {**self.global_client,
                                         **to_arrays(self.server, "server")}
+        # What a device at cut k holds beyond its client layers, where that differs from
+        # the server cut's (Ampere: the aux head built for k); replaces those blocks.
+        self.cut_templates: dict[int, Arrays] = {}
         with eval_mode(client), torch.no_grad():
             probe = client(torch.zeros(1, *self.bundle.spec.input_shape))
         self.activation_shape = tuple(probe.shape[1:])
@@ -184,16 +187,28 @@ class Trainer:
         keep = set(self.client_names(cut))
         return {n: v for n, v in arrays.items() if n in keep}
 
-    def push_client(self, agents: list[str], arrays: Arrays) -> list[str]:
-        """Install a whole client block (1..c*) on agents, each getting its cut's layers."""
-        done: list[str] = []
+    def by_cut(self, agents: list[str]) -> dict[int, list[str]]:
+        """Agents grouped by their cut, deepest first."""
         groups: dict[int, list[str]] = defaultdict(list)
         for agent in agents:
             groups[self.cut(agent)].append(agent)
-        for cut in sorted(groups, reverse=True):
-            part = self.device_part(groups[cut][0], arrays)
-            done += self.push(groups[cut], part)
+        return {cut: groups[cut] for cut in sorted(groups, reverse=True)}
+
+    def push_client(self, agents: list[str], arrays: Arrays,
+                    per_cut: Mapping[int, Arrays] | None = None) -> list[str]:
+        """Install a whole client block (1..c*) on agents, each getting its cut's layers
+        (plus `per_cut[c_k]`: Ampere's aux head for that cut)."""
+        done: list[str] = []
+        for cut, group in self.by_cut(agents).items():
+            part = self.device_part(group[0], arrays)
+            done += self.push(group, {**part, **(per_cut or {}).get(cut, {})})
         return sorted(done)
+
+    def activation_shape_at(self, cut: int) -> tuple[int, ...]:
+        """Per-sample activation shape a device at `cut` sends."""
+        if cut not in self._activation_shapes:
+            self._activation_shapes[cut] = self.completions.activation_shape(cut)
+        return self._activation_shapes[cut]
 
     # ------------------------------------------------------------------ books
 
@@ -321,10 +336,7 @@ class Trainer:
 
     def _activation_problem(self, tensors: Arrays, batch: int, agent: str = "") -> str | None:
         """Why a forward reply cannot be trained on, or None (replies are untrusted)."""
-        cut = self.cut(agent)
-        if cut not in self._activation_shapes:
-            self._activation_shapes[cut] = self.completions.activation_shape(cut)
-        shape = self._activation_shapes[cut]
+        shape = self.activation_shape_at(self.cut(agent))
         acts, labels = tensors.get("activations"), tensors.get("labels")
         if acts is None or labels is None:
             return "reply lacks activations or labels"
@@ -341,12 +353,20 @@ class Trainer:
         return None
 
     def _weights_problem(self, tensors: Arrays, blocks: tuple[str, ...],
-                         agent: str | None = None) -> str | None:
+                         agent: str | None = None, *, cut: int | None = None) -> str | None:
+        """Why `tensors` (untrusted) are not `blocks` of a device at `cut` (default: the
+        agent's cut, or the server cut's whole template), or None."""
+        cut = self.cut(agent) if cut is None and agent is not None else cut
         template = self.weight_template
-        if agent is not None and self.completions.shallow(agent):
-            keep = set(self.client_names(self.cut(agent)))
+        if cut is not None and cut < self.bundle.split:
+            keep = set(self.client_names(cut))
             template = {k: v for k, v in template.items()
                         if not k.startswith("client/") or k in keep}
+        own = None if cut is None else self.cut_templates.get(cut)
+        if own:
+            replaced = {k.split("/", 1)[0] for k in own}
+            template = {**{k: v for k, v in template.items()
+                           if k.split("/", 1)[0] not in replaced}, **own}
         expected = {k: v for k, v in template.items()
                     if k.split("/", 1)[0] in blocks}
         if set(tensors) != set(expected):

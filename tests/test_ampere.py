@@ -228,7 +228,7 @@ def test_coordinator_restart_between_upload_and_server_training(archive: Path,
     uploads are complete, asks only the missing agent, and trains on the stored rows."""
     engine = fleet(3)
     method = ampere(engine, archive, tmp_path / "work", upload_mb=0.02)
-    assert method._rows_per_reply() < len(engine.workers["a0"].data)  # several replies
+    assert method._rows_per_reply("a0") < len(engine.workers["a0"].data)  # several replies
     play(method, 0)
     engine.registry.set_state("a2", "offline")
     assert play(method, 1) is not None

@@ -57,14 +57,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from jetsplit.bundle import sha256_file
+from jetsplit.bundle import load_bundle, sha256_file
 from jetsplit.data import ArrayDataset
 from jetsplit.errors import ConfigError
 from jetsplit.models import ZOO_VERSION
 from jetsplit.models.weights import from_arrays, load_strict, to_arrays
 from jetsplit.protocol import Kind
 from jetsplit.server.activation_store import ActivationStore, StoreError
-from jetsplit.server.aggregation import fedavg
+from jetsplit.server.aggregation import fedavg, layerwise_fedavg
 from jetsplit.server.algorithms.methods import Method, _save_arrays
 from jetsplit.server.checkpoint import CheckpointError, strip, subset
 from jetsplit.server.coordinator import BundleShipper
@@ -91,6 +91,7 @@ class Ampere(Method):
     """Ampere: unidirectional inter-block training with activation consolidation."""
 
     name = "ampere"
+    per_device_cuts = True  # device k trains layers 1..p_k with an aux head built for p_k
 
     def __init__(self, trainer: Trainer) -> None:
         super().__init__(trainer)
@@ -101,13 +102,17 @@ class Ampere(Method):
         if s.rounds < 2:
             raise ConfigError(f"{self.name} needs at least 2 rounds (device epochs, then "
                               f"server training), got rounds = {s.rounds}")
-        self.global_aux: Arrays = to_arrays(t.bundle.aux_module(), "aux")
-        # Aux blocks come back from agents too: validate them like the other blocks.
-        t.weight_template = {**t.weight_template, **self.global_aux}
+        # One aux head per cut in the fleet (`aux/…` names; see `_flat` for checkpoints).
+        self.aux: dict[int, Arrays] = {k: self._initial_aux(k) for k in sorted(
+            {t.bundle.split, *t.cuts.values()}, reverse=True)}
+        # Aux blocks come back from agents too: validate them like the other blocks, each
+        # device's against its own cut's head.
+        t.weight_template = {**t.weight_template, **self.aux[t.bundle.split]}
+        t.cut_templates = {k: a for k, a in self.aux.items() if k != t.bundle.split}
         self.validation, self.test = carve_validation(t.test, s.validation_fraction, s.seed)
         self.phase = self.round_phase = 1
         self.epoch = 0  # phase-1 epochs done
-        self.best: Arrays = {**t.global_client, **self.global_aux}
+        self.best: Arrays = {**t.global_client, **self._flat(self.aux)}
         self.best_accuracy: float | None = None
         self.stale = 0  # epochs since the best validation accuracy
         self.last_validation: float | None = None
@@ -130,7 +135,7 @@ class Ampere(Method):
         owing = [a for a in t.engine.registry.eligible(zoo_version=ZOO_VERSION)
                  if not self._store().complete(a)]
         assert self.shipper is not None
-        ready = self.shipper.ensure(owing, t.round) if owing else []
+        ready = self.shipper.ensure(owing, t.round, t.cuts) if owing else []
         loss = self._server_epoch(ready)
         self.server_epochs += 1
         return loss
@@ -142,7 +147,7 @@ class Ampere(Method):
         t, s = self.trainer, self.trainer.settings
         live = t.live(selected)
         if self.epoch > 0:
-            live = t.push(live, {**t.global_client, **self.global_aux})
+            live = t.push_client(live, t.global_client, self.aux)
         batches, sizes = t.batches(live), t.sizes(live)
         commands = {a: Command(Kind.TRAIN.value, {
             "target": "aux", "batch": batches[a], "lr": t.client_optimizer.lr,
@@ -155,15 +160,24 @@ class Ampere(Method):
         t.release(out.agents)
         if states:
             with t.timed("aggregate"):
-                merged = fedavg(states, t.sizes(sorted(states)))
-            t.global_client = subset(merged, "client")
-            self.global_aux = subset(merged, "aux")
+                self._aggregate(states)
             self.epoch += 1
             with t.timed("validate"):
                 self._validate()
         if self._device_training_done():
             self._end_phase1()
         return loss
+
+    def _aggregate(self, states: dict[str, Arrays]) -> None:
+        """FedAvg (weights |D_k|) layer by layer over the devices that hold the layer
+        (p_k ≥ l; a layer nobody held this epoch keeps its weights), and each cut's aux
+        head over the devices at that cut. With one cut: FedAvg of client + aux."""
+        t = self.trainer
+        sizes = t.sizes(sorted(states))
+        client = layerwise_fedavg({a: subset(v, "client") for a, v in states.items()}, sizes)
+        t.global_client = {**t.global_client, **client}
+        for cut, group in t.by_cut(sorted(states)).items():
+            self.aux[cut] = fedavg({a: subset(states[a], "aux") for a in group}, sizes)
 
     def _train_loss(self, out: Outcome, commands: dict[str, Command]) -> float | None:
         """Sample-weighted mean of the agents' reported losses (untrusted: checked)."""
@@ -180,27 +194,78 @@ class Ampere(Method):
             total, seen = total + loss * samples, seen + samples
         return total / seen if seen else None
 
-    def _device_model(self) -> nn.Module:
-        """client∘aux with the global weights (what phase 1 trains)."""
+    def _device_model(self, cut: int) -> nn.Module:
+        """client[:cut]∘aux_cut with the global weights (what a device at `cut` trains)."""
         t = self.trainer
         client = t.bundle.client_module()
         load_strict(client, from_arrays(t.global_client, "client"), "client weights")
-        aux = t.bundle.aux_module()
-        load_strict(aux, from_arrays(self.global_aux, "aux"), "aux weights")
-        return nn.Sequential(*client.children(), aux)
+        aux = t.bundle.aux_module() if cut == t.bundle.split else self._aux_module(cut)
+        load_strict(aux, from_arrays(self.aux[cut], "aux"), "aux weights")
+        return nn.Sequential(*list(client.children())[:cut], aux)
+
+    def _aux_module(self, cut: int) -> nn.Module:
+        """The aux head built for `cut`: from the device bundle the agents at `cut` run."""
+        shipped = self.trainer.shipper.bundles.get("client", cut, aux=True)
+        return load_bundle(shipped.root).aux_module()
+
+    def _initial_aux(self, cut: int) -> Arrays:
+        t = self.trainer
+        head = t.bundle.aux_module() if cut == t.bundle.split else self._aux_module(cut)
+        return to_arrays(head, "aux")
+
+    def _validation_accuracy(self) -> float:
+        """Accuracy of the devices' client∘aux on the validation part. With several cuts,
+        each device serves its own cut's model: the mean over cuts weighted by the data
+        (Σ|D_k|) of the registered devices at each cut."""
+        t = self.trainer
+        assert self.validation is not None
+        registry = t.engine.registry
+        agents = [a for a in registry.registered()
+                  if registry.registration(a).get("role", "client") == "client"]
+        weights: dict[int, int] = {}
+        for agent, size in t.sizes(agents).items():
+            weights[t.cut(agent)] = weights.get(t.cut(agent), 0) + size
+        if len(weights) <= 1:
+            cut = next(iter(weights), t.bundle.split)
+            return evaluate(self._device_model(cut), self.validation).accuracy
+        total = sum(weights.values())
+        return sum(n / total * evaluate(self._device_model(cut), self.validation).accuracy
+                   for cut, n in sorted(weights.items()))
 
     def _validate(self) -> None:
         """Early-stopping bookkeeping; without a validation part the latest epoch is best."""
-        current = {**self.trainer.global_client, **self.global_aux}
+        current = {**self.trainer.global_client, **self._flat(self.aux)}
         if self.validation is None:
             self.best, self.stale = current, 0
             return
-        accuracy = evaluate(self._device_model(), self.validation).accuracy
+        accuracy = self._validation_accuracy()
         self.last_validation = accuracy
         if self.best_accuracy is None or accuracy > self.best_accuracy:
             self.best, self.best_accuracy, self.stale = current, accuracy, 0
         else:
             self.stale += 1
+
+    def _flat(self, aux: dict[int, Arrays]) -> Arrays:
+        """Every cut's aux head in one name space (checkpoints, the best epoch, aux.
+        safetensors): the server cut's as `aux/…`, as in a one-cut run; another cut's as
+        `aux-k<cut>/…`."""
+        out: Arrays = {}
+        for cut, arrays in aux.items():
+            prefix = self._aux_prefix(cut)
+            out.update({prefix + name[3:]: v for name, v in arrays.items()})
+        return out
+
+    def _unflat(self, arrays: Arrays) -> dict[int, Arrays]:
+        """Inverse of `_flat` for this fleet's cuts."""
+        out = {}
+        for cut in self.aux:
+            prefix = self._aux_prefix(cut) + "/"
+            out[cut] = {"aux/" + n[len(prefix):]: v for n, v in arrays.items()
+                        if n.startswith(prefix)}
+        return out
+
+    def _aux_prefix(self, cut: int) -> str:
+        return "aux" if cut == self.trainer.bundle.split else f"aux-k{cut}"
 
     def _device_training_done(self) -> bool:
         t, s = self.trainer, self.trainer.settings
@@ -211,7 +276,7 @@ class Ampere(Method):
     def _end_phase1(self) -> None:
         t = self.trainer
         t.global_client = subset(self.best, "client")
-        self.global_aux = subset(self.best, "aux")
+        self.aux = self._unflat(self.best)
         self.phase = 2
         log.info("%s: device training ends after %d epochs (best validation accuracy %s)",
                  self.name, self.epoch, self.best_accuracy)
@@ -241,7 +306,10 @@ class Ampere(Method):
                                          optimizer=t.client_optimizer.wire(),
                                          deadline_s=s.bundle_deadline_s,
                                          kind=Kind.TRAINED_BUNDLE.value, content="aux",
-                                         seed=s.seed)
+                                         seed=s.seed, aux_weights={
+                                             k: from_arrays(a, "aux")
+                                             for k, a in self.aux.items()
+                                             if k != t.bundle.split})
             self.bundle_sha = self.shipper.sha256
         if self.store is None:
             # The store is tied to the trained bundle: activations of another client block
@@ -263,16 +331,19 @@ class Ampere(Method):
         weights = {**from_arrays(t.global_client, "client"),
                    **{k: torch.zeros(v.shape, dtype=v.dtype)
                       for k, v in t.server.state_dict().items()},
-                   **{f"aux.{k}": v for k, v in from_arrays(self.global_aux, "aux").items()}}
+                   **{f"aux.{k}": v for k, v in
+                      from_arrays(self.aux[t.bundle.split], "aux").items()}}
         write_bundle(t.bundle.spec, t.bundle.split, self.workdir / "bundle",
                      aux_ratio=t.bundle.manifest.aux_ratio, seed=t.settings.seed,
                      weights=weights, tar=True)
 
     # ------------------------------------------------------------------ phase 2 uploads
 
-    def _rows_per_reply(self) -> int:
-        row = 4 * math.prod(self.trainer.activation_shape)
-        return max(1, int(self.trainer.settings.upload_mb * 2**20) // row)
+    def _rows_per_reply(self, agent: str) -> int:
+        """Rows of `agent`'s activations (at its cut) that fit in `upload_mb`."""
+        t = self.trainer
+        row = 4 * math.prod(t.activation_shape_at(t.cut(agent)))
+        return max(1, int(t.settings.upload_mb * 2**20) // row)
 
     def _collect(self, agents: list[str]) -> Iterator[np.ndarray]:
         """Ask `agents` for the rest of their activations, one slice per agent per wave;
@@ -280,11 +351,12 @@ class Ampere(Method):
         misses a wave (or sends a bad slice) is asked again next round."""
         t, s, store = self.trainer, self.trainer.settings, self._store()
         sizes = t.sizes(agents)
-        active, wave, limit = list(agents), 0, self._rows_per_reply()
+        active, wave = list(agents), 0
+        limits = {a: self._rows_per_reply(a) for a in agents}
         while active:
             offsets = {a: store.received(a) for a in active}
             commands = {a: Command(Kind.GENERATE.value, {
-                "offset": offsets[a], "limit": limit, "codec": s.codec,
+                "offset": offsets[a], "limit": limits[a], "codec": s.codec,
                 "compression": s.compression}) for a in active}
             stream = t.engine.send_and_stream(commands, round=t.round, step=wave,
                                               deadline_s=s.deadline_s)
@@ -293,15 +365,16 @@ class Ampere(Method):
                     out = next(stream, None)
                 if out is None:
                     break
-                rows = self._accept(t.note(out), offsets, sizes)
+                rows = self._accept(t.note(out), offsets, sizes, limits)
                 if rows is not None:
                     yield rows
             active = [a for a in active if a not in t.missed and not store.complete(a)]
             wave += 1
 
-    def _accept(self, out: Outcome, offsets: dict[str, int], sizes: dict[str, int]
-                ) -> np.ndarray | None:
-        """Store a one-agent outcome's slice; a refused slice becomes a recorded miss."""
+    def _accept(self, out: Outcome, offsets: dict[str, int], sizes: dict[str, int],
+                limits: dict[str, int]) -> np.ndarray | None:
+        """Store a one-agent outcome's slice (a shallow device's carried to the server
+        cut first); a refused slice becomes a recorded miss."""
         t, store = self.trainer, self._store()
         for agent, reply in list(out.replies.items()):
             acts, labels = reply.tensors.get("activations"), reply.tensors.get("labels")
@@ -311,6 +384,7 @@ class Ampere(Method):
                                      "or labels, or its dataset size differs from the "
                                      "registered one")
                 with t.timed("store"):
+                    acts = self._carried(agent, acts, labels, limits[agent])
                     n = store.append(agent, offsets[agent], sizes[agent], acts, labels)
             except StoreError as exc:
                 log.warning("%s", exc)
@@ -320,6 +394,20 @@ class Ampere(Method):
             t.fwd_samples[agent] += n  # the client block's forward pass on the device
             return store.rows_of(agent)[offsets[agent]:offsets[agent] + n]
         return None
+
+    def _carried(self, agent: str, acts: np.ndarray, labels: np.ndarray, limit: int
+                 ) -> np.ndarray:
+        """A shallow device's slice, checked at its cut p_k, then carried to p* through
+        the aggregated global layers p_k+1..p* (eval mode, no gradient), so the store
+        holds one shape and one server block trains on all of it."""
+        t = self.trainer
+        cut = t.cut(agent)
+        if cut >= t.bundle.split:
+            return acts  # the store checks it at p*
+        problem = t._activation_problem({"activations": acts, "labels": labels}, limit, agent)
+        if problem is not None:
+            raise StoreError(f"upload from {agent} refused: {problem}")
+        return t.completions.carry(cut, t.global_client, acts)
 
     # ------------------------------------------------------------------ phase 2 training
 
@@ -379,13 +467,13 @@ class Ampere(Method):
     def save(self, out_dir: Path) -> None:
         """Final weights (the aux head too); a temp work folder of ours goes away."""
         super().save(out_dir)
-        _save_arrays(self.global_aux, out_dir / "aux.safetensors")
+        _save_arrays(self._flat(self.aux), out_dir / "aux.safetensors")
         if self.own_workdir and self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     def checkpoint(self) -> tuple[Arrays, dict[str, Any]]:
         arrays, meta = super().checkpoint()
-        arrays = {**arrays, **self.global_aux,
+        arrays = {**arrays, **self._flat(self.aux),
                   **{f"best/{k}": v for k, v in self.best.items()}}
         return arrays, {**meta, "ampere": {
             "phase": self.phase, "epoch": self.epoch, "best_accuracy": self.best_accuracy,
@@ -397,10 +485,12 @@ class Ampere(Method):
     def restore(self, arrays: Arrays, meta: dict[str, Any]) -> None:
         super().restore(arrays, meta)
         t = self.trainer
-        aux, best = subset(arrays, "aux"), strip(arrays, "best")
-        for what, state, blocks in (("aux head", aux, ("aux",)),
-                                    ("best blocks", best, ("client", "aux"))):
-            problem = t._weights_problem(state, blocks)
+        best = strip(arrays, "best")
+        aux, best_aux = self._unflat(arrays), self._unflat(best)
+        for what, problem in (
+                ("aux head", self._aux_problem(aux)),
+                ("best blocks", t._weights_problem(subset(best, "client"), ("client",))
+                 or self._aux_problem(best_aux))):
             if problem is not None:
                 raise CheckpointError(f"checkpoint {what}: {problem}")
         state = meta.get("ampere") or {}
@@ -417,9 +507,20 @@ class Ampere(Method):
             raise CheckpointError(f"checkpoint Ampere state is damaged: {exc}") from None
         if self.phase not in (1, 2):
             raise CheckpointError(f"checkpoint Ampere phase {self.phase} is not 1 or 2")
-        self.global_aux = {k: np.array(v) for k, v in aux.items()}
-        self.best = {k: np.array(v) for k, v in best.items()}
+        self.aux = {k: {n: np.array(v) for n, v in a.items()} for k, a in aux.items()}
+        self.best = {k: np.array(v) for k, v in best.items()
+                     if k.startswith("client/") or k.split("/", 1)[0] in
+                     {self._aux_prefix(c) for c in self.aux}}
         self.store = self.shipper = None  # reopened from the work folder when needed
+
+    def _aux_problem(self, aux: dict[int, Arrays]) -> str | None:
+        """Why these aux heads (one per cut, untrusted) cannot be loaded, or None."""
+        t = self.trainer
+        for cut, arrays in aux.items():
+            problem = t._weights_problem(arrays, ("aux",), cut=cut)
+            if problem is not None:
+                return problem if cut == t.bundle.split else f"cut {cut}: {problem}"
+        return None
 
 
 def _float_or_none(value: object) -> float | None:
