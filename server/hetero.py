@@ -128,7 +128,7 @@ class Completions:
         out = []
         with eval_mode(module), torch.no_grad():
             for start in range(0, len(acts), chunk):
-                x = torch.from_numpy(np.ascontiguousarray(acts[start:start + chunk]))
+                x = torch.from_numpy(np.array(acts[start:start + chunk], dtype=np.float32))
                 out.append(module(x.to(self.device)).float().cpu().numpy())
         return np.concatenate(out) if out else acts
 

@@ -18,12 +18,13 @@ import pytest
 import torch
 from safetensors.numpy import load_file
 
+from jetsplit.bundle import load_bundle
 from jetsplit.data import load_dataset_split, partition
 from jetsplit.edge_agent.worker import AgentWorker, Result
 from jetsplit.export.bundle_writer import write_bundle
 from jetsplit.models import ModelSpec
 from jetsplit.models.split import eval_mode
-from jetsplit.models.weights import from_arrays, load_strict
+from jetsplit.models.weights import from_arrays, load_strict, to_arrays
 from jetsplit.protocol import Kind
 from jetsplit.server.activation_store import ActivationStore, StoreError
 from jetsplit.server.algorithms.ampere import Ampere
@@ -55,21 +56,24 @@ def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return report.tar_path
 
 
-def fleet(agents: int, worker: type[AgentWorker] = AgentWorker, rows: int = 150
+def fleet(agents: int, worker: type[AgentWorker] = AgentWorker, rows: int | list[int] = 150
            ) -> InProcessEngine:
-    """`agents` in-process agents with `rows` digits each (small: these tests check the
-    mechanics, the simulation below checks learning)."""
+    """`agents` in-process agents with `rows` digits each, or rows[i] for agent i (small:
+    these tests check the mechanics, the simulation below checks learning)."""
     train, _ = load_dataset_split("digits", 0.2, 0)
     shards = partition(train.y, agents, "iid", 0, train.num_classes)
-    return InProcessEngine({f"a{i}": worker(f"a{i}", train.subset(s[:rows]), seed=i)
+    counts = rows if isinstance(rows, list) else [rows] * agents
+    return InProcessEngine({f"a{i}": worker(f"a{i}", train.subset(s[:counts[i]]), seed=i)
                             for i, s in enumerate(shards)})
 
 
-def ampere(engine: InProcessEngine, archive: Path, workdir: Path, **settings: Any) -> Ampere:
+def ampere(engine: InProcessEngine, archive: Path, workdir: Path,
+           cuts: dict[str, int] | None = None, **settings: Any) -> Ampere:
     _, test = load_dataset_split("digits", 0.2, 0)
     merged: dict[str, Any] = {"algorithm": "ampere", "rounds": 4, "batch": 48, "lr": 0.1,
                               "device_epochs": 1, "activation_dir": str(workdir), **settings}
-    method = build_method(merged["algorithm"], Trainer(engine, archive, Settings(**merged), test))
+    trainer = Trainer(engine, archive, Settings(**merged), test, cuts=cuts)
+    method = build_method(merged["algorithm"], trainer)
     assert isinstance(method, Ampere)
     return method
 
@@ -379,3 +383,106 @@ def test_mqtt_run_through_phase_two_matches_in_process(
     for name in ("client", "aux", "server"):
         a, b = (load_file(str(run / f"{name}.safetensors")) for run in runs)
         assert a.keys() == b.keys() and all(a[k].tobytes() == b[k].tobytes() for k in a), name
+
+
+# --------------------------------------------------------------------------- per-device cuts
+
+
+def _outcome(method: Ampere) -> dict[str, np.ndarray]:
+    """Every weight a run ends with: server block, global client block, each cut's aux."""
+    t = method.trainer
+    return {**to_arrays(t.server, "server"), **t.global_client, **method._flat(method.aux)}
+
+
+def test_equal_cuts_are_the_one_cut_ampere_bit_for_bit(archive: Path, tmp_path: Path) -> None:
+    """Every device at the bundle's split, named as per-device cuts, runs exactly the
+    one-cut code: phase 1, the upload and a server epoch give the same bytes."""
+    runs = []
+    for name, cuts in (("common", None), ("equal", {"a0": SPLIT, "a1": SPLIT})):
+        method = ampere(fleet(2, rows=[120, 80]), archive, tmp_path / name, cuts=cuts,
+                        rounds=3)
+        losses = [play(method, r) for r in range(3)]
+        runs.append((losses, _outcome(method), method.evaluate()["accuracy"]))
+    (loss_a, weights_a, acc_a), (loss_b, weights_b, acc_b) = runs
+    assert loss_a == loss_b and acc_a == acc_b and None not in loss_a
+    assert list(weights_a) == list(weights_b)
+    assert [k for k in weights_a if weights_a[k].tobytes() != weights_b[k].tobytes()] == []
+
+
+def test_cuts_1_and_2_average_each_layer_over_its_holders(archive: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    """Device a0 trains layer 1 + an aux head for cut 1, a1 layers 1–2 + a head for cut 2.
+    Layer 1 is the |D_k|-weighted mean of both, layer 2 is a1's alone, each head is its own
+    cut's. In phase 2 a0 uploads cut-1 activations, which the coordinator carries through
+    the global layer 2 before storing; a0's trained bundle is cut 1 with its trained head."""
+    sizes = {"a0": 150, "a1": 90}
+    engine = fleet(2, rows=list(sizes.values()))
+    method = ampere(engine, archive, tmp_path / "work", cuts={"a0": 1}, rounds=2)
+    t = method.trainer
+    seen: dict[str, dict[str, np.ndarray]] = {}
+    pull = t.pull
+
+    def recording(agents: list[str], blocks: tuple[str, ...] = ("client",)
+                  ) -> dict[str, dict[str, np.ndarray]]:
+        out = pull(agents, blocks)
+        seen.update({a: dict(v) for a, v in out.items()})
+        return out
+
+    monkeypatch.setattr(t, "pull", recording)
+    play(method, 0)  # N_d = 1: phase 1 ends with this epoch's average
+    assert method.phase == 2 and set(seen) == {"a0", "a1"}
+    layer = {n: n.split("/", 1)[1].split(".", 1)[0] for n in t.global_client}
+    first, second = sorted(set(layer.values()), key=list(layer.values()).index)[:2]
+    assert {layer[n] for n in seen["a0"] if n.startswith("client/")} == {first}
+    checked = 0
+    for name, value in t.global_client.items():
+        a0, a1 = seen["a0"].get(name), seen["a1"][name]
+        if layer[name] == second:
+            assert a0 is None and np.array_equal(value, a1)
+            continue
+        assert a0 is not None
+        if value.dtype.kind != "f":
+            assert np.array_equal(value, np.maximum(a0, a1))
+            continue
+        want = (a0.astype(np.float64) * 150 + a1.astype(np.float64) * 90) / 240
+        np.testing.assert_allclose(value, want.astype(value.dtype), rtol=0, atol=1e-7)
+        if a0.size > 1:
+            assert not np.array_equal(a0, a1), name  # the two devices really differ
+            checked += 1
+    assert checked >= 2
+    for agent, cut in (("a0", 1), ("a1", 2)):
+        head = {n: v for n, v in seen[agent].items() if n.startswith("aux/")}
+        assert head.keys() == method.aux[cut].keys()
+        assert all(np.array_equal(head[n], method.aux[cut][n]) for n in head)
+    shapes = [{v.shape for v in method.aux[c].values()} for c in (1, 2)]
+    assert shapes[0] != shapes[1]  # each head is built for its own cut
+
+    assert play(method, 1) is not None  # uploads (a0's carried to cut 2), a server epoch
+    store = method._store()
+    assert store.completed() == ["a0", "a1"]
+    acts, labels = store.take(np.sort(store.rows_of("a0")))
+    client = t.bundle.client_module()
+    load_strict(client, from_arrays(t.global_client, "client"), "client")
+    data = engine.workers["a0"].data
+    with torch.no_grad(), eval_mode(client):
+        want = client(torch.from_numpy(data.x)).numpy()
+    assert acts.shape == (sizes["a0"], *SHAPE)
+    assert np.abs(acts - want).max() <= 1e-4 and np.array_equal(labels, data.y)
+    assert method.shipper is not None
+    shipped = load_bundle(method.shipper.bundles.get("client", 1, aux=True).root)
+    assert shipped.split == 1
+    head = to_arrays(shipped.aux_module(), "aux")
+    assert all(np.array_equal(head[n], method.aux[1][n]) for n in method.aux[1])
+
+
+def test_a_bad_ampere_cut_is_one_error_line_naming_the_device(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from jetsplit.cli import main
+
+    argv = ["trial", "--algorithm", "ampere", "--dataset", "digits", "--cut", "a1=99",
+            "--out", str(tmp_path / "run")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: agent a1: cut 99 is out of range") and err.count("\n") == 1
+    assert not (tmp_path / "run" / "agents").exists()  # nothing was started
