@@ -15,6 +15,10 @@ and the layer-wise mean is FedAvg over those). Methods that never average client
 (PSL, GAPSL) keep each agent's copy across rounds: it is the coordinator-side part of that
 agent's own block, evaluated and checkpointed with it. With every cut equal to c* there are
 no copies and the methods run exactly the common-cut code.
+
+Ampere trains without server gradients, so it keeps no copies: layers are averaged over the
+devices that hold them (`aggregation.layerwise_fedavg`), and `Completions.carry` takes a
+shallow device's one-shot upload forward through the global layers c_k+1..c*.
 """
 
 from __future__ import annotations
@@ -208,8 +212,9 @@ def plan_cuts(algorithm: str, model: str, input_shape: tuple[int, int, int], cla
                             common_split=common_split or split is not None
                             or algorithm in ("sherl",))
     costs = get_costs(model, input_shape, classes)
-    devices = [dilated(resolve_profile(p), compute_dilation)
-               for p in sorted(set(agent_profiles.values()))]
+    resolved = {p: resolve_profile(p) for p in sorted(set(agent_profiles.values()))}
+    name = {p: r.name for p, r in resolved.items()}  # a path's profile goes by its name
+    devices = list({r.name: dilated(r, compute_dilation) for r in resolved.values()}.values())
     plan = plan_fleet(costs, devices, resolve_profile(server_profile), settings)
     check_feasible(plan)
     if not ALGORITHMS[planned].splits:  # the whole model trains on the device
@@ -218,17 +223,18 @@ def plan_cuts(algorithm: str, model: str, input_shape: tuple[int, int, int], cla
         by_profile = dict.fromkeys(plan.chosen, split)
     else:
         by_profile = {p: int(k) for p, k in plan.chosen.items()}  # type: ignore[arg-type]
-    cuts = {a: by_profile[p] for a, p in sorted(agent_profiles.items())}
+    cuts = {a: by_profile[name[p]] for a, p in sorted(agent_profiles.items())}
     server_cut = max(cuts.values())
     predicted = per_device(plan)
+    iters = settings.iterations_per_round(ALGORITHMS[planned])  # Ampere: an epoch
     agents = {}
     for agent, profile in sorted(agent_profiles.items()):
         k = cuts[agent]
         info: dict[str, Any] = {"profile": profile, "cut": k}
         if ALGORITHMS[planned].splits and k in {r.k for r in plan.devices[0].rows}:
-            row = plan.row(profile, k)
-            info.update(predicted_compute_s=row.compute_ms * local_steps / 1e3,
-                        predicted_transfer_s=row.transfer_ms * local_steps / 1e3,
+            row = plan.row(name[profile], k)
+            info.update(predicted_compute_s=row.compute_ms * iters / 1e3,
+                        predicted_transfer_s=row.transfer_ms * iters / 1e3,
                         predicted_memory_mb=row.memory.total / 2**20,
                         budget_mb=row.budget_bytes / 2**20)
         agents[agent] = info

@@ -71,6 +71,7 @@ def simulate(
     workers.update({edge: AgentWorker(edge, no_data(), role="edge", seed=settings.seed,
                                       bundle_cache=cache, device=device)
                     for edge in sorted(settings.edges)})
+    mean_shard = max(1, round(sum(len(s) for s in shards) / max(1, len(shards))))
     del train, shards  # from here on each client's shard is the only copy of its data
     spec = ModelSpec(model, test.input_shape, test.num_classes)
     cuts: dict[str, int] | None = None
@@ -84,7 +85,7 @@ def simulate(
         split, cuts, _ = plan_cuts(
             settings.algorithm, model, test.input_shape, test.num_classes, by_agent,
             batch=max(1, settings.batch // clients), local_steps=settings.local_steps,
-            rounds=settings.rounds, dataset_size=None, codec=settings.codec,
+            rounds=settings.rounds, dataset_size=mean_shard, codec=settings.codec,
             server_profile="x86-cpu", common_split=common_split)
     out_dir.mkdir(parents=True, exist_ok=True)
     if not resume:

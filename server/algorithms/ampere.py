@@ -40,6 +40,14 @@ system would serve at that point.
 The ablation keeps phase 1 but, once all activations are in, trains one server-block copy
 per agent on that agent's activations alone and FedAvg-s the copies (weights |A_k|) every
 epoch, as the SFL baselines do.
+
+Per-device blocks (§3.2.1; the planner picks p_k per device, export/planner.py): device k
+trains layers 1..p_k with an aux head built for p_k (its cut's bundle). Phase 1 averages
+layer l over the devices holding it (p_k ≥ l) and each head over the devices at its cut.
+Phase 2 ships each device a trained bundle at its cut; a shallow device's uploads are
+carried to p* = max p_k through the aggregated global layers p_k+1..p* (eval mode, no
+gradient; `Completions.carry`) before they are stored, so the store has one shape and one
+server block [p*:] trains on it. Equal cuts run the one-cut code bit for bit.
 """
 
 from __future__ import annotations
