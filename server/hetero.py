@@ -287,6 +287,18 @@ def registered_profile(registration: Mapping[str, Any]) -> Any:
         return None
 
 
+def mean_dataset_size(registrations: Mapping[str, Mapping[str, Any]]) -> int | None:
+    """The mean |D_k| the agents registered (Ampere's epoch and one-shot upload), or None
+    when none says (the planner then assumes one round's worth)."""
+    sizes = []
+    for registration in registrations.values():
+        dataset = registration.get("dataset")
+        size = dataset.get("size") if isinstance(dataset, dict) else None
+        if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+            sizes.append(size)
+    return max(1, round(sum(sizes) / len(sizes))) if sizes else None
+
+
 def fleet_cuts(cfg: Any, registrations: Mapping[str, Mapping[str, Any]], *, batch: int,
                local_steps: int, rounds: int, codec: str) -> tuple[int, dict[str, int]]:
     """`jetsplit server run`'s cuts for the registered agents: (server cut, cut per agent).
@@ -313,7 +325,8 @@ def fleet_cuts(cfg: Any, registrations: Mapping[str, Mapping[str, Any]], *, batc
     planned = PLANNER_PROXY.get(algorithm, algorithm)
     settings = PlanSettings(algorithm=planned if planned in ALGORITHMS else "splitfed-v1",
                             batch=batch, local_steps=local_steps, rounds=rounds, codec=codec,
-                            common_split=planned not in ALGORITHMS)
+                            common_split=planned not in ALGORITHMS,
+                            dataset_size=mean_dataset_size(registrations))
     server = resolve_profile("x86-cpu")
     if model.split == "auto":
         missing = [a for a, p in profiles.items() if p is None]

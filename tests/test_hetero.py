@@ -207,3 +207,36 @@ def test_completion_copies_step_with_the_client_tiers_optimiser(archives: dict[i
     assert set(trainer.completions.copies) == {"a0"}
     group = trainer.completions.optimizers["a0"].param_groups[0]
     assert (group["lr"], group["momentum"]) == (0.005, 0.9)
+
+
+def test_ampere_fleet_plans_a_block_per_device_from_profile_files(tmp_path: Path) -> None:
+    """`trial` and `simulate --profile` plan through `plan_cuts`: Ampere gets a block per
+    device (a slow device on a fast link at 1, a fast one on a slow uplink deeper), also
+    from profile files (named by their profile), and one cut with `common_split`."""
+    import tomli_w
+
+    from jetsplit.profiles import resolve_profile
+    from jetsplit.server.hetero import plan_cuts
+
+    paths = {}
+    for name, base, compute, up in (("nano-slow", "jetson-nano-4gb-320mhz", 50.0, 1000.0),
+                                    ("orin-thin", "agx-orin-64gb", 1.0, 1.0)):
+        data = resolve_profile(base).model_dump(mode="json", exclude_none=True)
+        data["device"]["name"] = name
+        data["compute"]["peak_fp32_gflops"] /= compute
+        for key in ("peak_fp16_gflops", "gpu_clock_mhz"):
+            data["compute"].pop(key, None)
+        data.pop("measured", None)
+        data["network"].update(uplink_mbps=up, downlink_mbps=max(up, 50.0))
+        paths[name] = tmp_path / f"{name}.toml"
+        paths[name].write_bytes(tomli_w.dumps(data).encode())
+    fleet = {"a0": str(paths["nano-slow"]), "a1": str(paths["orin-thin"])}
+    kw = {"batch": 16, "local_steps": 10, "rounds": 3, "dataset_size": 718, "codec": "fp32",
+          "server_profile": "x86-cpu"}
+    server_cut, cuts, plan = plan_cuts("ampere", "resnet18", (1, 8, 8), 10, fleet, **kw)
+    assert cuts["a0"] == 1 < cuts["a1"] == server_cut
+    assert plan["agents"]["a1"]["predicted_transfer_s"] > 0
+    assert plan["value"] < plan["best_common_value"]
+    _, common, _ = plan_cuts("ampere", "resnet18", (1, 8, 8), 10, fleet, common_split=True,
+                             **kw)
+    assert len(set(common.values())) == 1
