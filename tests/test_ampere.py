@@ -486,3 +486,29 @@ def test_a_bad_ampere_cut_is_one_error_line_naming_the_device(
     err = capsys.readouterr().err
     assert err.startswith("error: agent a1: cut 99 is out of range") and err.count("\n") == 1
     assert not (tmp_path / "run" / "agents").exists()  # nothing was started
+
+
+def test_per_cut_heads_survive_a_checkpoint_and_a_damaged_one_is_named(
+        archive: Path, tmp_path: Path) -> None:
+    """Every cut's aux head (and the best epoch's) round-trips through a checkpoint; a head
+    of the wrong shape for its cut is refused in one line naming the cut."""
+    from jetsplit.server.checkpoint import CheckpointError
+
+    method = ampere(fleet(2, rows=60), archive, tmp_path / "w", cuts={"a0": 1}, rounds=3,
+                    device_epochs=2)
+    play(method, 0)
+    assert method.phase == 1 and set(method.aux) == {1, 2}
+    arrays, meta = method.checkpoint()
+    assert any(k.startswith("aux-k1/") for k in arrays)
+    assert any(k.startswith("best/aux-k1/") for k in arrays)
+    restarted = ampere(fleet(2, rows=60), archive, tmp_path / "w2", cuts={"a0": 1}, rounds=3,
+                       device_epochs=2)
+    restarted.restore(arrays, meta)
+    for cut in (1, 2):
+        assert all(np.array_equal(restarted.aux[cut][n], v)
+                   for n, v in method.aux[cut].items())
+    assert restarted.best.keys() == method.best.keys()
+    name = next(k for k in arrays if k.startswith("aux-k1/"))
+    damaged = {**arrays, name: np.zeros((3, 3), np.float32)}
+    with pytest.raises(CheckpointError, match=r"^checkpoint aux head: cut 1: tensor aux/"):
+        restarted.restore(damaged, meta)
