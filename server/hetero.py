@@ -287,15 +287,17 @@ def registered_profile(registration: Mapping[str, Any]) -> Any:
         return None
 
 
+def registered_size(registration: Mapping[str, Any]) -> int | None:
+    """|D_k| as the agent registered it (untrusted: a positive int or None)."""
+    dataset = registration.get("dataset")
+    size = dataset.get("size") if isinstance(dataset, dict) else None
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
+
+
 def mean_dataset_size(registrations: Mapping[str, Mapping[str, Any]]) -> int | None:
     """The mean |D_k| the agents registered (Ampere's epoch and one-shot upload), or None
     when none says (the planner then assumes one round's worth)."""
-    sizes = []
-    for registration in registrations.values():
-        dataset = registration.get("dataset")
-        size = dataset.get("size") if isinstance(dataset, dict) else None
-        if isinstance(size, int) and not isinstance(size, bool) and size > 0:
-            sizes.append(size)
+    sizes = [n for n in map(registered_size, registrations.values()) if n is not None]
     return max(1, round(sum(sizes) / len(sizes))) if sizes else None
 
 

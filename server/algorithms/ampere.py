@@ -78,6 +78,7 @@ from jetsplit.server.checkpoint import CheckpointError, strip, subset
 from jetsplit.server.coordinator import BundleShipper
 from jetsplit.server.engine import Command, Outcome
 from jetsplit.server.evaluation import evaluate
+from jetsplit.server.hetero import registered_size
 from jetsplit.server.training import Arrays, Trainer
 
 log = logging.getLogger("jetsplit.coordinator")
@@ -228,11 +229,11 @@ class Ampere(Method):
         t = self.trainer
         assert self.validation is not None
         registry = t.engine.registry
-        agents = [a for a in registry.registered()
-                  if registry.registration(a).get("role", "client") == "client"]
         weights: dict[int, int] = {}
-        for agent, size in t.sizes(agents).items():
-            weights[t.cut(agent)] = weights.get(t.cut(agent), 0) + size
+        for agent in registry.registered():
+            size = registered_size(registry.registration(agent))
+            if size is not None:
+                weights[t.cut(agent)] = weights.get(t.cut(agent), 0) + size
         if len(weights) <= 1:
             cut = next(iter(weights), t.bundle.split)
             return evaluate(self._device_model(cut), self.validation).accuracy
