@@ -7,8 +7,8 @@ Every method gets the same budget of device epochs E (passes over the clients' d
   or a fixed per-client batch b, B = K·b), so a round is T·B / N epochs and the run has
   rounds = ⌈E·N / (T·B)⌉;
 - Ampere: N_d = E device epochs (client block + aux head), then its one forward-only
-  generation pass, and E server epochs on the stored activations (server epochs cost the
-  devices nothing).
+  generation pass, and E server epochs on the stored activations (`--ampere-server-epochs`
+  sets N_s; server epochs cost the devices nothing and move no bytes).
 
 Tables (one per paper; means over seeds, the spread in brackets):
 
@@ -116,9 +116,10 @@ def simulate_run(method: str, seed: int, dataset: str, partition: str, args: arg
     batch = per_client * clients if per_client else args.batch
     if method.startswith("ampere"):
         epochs_d = max(1, round(args.epochs))
-        settings = Settings(algorithm=method, rounds=2 * epochs_d, batch=args.batch,
+        epochs_s = args.ampere_server_epochs or epochs_d
+        settings = Settings(algorithm=method, rounds=epochs_d + epochs_s, batch=args.batch,
                             lr=args.lr, seed=seed, device_epochs=epochs_d,
-                            patience=epochs_d, server_epochs=epochs_d, **extra)
+                            patience=epochs_d, server_epochs=epochs_s, **extra)
         epochs = float(epochs_d)
     else:
         rounds = max(1, math.ceil(args.epochs * n_train / (steps * batch)))
@@ -313,6 +314,9 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--beta", default="dirichlet:0.1")
     parser.add_argument("--ampere-partition", default="ampere:0.33")
+    parser.add_argument("--ampere-server-epochs", type=int, default=None,
+                        help="Ampere's N_s: server epochs on the stored activations (they "
+                             "cost the devices nothing); default E")
     parser.add_argument("--edges", type=int, default=2)
     parser.add_argument("--sherl-local-steps", type=int, default=None,
                         help="SHeRL-FL's T (and so τ2); default --local-steps")
