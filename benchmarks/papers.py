@@ -243,6 +243,7 @@ def plot(runs: dict[str, list[Run]], methods: tuple[str, ...], title: str, path:
         r = runs[m][0]
         ax.plot([b / 1e6 for b in r.cum_bytes], r.accuracy, marker=".", label=m)
     ax.set_xscale("log")
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # no overlapping labels
     ax.set_xlabel("training MB (cumulative, all devices)")
     ax.set_ylabel("test accuracy")
     ax.set_title(title, fontsize=9)
@@ -274,7 +275,7 @@ def print_tables(dataset: str, n_train: int, runs: dict[str, dict[str, list[Run]
         print(f"\n### {table} — {dataset}\n" + "\n".join(lines), flush=True)
         results[table] = numbers
         plot(have, methods_of[table], f"{table}: {dataset}, seed "
-             f"{have[methods_of[table][0]][0].seed}, E={args.epochs}",
+             f"{have[methods_of[table][0]][0].seed}, E={have[methods_of[table][0]][0].epochs:g}",
              args.png_dir / f"bytes_to_accuracy_{dataset}_{table}.png")
     return results
 
