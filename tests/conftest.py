@@ -1,12 +1,15 @@
 """Shared fixtures: a private Mosquitto on a free loopback port, started by the tests, and
-agent daemons as real processes."""
+agent daemons as real processes; the coordinator as a process, and the same fleet replayed
+with the in-process engine (the two must end bit for bit equal)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -95,3 +98,47 @@ def agent_fleet(tmp_path: Path) -> Iterator[Callable[..., AgentFleet]]:
     yield make
     for fleet in fleets:
         fleet.stop()
+
+
+def server_run(config: Path, url: str, *, timeout: int = 400,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`jetsplit server run --config CONFIG --broker URL` as a process, one OpenMP thread
+    unless `env` says otherwise; a non-zero exit fails the test with its stderr tail."""
+    done = subprocess.run([sys.executable, "-m", "jetsplit.cli", "server", "run",
+                           "--config", str(config), "--broker", url], capture_output=True,
+                          text=True, env=env or {**os.environ, "OMP_NUM_THREADS": "1"},
+                          timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def run_in_process(fleet: AgentFleet, config: Path, out: Path, *, threads: int = 1,
+                   settings: dict[str, Any] | None = None, **training: Any) -> None:
+    """The MQTT run of `config` once more with the in-process engine: workers built from
+    the fleet's own agent configs, this process at `threads` torch threads (the engines
+    pin agent and server compute, so any count must give the same bits); the run lands
+    in `out`, its bundle beside it. `settings` replaces fields of the config's training
+    settings (e.g. a private activation_dir); `training` goes to `run_training` (cuts)."""
+    from dataclasses import replace
+
+    import torch
+
+    from jetsplit.data import load_dataset_split
+    from jetsplit.edge_agent.config import load_agent_config
+    from jetsplit.edge_agent.setup import build_worker
+    from jetsplit.server.config import load_server_config
+    from jetsplit.server.coordinator import prepare_bundle
+    from jetsplit.server.engine import InProcessEngine
+    from jetsplit.server.training import run_training
+
+    before = torch.get_num_threads()
+    try:
+        workers = {a: build_worker(load_agent_config(p)) for a, p in fleet.configs.items()}
+        torch.set_num_threads(threads)  # after build_worker, which sets the agents' count
+        cfg = load_server_config(config)
+        _, test = load_dataset_split(cfg.data.dataset, cfg.data.test_fraction, 0)
+        archive = prepare_bundle(cfg, out.with_name(f"{out.name}-bundle"))
+        run_training(InProcessEngine(workers, run_id="local"), archive,
+                     replace(cfg.settings(), **(settings or {})), test, out, **training)
+    finally:
+        torch.set_num_threads(before)

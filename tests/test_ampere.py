@@ -6,16 +6,13 @@ run bit for bit."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from conftest import run_in_process, server_run
 from safetensors.numpy import load_file
 
 from jetsplit.bundle import load_bundle
@@ -339,12 +336,6 @@ def test_mqtt_run_through_phase_two_matches_in_process(
     """Agent processes behind a real broker, `jetsplit server run`: phase 1, the trained
     bundle, sliced uploads streamed into the store, server epochs; the in-process engine
     on the same agents and config ends with the same weights, bit for bit."""
-    from jetsplit.edge_agent.config import load_agent_config
-    from jetsplit.edge_agent.setup import build_worker
-    from jetsplit.server.config import load_server_config
-    from jetsplit.server.coordinator import prepare_bundle
-    from jetsplit.server.training import run_training
-
     url = f"mqtt://127.0.0.1:{mosquitto.port}"
     fleet_ = agent_fleet(url, "amp", 2).start()
     config = tmp_path / "server.toml"
@@ -353,24 +344,9 @@ def test_mqtt_run_through_phase_two_matches_in_process(
         '[model]\nname = "mobilenetv3-small"\ninput_shape = [1, 8, 8]\nsplit = 2\n'
         '[data]\ndataset = "digits"\n[train]\nalgorithm = "ampere"\nrounds = 4\nbatch = 48\n'
         f'lr = 0.1\ndevice_epochs = 2\nupload_mb = 0.1\nactivation_dir = "{tmp_path / "a"}"\n')
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "jetsplit.cli", "server", "run",
-                           "--config", str(config), "--broker", url],
-                          capture_output=True, text=True, env=env, timeout=400)
-    assert done.returncode == 0, done.stderr[-2000:]
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        workers = {a: build_worker(load_agent_config(p)) for a, p in fleet_.configs.items()}
-        cfg = load_server_config(config)
-        settings = replace(cfg.settings(), activation_dir=str(tmp_path / "b"))
-        _, test = load_dataset_split("digits", 0.2, 0)
-        run_training(InProcessEngine(workers, run_id="local"),
-                     prepare_bundle(cfg, tmp_path / "local-bundle"), settings, test,
-                     tmp_path / "runs" / "local")
-    finally:
-        torch.set_num_threads(threads)
+    server_run(config, url)
+    run_in_process(fleet_, config, tmp_path / "runs" / "local",
+                   settings={"activation_dir": str(tmp_path / "b")})
 
     runs = [tmp_path / "runs" / name for name in ("mqtt", "local")]
     got = [[json.loads(line) for line in (run / "metrics.jsonl").open()] for run in runs]

@@ -7,23 +7,18 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-import torch
+from conftest import run_in_process, server_run
 from safetensors.numpy import load_file
 
 from jetsplit.data import load_dataset_split
-from jetsplit.edge_agent.config import load_agent_config
-from jetsplit.edge_agent.setup import build_worker
 from jetsplit.server.brokers import MosquittoProcess
-from jetsplit.server.config import ModelSection, ServerConfig, load_server_config
+from jetsplit.server.config import ModelSection, ServerConfig
 from jetsplit.server.coordinator import prepare_bundle
-from jetsplit.server.engine import InProcessEngine
 from jetsplit.server.mqtt_engine import MqttEngine
 from jetsplit.server.training import Settings, run_training
 
@@ -57,23 +52,9 @@ def test_mqtt_and_in_process_engines_give_bit_identical_runs(
         f"rounds = {rounds}\nlocal_steps = {steps}\nbatch = 48\nlr = 0.05\n")
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS",
                                                              "MKL_NUM_THREADS")}
-    done = subprocess.run([sys.executable, "-m", "jetsplit.cli", "server", "run",
-                           "--config", str(config), "--broker", url],
-                          capture_output=True, text=True, env=env, timeout=400)
-    assert done.returncode == 0, done.stderr[-2000:]
+    done = server_run(config, url, env=env)
     assert f"{rounds} rounds with {agents} agents" in done.stdout
-
-    threads = torch.get_num_threads()
-    try:
-        workers = {a: build_worker(load_agent_config(p)) for a, p in fleet.configs.items()}
-        torch.set_num_threads(3)  # not the agents' 1 (build_worker set 1 process-wide)
-        cfg = load_server_config(config)
-        _, test = load_dataset_split("digits", 0.2, 0)
-        engine = InProcessEngine(workers, run_id="local")
-        archive = prepare_bundle(cfg, tmp_path / "local-bundle")
-        run_training(engine, archive, cfg.settings(), test, tmp_path / "runs" / "local")
-    finally:
-        torch.set_num_threads(threads)
+    run_in_process(fleet, config, tmp_path / "runs" / "local", threads=3)  # agents run 1
 
     mqtt_run, local_run = tmp_path / "runs" / "mqtt", tmp_path / "runs" / "local"
     a, b = _weights(mqtt_run), _weights(local_run)

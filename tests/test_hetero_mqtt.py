@@ -5,25 +5,14 @@ process."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
+from conftest import run_in_process, server_run
 from safetensors.numpy import load_file
 
-from jetsplit.data import load_dataset_split
-from jetsplit.edge_agent.config import load_agent_config
-from jetsplit.edge_agent.setup import build_worker
 from jetsplit.server.brokers import MosquittoProcess
-from jetsplit.server.config import load_server_config
-from jetsplit.server.coordinator import prepare_bundle
-from jetsplit.server.engine import InProcessEngine
-from jetsplit.server.training import run_training
 
 
 def _weights(run_dir: Path) -> dict[str, np.ndarray]:
@@ -43,25 +32,9 @@ def test_shallow_and_deep_agents_over_mqtt_match_in_process(
         'run = "mqtt"\n[model]\nname = "mobilenetv3-small"\ninput_shape = [1, 8, 8]\n'
         'split = 3\n[model.cuts]\na0 = 1\n[data]\ndataset = "digits"\n[train]\n'
         'algorithm = "scala"\nrounds = 2\nlocal_steps = 3\nbatch = 32\nlr = 0.05\n')
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "jetsplit.cli", "server", "run",
-                           "--config", str(config), "--broker", url],
-                          capture_output=True, text=True, env=env, timeout=400)
-    assert done.returncode == 0, done.stderr[-2000:]
+    done = server_run(config, url)
     assert "'a0': 1" in done.stdout and "'a1': 3" in done.stdout
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        workers = {a: build_worker(load_agent_config(p)) for a, p in fleet.configs.items()}
-        cfg = load_server_config(config)
-        _, test = load_dataset_split("digits", 0.2, 0)
-        engine = InProcessEngine(workers, run_id="local")
-        archive = prepare_bundle(cfg, tmp_path / "local")
-        run_training(engine, archive, cfg.settings(), test, tmp_path / "runs" / "local",
-                     cuts={"a0": 1, "a1": 3})
-    finally:
-        torch.set_num_threads(threads)
+    run_in_process(fleet, config, tmp_path / "runs" / "local", cuts={"a0": 1, "a1": 3})
 
     mqtt_run, local_run = tmp_path / "runs" / "mqtt", tmp_path / "runs" / "local"
     a, b = _weights(mqtt_run), _weights(local_run)
@@ -90,25 +63,10 @@ def test_ampere_shallow_and_deep_agents_over_mqtt_match_in_process(
         'split = 2\n[model.cuts]\na0 = 1\n[data]\ndataset = "digits"\n[train]\n'
         'algorithm = "ampere"\nrounds = 3\nbatch = 48\nlr = 0.1\ndevice_epochs = 1\n'
         f'upload_mb = 0.1\nactivation_dir = "{tmp_path / "a"}"\n')
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "jetsplit.cli", "server", "run",
-                           "--config", str(config), "--broker", url],
-                          capture_output=True, text=True, env=env, timeout=400)
-    assert done.returncode == 0, done.stderr[-2000:]
+    done = server_run(config, url)
     assert "'a0': 1" in done.stdout and "'a1': 2" in done.stdout
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        workers = {a: build_worker(load_agent_config(p)) for a, p in fleet.configs.items()}
-        cfg = load_server_config(config)
-        settings = replace(cfg.settings(), activation_dir=str(tmp_path / "b"))
-        _, test = load_dataset_split("digits", 0.2, 0)
-        run_training(InProcessEngine(workers, run_id="local"),
-                     prepare_bundle(cfg, tmp_path / "local"), settings, test,
-                     tmp_path / "runs" / "local", cuts={"a0": 1, "a1": 2})
-    finally:
-        torch.set_num_threads(threads)
+    run_in_process(fleet, config, tmp_path / "runs" / "local", cuts={"a0": 1, "a1": 2},
+                   settings={"activation_dir": str(tmp_path / "b")})
 
     mqtt_run, local_run = tmp_path / "runs" / "mqtt", tmp_path / "runs" / "local"
     a, b = _weights(mqtt_run), _weights(local_run)

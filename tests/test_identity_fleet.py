@@ -18,21 +18,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
-from conftest import kit_lines
+from conftest import kit_lines, run_in_process
 from test_fleet_mqtt import _weights
 
 from jetsplit.broker_url import BrokerAddress
-from jetsplit.data import load_dataset_split
-from jetsplit.edge_agent.config import load_agent_config
-from jetsplit.edge_agent.setup import build_worker
 from jetsplit.identity import load_signer
 from jetsplit.server.brokers import MosquittoProcess
-from jetsplit.server.config import load_server_config
-from jetsplit.server.coordinator import prepare_bundle
-from jetsplit.server.engine import InProcessEngine
 from jetsplit.server.provision import provision
-from jetsplit.server.training import run_training
 from jetsplit.transport import Topics
 from jetsplit.transport.mqtt import MqttEndpoint
 from jetsplit.transport.settings import MqttSection
@@ -179,17 +171,7 @@ def test_attacked_mtls_fleet_matches_the_in_process_run(agent_fleet: Any,
     assert rejected.get("ReassemblyEvicted", 0) >= 6 * (seen - 1)
     assert "SenderMismatch" not in rejected  # the broker's ACL stops those first
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        workers = {a: build_worker(load_agent_config(p)) for a, p in fleet.configs.items()}
-        cfg = load_server_config(config)
-        _, test = load_dataset_split("digits", 0.2, 0)
-        engine = InProcessEngine(workers, run_id="local")
-        archive = prepare_bundle(cfg, tmp_path / "local-bundle")
-        run_training(engine, archive, cfg.settings(), test, tmp_path / "runs" / "local")
-    finally:
-        torch.set_num_threads(threads)
+    run_in_process(fleet, config, tmp_path / "runs" / "local")
     a, b = _weights(tmp_path / "runs" / "mqtt"), _weights(tmp_path / "runs" / "local")
     assert set(a) == set(b) and len(a) > 50
     assert [k for k in a if a[k].tobytes() != b[k].tobytes()] == []

@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from conftest import run_in_process, server_run
 
 from jetsplit.data import load_dataset_split
 from jetsplit.edge_agent.edge import no_data
@@ -437,37 +436,12 @@ def _server_config(tmp_path: Path, fleet: str, agents: int, run: str, train: str
     return config
 
 
-def _server_run(config: Path, url: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "jetsplit.cli", "server", "run",
-                           "--config", str(config), "--broker", url],
-                          capture_output=True, text=True, env=env, timeout=500)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done
-
-
 def _assert_same_as_in_process(fleet: Any, config: Path, tmp_path: Path, run: str) -> None:
     """The same fleet and config in process end with the same weights and accuracies as
     the MQTT run `run`, bit for bit."""
-    from jetsplit.edge_agent.config import load_agent_config
-    from jetsplit.edge_agent.setup import build_worker
-    from jetsplit.server.config import load_server_config
-    from jetsplit.server.coordinator import prepare_bundle
-    from jetsplit.server.engine import InProcessEngine
-    from jetsplit.server.training import run_training
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        workers = {a: build_worker(load_agent_config(p)) for a, p in fleet.configs.items()}
-        cfg = load_server_config(config)
-        _, test = load_dataset_split("digits", 0.2, 0)
-        archive = prepare_bundle(cfg, tmp_path / f"{run}-local-bundle")
-        run_training(InProcessEngine(workers), archive, cfg.settings(), test,
-                     tmp_path / "runs" / f"{run}-local")
-    finally:
-        torch.set_num_threads(threads)
     from safetensors.numpy import load_file
+
+    run_in_process(fleet, config, tmp_path / "runs" / f"{run}-local")
 
     runs = tmp_path / "runs"
     for name in ("server.safetensors", "client.safetensors"):
@@ -490,7 +464,7 @@ def test_sherl_over_mqtt_two_edges_four_clients(mosquitto: MosquittoProcess, age
     config = _server_config(tmp_path, "sherl", 6, "mqtt",
                             "rounds = 3\nlocal_steps = 4\ntau1 = 2\nbatch = 32\nlr = 0.05\n",
                             'edges.e0 = ["a0", "a2"]\nedges.e1 = ["a1", "a3"]\n')
-    done = _server_run(config, url)
+    done = server_run(config, url, timeout=500)
     watcher.close()
     assert "3 rounds with 6 agents" in done.stdout
     run = tmp_path / "runs" / "mqtt"
@@ -552,7 +526,7 @@ def test_sherl_with_a_site_broker_bridged_to_the_cloud(agent_fleet: Any, tmp_pat
         config = _server_config(tmp_path, "site", 3, "bridged",
                                 "rounds = 2\nlocal_steps = 2\ntau1 = 1\nbatch = 16\n"
                                 'lr = 0.05\ncodec = "fp16"\n', 'edges.e0 = ["a0", "a1"]\n')
-        done = _server_run(config, f"mqtt://127.0.0.1:{cloud.port}")
+        done = server_run(config, f"mqtt://127.0.0.1:{cloud.port}", timeout=500)
         on_cloud.close()
         on_site.close()
     assert "2 rounds with 3 agents" in done.stdout
