@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 TORCH_PIN := torch==2.13.0
 
-.PHONY: demo test lint vermin bench setup clean
+.PHONY: demo test lint vermin bench setup clean device-check
 
 $(VENV)/.installed: pyproject.toml
 	@# Reuse a system torch (NVIDIA's wheel on Jetson) via system site-packages; never reinstall it.
@@ -44,6 +44,12 @@ lint: setup
 DEVICE_SIDE := jetsplit edge_agent
 vermin: setup
 	$(VENV)/bin/vermin --target=3.8 --no-tips --violations $(DEVICE_SIDE)
+
+# The device side on its floor: an arm64 Debian bullseye userland under QEMU (Python 3.9,
+# torch 1.13.1): install, doctor, profile, 2 ARM agents training with a native coordinator,
+# the device tests. Needs root; the userland is cached outside the clone.
+device-check: setup
+	$(PY) scripts/device_check.py
 
 clean:
 	rm -rf $(VENV) .venv39 build *.egg-info

@@ -1,6 +1,7 @@
 """`jetsplit agent run --config agent.toml`: the device daemon (flags override the file)."""
 
-from __future__ import annotations
+# No `from __future__ import annotations` here: typer reads this module's signatures, and on
+# Python < 3.10 it does not evaluate string annotations (every typer.Option would be lost).
 
 import logging
 import signal
@@ -26,10 +27,11 @@ def run(
 ) -> None:
     """Connect to the broker and serve the coordinator's commands until SIGTERM."""
     from jetsplit.edge_agent.config import load_agent_config
+
+    cfg = load_agent_config(config)  # a bad file is one line before torch is even imported
     from jetsplit.edge_agent.daemon import AgentDaemon
     from jetsplit.edge_agent.setup import build_worker
 
-    cfg = load_agent_config(config)
     updates = {k: v for k, v in {"fleet": fleet, "agent": agent, "state_dir": state_dir}.items()
                if v is not None}
     mqtt = cfg.mqtt.model_copy(update={"broker": broker}) if broker else cfg.mqtt

@@ -2,12 +2,13 @@
 Runtime providers, torch, memory, broker reachability). Optional parts say "absent" in
 one line each; nothing here needs a GPU to run."""
 
-from __future__ import annotations
+# No `from __future__ import annotations` here: typer reads this module's signatures, and on
+# Python < 3.10 it does not evaluate string annotations (every typer.Option would be lost).
 
 import platform
 import re
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import typer
 from typing_extensions import Annotated
@@ -15,7 +16,7 @@ from typing_extensions import Annotated
 Row = Tuple[str, str, str]  # (check, value, verdict: ok | absent | problem)
 
 
-def jetpack_release(path: Path = Path("/etc/nv_tegra_release")) -> str | None:
+def jetpack_release(path: Path = Path("/etc/nv_tegra_release")) -> Optional[str]:
     """L4T release from the file every Jetson image carries (e.g. "R35 (release), REVISION:
     4.1" → "L4T R35.4.1"); None elsewhere."""
     try:
@@ -26,7 +27,7 @@ def jetpack_release(path: Path = Path("/etc/nv_tegra_release")) -> str | None:
     return f"L4T R{match.group(1)}.{match.group(2)}" if match else text.splitlines()[0][:60]
 
 
-def checks(broker: str | None = None, wait_s: float = 5.0) -> list[Row]:
+def checks(broker: Optional[str] = None, wait_s: float = 5.0) -> List[Row]:
     """Every row of the report, in display order."""
     import psutil
     import torch
@@ -34,7 +35,7 @@ def checks(broker: str | None = None, wait_s: float = 5.0) -> list[Row]:
     from jetsplit.edge_agent.backends import detect_backends
 
     found = detect_backends()
-    rows: list[Row] = [
+    rows: List[Row] = [
         ("machine", f"{platform.machine()}, Python {found['python']}", "ok"),
     ]
     jetpack = jetpack_release()
@@ -58,7 +59,7 @@ def checks(broker: str | None = None, wait_s: float = 5.0) -> list[Row]:
     return rows
 
 
-def _broker(url: str, wait_s: float) -> tuple[str, str]:
+def _broker(url: str, wait_s: float) -> Tuple[str, str]:
     from jetsplit.broker_url import parse_broker_url
     from jetsplit.errors import JetsplitError
     from jetsplit.transport.mqtt import EndpointOptions, MqttEndpoint

@@ -46,6 +46,9 @@ STATE_DIR = "/var/lib/jetsplit"
 UNIT_NAME = "jetsplit-agent.service"
 UNIT = f"/etc/systemd/system/{UNIT_NAME}"
 USER = "jetsplit"
+# Where checks with the venv's Python run: never a checkout, whose jetsplit/ folder would be
+# imported instead of the installed package.
+NEUTRAL_CWD = "/"
 PROFILES_ENV = "JETSPLIT_PROFILES_DIR"
 # Device-tree model text → bundled profile; first match wins (so "orin nano" before "nano").
 MODEL_PROFILES = (("agx orin", "agx-orin-64gb"), ("orin nx", "orin-nx-16gb"),
@@ -270,6 +273,11 @@ def plan(opts: Options, host: Host, profile: str | None) -> list[Step]:
                 + (f" (reuses NVIDIA's torch {host.torch})" if host.torch else ""),
                 lambda: _run([host.python, "-m", "venv", "--system-site-packages",
                               str(at(VENV))])))
+        # Distro pips (Debian's 20.3, Ubuntu 20.04's 20.0) build a PEP 517 project as
+        # UNKNOWN 0.0.0 inside a --system-site-packages venv: upgrade pip there first (pip
+        # picks the newest release that still supports the venv's Python).
+        steps.append(Step("upgrade pip inside the venv (a distro pip cannot build this "
+                          "project)", lambda: _upgrade_pip(venv_python)))
         extras = "agent,jetson" if opts.jetson_extra else "agent"
         pins = constraints(host)
         held = f", held to {', '.join(pins)}" if pins else ""
@@ -360,11 +368,24 @@ def _pip_install(python: Path, requirements: list[str], pins: list[str]) -> str:
     return "installed"
 
 
+def _upgrade_pip(python: Path) -> str:
+    _run([str(python), "-m", "pip", "install", "--upgrade", "pip"])
+    return _venv_output(python, "import pip; print('pip', pip.__version__)")
+
+
+def _venv_output(python: Path, code: str) -> str:
+    """stdout of ``python -c code`` run from a neutral folder: inside a checkout, its
+    ``jetsplit/`` folder would shadow the package installed in the venv."""
+    done = subprocess.run([str(python), "-c", code], capture_output=True, text=True,
+                          timeout=300, cwd=NEUTRAL_CWD)
+    return done.stdout.strip()
+
+
 def _ensure_onnxruntime(python: Path, pins: list[str]) -> str:
     """CPU onnxruntime only where no onnxruntime (NVIDIA's onnxruntime-gpu included, which
     imports under the same name) is importable from the venv."""
     found = subprocess.run([str(python), "-c", "import onnxruntime as o; print(o.__version__)"],
-                           capture_output=True, text=True, timeout=300)
+                           capture_output=True, text=True, timeout=300, cwd=NEUTRAL_CWD)
     if found.returncode == 0:
         return f"kept onnxruntime {found.stdout.strip()}"
     return _pip_install(python, ["onnxruntime"], pins)
@@ -429,7 +450,7 @@ def _check_with(python: Path, config: Path) -> str:
             "try: print('broker', check_config_text(open(p).read(), p))\n"
             "except JetsplitError as e: sys.exit(f'error: {e}')\n")
     done = subprocess.run([str(python), "-c", code, str(config)], capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=300, cwd=NEUTRAL_CWD)
     if done.returncode != 0:
         lines = (done.stderr or done.stdout).strip().splitlines()
         raise InstallError(removeprefix(lines[-1], "error: ") if lines else

@@ -258,7 +258,7 @@ def _jtop_importable() -> bool:
 
 
 def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) \
+    return isinstance(value, (int, float)) and not isinstance(value, bool) \
         and math.isfinite(value)
 
 

@@ -1,12 +1,14 @@
 """`jetsplit profile`: measure this machine and write a measured device profile that
 `jetsplit export plan --profile` accepts in place of datasheet peaks."""
 
-from __future__ import annotations
+# No `from __future__ import annotations` here: typer reads this module's signatures, and on
+# Python < 3.10 it does not evaluate string annotations (every typer.Option would be lost).
 
 from pathlib import Path
-from typing import Annotated
+from typing import Optional
 
 import typer
+from typing_extensions import Annotated
 
 
 def profile(
@@ -17,10 +19,10 @@ def profile(
     batch: Annotated[int, typer.Option("--batch", help="Batch size to time.")] = 32,
     repeats: Annotated[int, typer.Option("--repeats", help="Timed repeats (median).")] = 5,
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed warm-up repeats.")] = 2,
-    out: Annotated[Path | None, typer.Option(
+    out: Annotated[Optional[Path], typer.Option(
         "--out", help="Profile to write (default profiles/<name>.toml; its stem names it).")
     ] = None,
-    base_profile: Annotated[str | None, typer.Option(
+    base_profile: Annotated[Optional[str], typer.Option(
         "--base-profile", help="Copy device/memory/compute/network fields from this profile "
         "(else they are measured on this host, network as a placeholder).")] = None,
     ort: Annotated[bool, typer.Option(

@@ -4,10 +4,13 @@ Sub-command modules import their heavy dependencies lazily, so `jetsplit --help`
 device that installed only `jetsplit[agent]`.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations` here: typer reads `_root`'s signature, and on
+# Python < 3.10 it does not evaluate string annotations.
 
+import contextlib
+import importlib
 import sys
-from collections.abc import Sequence
+from typing import List, Optional, Sequence, Tuple, Type
 
 import typer
 
@@ -32,19 +35,22 @@ def _root(
 
 
 # Sub-commands a device runs. They (and all they import) work on Python 3.8 / torch 1.13
-# (JetPack 5); the coordinator's and the export tool's commands need Python 3.10+.
-DEVICE_COMMANDS = ("agent", "doctor")
+# (JetPack 5): profiling split points happens on the device. The coordinator's and the rest
+# of the export tool's commands need Python 3.10+.
+DEVICE_COMMANDS = ("agent", "doctor", "profile")
+PROFILE_HELP = "Measure this machine: per-layer latency, memory, GFLOPS."
 
 
-def device_only(argv: Sequence[str] | None, version: tuple[int, ...] = sys.version_info) -> bool:
+def device_only(argv: Optional[Sequence[str]],
+                version: Tuple[int, ...] = sys.version_info) -> bool:
     """Whether to mount only the device commands: on an interpreter older than the
     coordinator needs, or when a device command runs (so the agent imports no coordinator)."""
     args = list(sys.argv[1:] if argv is None else argv)
     return tuple(version[:2]) < (3, 10) or (bool(args) and args[0] in DEVICE_COMMANDS)
 
 
-def coordinator_refusal(argv: Sequence[str] | None,
-                        version: tuple[int, ...] = sys.version_info) -> str | None:
+def coordinator_refusal(argv: Optional[Sequence[str]],
+                        version: Tuple[int, ...] = sys.version_info) -> Optional[str]:
     """The one line for a coordinator command on an interpreter that only runs the device
     side (JetPack 5's Python 3.8), else None."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -70,14 +76,15 @@ def build_app(device: bool = False) -> typer.Typer:
     app.callback()(_root)
     from jetsplit.edge_agent.cli import app as agent_app
     from jetsplit.edge_agent.doctor import doctor
+    from jetsplit.export.profile_cli import profile
 
     if device:
         app.add_typer(agent_app, name="agent", help="The edge agent daemon.")
         app.command("doctor", help="What this device has: JetPack, CUDA, TensorRT, ONNX "
                     "Runtime, memory, broker.")(doctor)
+        app.command("profile", help=PROFILE_HELP)(profile)
         return app
     from jetsplit.export.cli import app as export_app
-    from jetsplit.export.profile_cli import profile
     from jetsplit.server.broker_cli import broker
     from jetsplit.server.cli import app as server_app
     from jetsplit.server.fleet_cli import app as fleet_app
@@ -87,9 +94,7 @@ def build_app(device: bool = False) -> typer.Typer:
     from jetsplit.server.trial import trial_command
 
     app.add_typer(export_app, name="export", help="Cost model, split planner, bundles, engines.")
-    app.command("profile", help="Measure this machine: per-layer latency, memory, GFLOPS.")(
-        profile
-    )
+    app.command("profile", help=PROFILE_HELP)(profile)
     app.add_typer(agent_app, name="agent", help="The edge agent daemon.")
     app.add_typer(server_app, name="server", help="The coordinator.")
     app.add_typer(fleet_app, name="fleet", help="See and steer a fleet: ls, status, logs, stop.")
@@ -111,19 +116,18 @@ def build_app(device: bool = False) -> typer.Typer:
     return app
 
 
-def _usage_error_types() -> tuple[type[Exception], ...]:
-    """Usage-error base classes: typer ≥ 0.22 vendors click, older typer uses click itself."""
-    types: list[type[Exception]] = [typer.exceptions.TyperException]
-    try:
-        import click
-
-        types.append(click.ClickException)
-    except ImportError:
-        pass
+def _usage_error_types() -> Tuple[Type[Exception], ...]:
+    """Usage-error base classes: typer ≥ 0.22 vendors click (typer.exceptions), older typer
+    uses click itself; each is imported here, as `typer.exceptions` is not an attribute of
+    the typer package until its module is imported."""
+    types: List[Type[Exception]] = []
+    for module, name in (("typer.exceptions", "TyperException"), ("click", "ClickException")):
+        with contextlib.suppress(ImportError, AttributeError):
+            types.append(getattr(importlib.import_module(module), name))
     return tuple(types)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: Optional[List[str]] = None) -> int:
     """Run the CLI; user-caused errors end in one line on stderr and a non-zero exit."""
     refusal = coordinator_refusal(argv)
     if refusal:

@@ -481,7 +481,7 @@ def train_test_split(
     """
     if not (isinstance(test_fraction, numbers.Real) and 0.0 < test_fraction < 1.0):
         raise ConfigError(f"test_fraction must be strictly between 0 and 1, got {test_fraction}")
-    if not isinstance(seed, int | np.integer) or seed < 0:
+    if not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
     rng = np.random.default_rng(int(seed))
     test_parts: list[np.ndarray] = []

@@ -114,14 +114,14 @@ def partition(
     """
     parsed = parse_scheme(scheme)
     y = _validate_labels(labels, num_classes)
-    if isinstance(num_clients, bool) or not isinstance(num_clients, int | np.integer):
+    if isinstance(num_clients, bool) or not isinstance(num_clients, (int, np.integer)):
         raise ConfigError(f"num_clients must be an integer, got {num_clients!r}")
     if not 1 <= num_clients <= len(y):
         raise ConfigError(
             f"num_clients must be between 1 and the number of samples ({len(y)}), "
             f"got {num_clients}"
         )
-    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
     rng = np.random.default_rng(int(seed))
     k = int(num_clients)

@@ -1,0 +1,492 @@
+#!/usr/bin/env python3
+"""`make device-check`: the device side on its own floor, as a Jetson user would run it.
+
+A Debian bullseye arm64 userland under QEMU user-mode emulation (glibc 2.31, Python 3.9.2,
+PyPI's CPU `torch==1.13.1` and `numpy<2` installed system-wide as the "vendor" torch, a
+stand-in `/etc/nv_tegra_release` for L4T R35) is the nearest thing to a JetPack 5 Jetson this
+machine can hold. In it, from a copy of this checkout:
+
+  install   scripts/install-agent.sh (non-editable, --no-enable), as root, like on a Jetson
+  doctor    jetsplit doctor against the check's own Mosquitto
+  profile   jetsplit profile on a small model; the host's `jetsplit export plan` takes it
+  train     two ARM agents (`jetsplit agent run --config`) and a native coordinator
+            (`jetsplit server run`) over a real Mosquitto; then the same run with two
+            native agents at the same seed, losses side by side
+  tests     the device-side tests that need torch (marker device_torch) and the torch-free
+            ones (device_pure), on torch 1.13.1 inside the userland
+  container Dockerfile.jetson's install script, as far as it runs without Docker
+
+It fails on any traceback, missed step, non-decreasing loss or failed stage, and prints each
+stage's time and the ARM agents' peak RSS. The userland is built once (mmdebstrap, ~5 min)
+into a cache folder outside the clone and reused; each run works on a fresh copy of it.
+Needs root (chroot, mounts), Debian's qemu-user-static, binfmt-support and mmdebstrap
+(installed with apt-get when missing) and the host's .venv (`make setup`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+HOST_JETSPLIT = REPO / ".venv" / "bin" / "jetsplit"
+SUITE = "bullseye"  # glibc 2.31 as JetPack 5's Ubuntu 20.04; Python 3.9.2
+DEBIAN_PACKAGES = ("python3", "python3-venv", "python3-pip", "ca-certificates", "procps",
+                   "passwd")
+VENDOR_TORCH = ("torch==1.13.1", "numpy<2")  # JetPack 5's floor; PyPI's aarch64 CPU wheel
+L4T_RELEASE = "# R35 (release), REVISION: 4.1, GCID: 33958178, BOARD: t186ref, EABI: aarch64\n"
+USERLAND_FORMAT = "1"  # bump when the recipe above changes: the cache is rebuilt
+CHECKOUT = "/home/jetson/jetsplit"  # where the user's checkout lies on the device
+VENV = "/opt/jetsplit/venv"  # edge_agent/install.py's VENV
+MODEL = ("mobilenetv3-small", "1,8,8")  # small enough for emulation, digits-shaped
+FLEET = "devcheck"
+
+
+class CheckFailed(Exception):
+    """A stage failed; the message is one line."""
+
+
+# ------------------------------------------------------------------------------ running
+def run(command: Sequence[str], *, timeout: float = 3600, env: dict[str, str] | None = None,
+        cwd: Path | str | None = None, log: Path | None = None, check: bool = True
+        ) -> subprocess.CompletedProcess[str]:
+    """Run a command; its output goes to ``log`` (or is captured). A failure names the
+    command and shows its last lines."""
+    out = open(log, "a") if log else subprocess.PIPE  # noqa: SIM115 - closed below
+    try:
+        done = subprocess.run(list(command), stdout=out, stderr=subprocess.STDOUT, text=True,
+                              timeout=timeout, env=env, cwd=cwd)
+    finally:
+        if log:
+            out.close()  # type: ignore[union-attr]
+    text = log.read_text(errors="replace") if log else (done.stdout or "")
+    if check and done.returncode != 0:
+        tail = "\n    ".join(text.strip().splitlines()[-15:])
+        raise CheckFailed(f"`{' '.join(command[:6])}` exited {done.returncode}:\n    {tail}")
+    return subprocess.CompletedProcess(done.args, done.returncode, text, "")
+
+
+def device_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """A clean environment inside the userland: nothing of the host's leaks in but the CA
+    bundle the host trusts (copied in), so pip reaches PyPI through the same proxy."""
+    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+           "HOME": "/root", "LANG": "C.UTF-8", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+           "PIP_CERT": "/etc/ssl/certs/host-ca-bundle.crt",
+           "SSL_CERT_FILE": "/etc/ssl/certs/host-ca-bundle.crt",
+           "PIP_DEFAULT_TIMEOUT": "180", "PYTHONUNBUFFERED": "1"}
+    env.update(extra or {})
+    return env
+
+
+class Device:
+    """The emulated device: a root folder entered with chroot (binfmt runs its arm64
+    binaries through qemu-aarch64-static)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def path(self, inside: str) -> Path:
+        return self.root / inside.lstrip("/")
+
+    def command(self, argv: Sequence[str], cwd: str = "/", env: dict[str, str] | None = None
+                ) -> list[str]:
+        pairs = [f"{k}={v}" for k, v in device_env(env).items()]
+        return ["chroot", str(self.root), "/usr/bin/env", "-i", *pairs,
+                "/bin/sh", "-c", 'cd "$0" && exec "$@"', cwd, *argv]
+
+    def run(self, argv: Sequence[str], *, cwd: str = "/", log: Path | None = None,
+            timeout: float = 3600, env: dict[str, str] | None = None, check: bool = True
+            ) -> subprocess.CompletedProcess[str]:
+        return run(self.command(argv, cwd, env), log=log, timeout=timeout, check=check)
+
+    def popen(self, argv: Sequence[str], log: Path, cwd: str = "/") -> subprocess.Popen[bytes]:
+        return subprocess.Popen(self.command(argv, cwd), stdout=open(log, "ab"),  # noqa: SIM115
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+    @contextlib.contextmanager
+    def mounted(self, pip_cache: Path) -> Iterator[None]:
+        """/proc, /sys, /dev and a pip cache kept between runs; unmounted on the way out."""
+        pip_cache.mkdir(parents=True, exist_ok=True)
+        mounts = [(["-t", "proc", "proc"], "proc"), (["-t", "sysfs", "sysfs"], "sys"),
+                  (["--bind", "/dev"], "dev"), (["--bind", str(pip_cache)], "root/.cache/pip")]
+        done: list[Path] = []
+        try:
+            for how, where in mounts:
+                target = self.path(where)
+                target.mkdir(parents=True, exist_ok=True)
+                run(["mount", *how, str(target)])
+                done.append(target)
+            yield
+        finally:
+            for target in reversed(done):
+                subprocess.run(["umount", "-l", str(target)], check=False)
+
+
+# ------------------------------------------------------------------------------ stages
+class Stages:
+    """Times each stage and prints it as it ends."""
+
+    def __init__(self) -> None:
+        self.times: list[tuple[str, float]] = []
+
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        print(f"== {name}", flush=True)
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            took = time.monotonic() - started
+            self.times.append((name, took))
+            print(f"   {name}: {took:.1f} s", flush=True)
+
+
+def ensure_host_tools() -> None:
+    """qemu-user-static, binfmt for aarch64 and mmdebstrap, from Debian."""
+    missing = [pkg for pkg, tool in (("qemu-user-static", "qemu-aarch64-static"),
+                                     ("binfmt-support", "update-binfmts"),
+                                     ("mmdebstrap", "mmdebstrap")) if not shutil.which(tool)]
+    if missing:
+        run(["apt-get", "update", "-qq"])
+        run(["apt-get", "install", "-y", "-qq", *missing])
+    binfmt = Path("/proc/sys/fs/binfmt_misc")
+    if not (binfmt / "register").exists():
+        run(["mount", "-t", "binfmt_misc", "binfmt_misc", str(binfmt)])
+    if not (binfmt / "qemu-aarch64").exists():
+        run(["update-binfmts", "--enable", "qemu-aarch64"])
+    if not (binfmt / "qemu-aarch64").exists():
+        raise CheckFailed("binfmt has no qemu-aarch64 entry: arm64 binaries cannot run here")
+
+
+def host_ca_bundle() -> Path:
+    for candidate in (os.environ.get("PIP_CERT"), os.environ.get("SSL_CERT_FILE"),
+                      "/etc/ssl/certs/ca-certificates.crt"):
+        if candidate and Path(candidate).is_file():
+            return Path(candidate)
+    raise CheckFailed("no CA bundle on this host to hand to the emulated device")
+
+
+def build_userland(cache: Path, log: Path) -> Path:
+    """The cached arm64 userland with the vendor torch; built once (atomically)."""
+    ready = cache / f"{SUITE}-arm64-torch1.13.1-v{USERLAND_FORMAT}"
+    if (ready / ".jetsplit-ready").is_file():
+        print(f"   reusing {ready}")
+        return ready
+    tmp = ready.with_name(ready.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    cache.mkdir(parents=True, exist_ok=True)
+    print(f"   building {ready} (once; mmdebstrap + pip under emulation)", flush=True)
+    run(["mmdebstrap", "--variant=essential", "--architectures=arm64",
+         f"--include={','.join(DEBIAN_PACKAGES)}", SUITE, str(tmp),
+         "http://deb.debian.org/debian"], log=log)
+    device = Device(tmp)
+    shutil.copyfile(host_ca_bundle(), device.path("/etc/ssl/certs/host-ca-bundle.crt"))
+    with device.mounted(cache / "pip-cache"):
+        device.run(["python3", "-m", "pip", "install", *VENDOR_TORCH], log=log)
+    device.path("/etc/nv_tegra_release").write_text(L4T_RELEASE)
+    (tmp / ".jetsplit-ready").write_text(USERLAND_FORMAT + "\n")
+    tmp.rename(ready)
+    return ready
+
+
+def fresh_device(userland: Path, cache: Path) -> Device:
+    """A throwaway copy of the userland with this checkout at CHECKOUT (tracked and
+    untracked, not ignored, files: what a `git clone` plus local edits would hold)."""
+    work = cache / "work"
+    if work.exists():
+        subprocess.run(["umount", "-R", "-l", str(work)], capture_output=True, check=False)
+        shutil.rmtree(work)
+    run(["cp", "-a", "--reflink=auto", str(userland), str(work)])
+    device = Device(work)
+    shutil.copyfile(host_ca_bundle(), device.path("/etc/ssl/certs/host-ca-bundle.crt"))
+    files = run(["git", "-C", str(REPO), "ls-files", "-co", "--exclude-standard", "-z"]).stdout
+    target = device.path(CHECKOUT)
+    for name in filter(None, files.split("\0")):
+        source = REPO / name
+        if source.is_file():
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target / name)
+    return device
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def mosquitto(workdir: Path) -> Iterator[int]:
+    """A private Mosquitto on a free loopback port (the emulated device shares the host's
+    network namespace)."""
+    binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+    port = free_port()
+    conf = workdir / "mosquitto.conf"
+    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n")
+    proc = subprocess.Popen([binary, "-c", str(conf)], stdout=subprocess.DEVNULL,
+                            stderr=open(workdir / "mosquitto.log", "wb"))  # noqa: SIM115
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise CheckFailed(f"mosquitto did not start (see {workdir / 'mosquitto.log'})")
+            time.sleep(0.2)
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def agent_toml(agent: str, index: int, broker: str, state_dir: str) -> str:
+    """An agent config as the README's fleet example writes it: a shard of UCI digits."""
+    return (f'fleet = "{FLEET}"\nagent = "{agent}"\nstate_dir = "{state_dir}"\nthreads = 1\n'
+            f'seed = {index}\n[mqtt]\nbroker = "{broker}"\n'
+            f'[data]\ndataset = "digits"\npartition = "iid"\nclients = 2\nindex = {index}\n')
+
+
+def server_toml(out: Path, algorithm: str, rounds: int) -> str:
+    name, shape = MODEL
+    return (f'fleet = "{FLEET}"\nagents = 2\nwait_s = 600\nout = "{out}"\nrun = "run"\n'
+            f"seed = 0\n[model]\nname = \"{name}\"\ninput_shape = [{shape}]\nsplit = 2\n"
+            f'[data]\ndataset = "digits"\n'
+            f'[train]\nalgorithm = "{algorithm}"\nrounds = {rounds}\nlocal_steps = 8\n'
+            f"batch = 32\nlr = 0.05\ndeadline_s = 600\n")
+
+
+def peak_rss_mb(pid: int) -> float | None:
+    """VmHWM of a process (under QEMU: the emulated agent plus the emulator)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def agent_pid(launcher: subprocess.Popen[bytes]) -> int:
+    """chroot → env → sh exec into python: the launcher's pid is the agent's own."""
+    return launcher.pid
+
+
+def train(label: str, workdir: Path, port: int, algorithm: str, rounds: int,
+          start_agent: Callable[[str, int, Path], tuple[subprocess.Popen[bytes], Path]],
+          timeout: float) -> tuple[list[float], dict[str, float | None]]:
+    """One coordinator and two agents; returns the per-round train losses and each agent's
+    peak RSS. Fails on a traceback in any log, a missed step or a coordinator error."""
+    out = workdir / f"runs-{label}"
+    shutil.rmtree(out, ignore_errors=True)
+    config = workdir / f"server-{label}.toml"
+    config.write_text(server_toml(out, algorithm, rounds))
+    agents = {f"{label}{i}": start_agent(f"{label}{i}", i, workdir) for i in range(2)}
+    coordinator_log = workdir / f"coordinator-{label}.log"
+    rss: dict[str, float | None] = {}
+    try:
+        done = run([str(HOST_JETSPLIT), "server", "run", "--config", str(config),
+                    "--broker", f"mqtt://127.0.0.1:{port}"], log=coordinator_log,
+                   timeout=timeout, check=False)
+        for agent, (proc, _) in agents.items():
+            rss[agent] = peak_rss_mb(agent_pid(proc))
+            if proc.poll() is not None:
+                raise CheckFailed(f"agent {agent} exited early with {proc.returncode}")
+    finally:
+        for proc, _ in agents.values():
+            stop(proc)
+    logs = [coordinator_log] + [log for _, log in agents.values()]
+    for log in logs:
+        text = log.read_text(errors="replace")
+        if "Traceback" in text:
+            start = text.index("Traceback")
+            raise CheckFailed(f"traceback in {log}:\n{text[start:start + 2000]}")
+    if done.returncode != 0:
+        tail = "\n    ".join(coordinator_log.read_text().strip().splitlines()[-10:])
+        raise CheckFailed(f"coordinator exited {done.returncode}:\n    {tail}")
+    rows = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text()
+            .splitlines() if line.strip()]
+    if len(rows) != rounds:
+        raise CheckFailed(f"{label}: {len(rows)} rounds in metrics.jsonl, wanted {rounds}")
+    for row in rows:
+        if row["missed"]:
+            raise CheckFailed(f"{label}: round {row['round'] + 1} missed steps: {row['missed']}")
+        if len(row["selected"]) != 2:
+            raise CheckFailed(f"{label}: round {row['round'] + 1} selected {row['selected']}")
+    losses = [float(row["train_loss"]) for row in rows]
+    if any(b >= a for a, b in zip(losses, losses[1:], strict=False)):
+        raise CheckFailed(f"{label}: training loss does not decrease: {losses}")
+    accuracy = rows[-1].get("accuracy")
+    print(f"   {label}: train loss per round {[round(x, 4) for x in losses]}, final "
+          f"accuracy {accuracy:.4f}", flush=True)
+    return losses, rss
+
+
+# ------------------------------------------------------------------------------ main
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--cache", type=Path, default=Path(os.environ.get(
+        "JETSPLIT_DEVICE_CACHE", "/var/cache/jetsplit-device")),
+        help="where the arm64 userland and pip's cache are kept between runs")
+    parser.add_argument("--algorithm", default="splitfed-v1")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--skip", action="append", default=[],
+                        choices=("tests", "container", "native"),
+                        help="leave out a stage (repeatable)")
+    args = parser.parse_args(argv)
+    if os.geteuid() != 0:
+        print("error: the device check needs root (chroot and mounts)", file=sys.stderr)
+        return 2
+    if not HOST_JETSPLIT.exists():
+        print("error: no .venv/bin/jetsplit: run `make setup` first", file=sys.stderr)
+        return 2
+    stages = Stages()
+    logs = args.cache / "logs"
+    shutil.rmtree(logs, ignore_errors=True)
+    logs.mkdir(parents=True)
+    started = time.monotonic()
+    try:
+        with stages.stage("host tools (qemu-user-static, binfmt, mmdebstrap)"):
+            ensure_host_tools()
+        with stages.stage("userland (Debian bullseye arm64, Python 3.9, torch 1.13.1)"):
+            userland = build_userland(args.cache, logs / "userland.log")
+        with stages.stage("copy the checkout onto a fresh device"):
+            device = fresh_device(userland, args.cache)
+        with device.mounted(args.cache / "pip-cache"), mosquitto(logs) as port:
+            broker = f"mqtt://127.0.0.1:{port}"
+            check_device(device, stages, logs, broker, port, args)
+    except CheckFailed as exc:
+        print(f"device check FAILED: {exc}", file=sys.stderr)
+        print(f"logs: {logs}", file=sys.stderr)
+        return 1
+    print("== device check passed")
+    for name, took in stages.times:
+        print(f"   {took:7.1f} s  {name}")
+    print(f"   {time.monotonic() - started:7.1f} s  total")
+    return 0
+
+
+def check_device(device: Device, stages: Stages, logs: Path, broker: str, port: int,
+                 args: argparse.Namespace) -> None:
+    """Every stage that runs on the emulated device (see the module docstring)."""
+    jetsplit = f"{VENV}/bin/jetsplit"
+    with stages.stage("install: scripts/install-agent.sh --no-enable"):
+        device.run(["bash", f"{CHECKOUT}/scripts/install-agent.sh", "--agent", "arm0",
+                    "--broker", broker, "--fleet", FLEET, "--no-enable"],
+                   cwd=CHECKOUT, log=logs / "install.log")
+        text = (logs / "install.log").read_text()
+        if "done;" not in text:
+            raise CheckFailed("install-agent.sh did not finish (see install.log)")
+        versions = device.run([f"{VENV}/bin/python", "-c",
+                               "import sys, torch, numpy, jetsplit, importlib.metadata as m;"
+                               "print(sys.version.split()[0], torch.__version__, "
+                               "numpy.__version__, m.version('jetsplit'), jetsplit.__file__)"])
+        print(f"   venv: Python, torch, numpy, jetsplit: {versions.stdout.strip()}")
+        if "site-packages" not in versions.stdout:
+            raise CheckFailed(f"the venv's jetsplit is not the installed one: {versions.stdout}")
+    with stages.stage("doctor"):
+        doctor = device.run([jetsplit, "doctor", "--broker", broker], log=logs / "doctor.log")
+        print("   " + "\n   ".join(line for line in doctor.stdout.splitlines()
+                                    if "│" in line and "check" not in line))
+    name, shape = MODEL
+    with stages.stage(f"profile: jetsplit profile --model {name} on the device"):
+        device.run([jetsplit, "profile", "--model", name, "--input-shape", shape,
+                    "--batch", "16", "--repeats", "3", "--warmup", "1", "--base-profile",
+                    "jetson-nano-4gb", "--out", "/tmp/arm-measured.toml"],
+                   log=logs / "profile.log", env={"JETSPLIT_PROFILES_DIR":
+                                                  "/opt/jetsplit/profiles", "COLUMNS": "120"})
+        measured = device.path("/tmp/arm-measured.toml")
+        shutil.copyfile(measured, logs / "arm-measured.toml")
+        plan = run([str(HOST_JETSPLIT), "export", "plan", "--model", name, "--input-shape",
+                    shape, "--profile", str(logs / "arm-measured.toml")],
+                   log=logs / "plan.log")
+        print("   host plan with the device's profile: "
+              + next((line.strip() for line in plan.stdout.splitlines()
+                      if "split" in line.lower()), plan.stdout.strip().splitlines()[-1]))
+
+    def arm_agent(agent: str, index: int, workdir: Path
+                  ) -> tuple[subprocess.Popen[bytes], Path]:
+        inside = f"/etc/jetsplit/{agent}.toml"
+        device.path(inside).write_text(agent_toml(agent, index, broker,
+                                                  f"/var/lib/jetsplit/{agent}"))
+        log = workdir / f"{agent}.log"
+        return device.popen([jetsplit, "agent", "run", "--config", inside], log), log
+
+    def native_agent(agent: str, index: int, workdir: Path
+                     ) -> tuple[subprocess.Popen[bytes], Path]:
+        path = workdir / f"{agent}.toml"
+        path.write_text(agent_toml(agent, index, broker, str(workdir / "state" / agent)))
+        log = workdir / f"{agent}.log"
+        return subprocess.Popen([str(HOST_JETSPLIT), "agent", "run", "--config", str(path)],
+                                stdout=open(log, "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
+                                start_new_session=True), log
+
+    with stages.stage(f"train: 2 ARM agents, {args.algorithm}, {args.rounds} rounds"):
+        arm_losses, rss = train("arm", logs, port, args.algorithm, args.rounds, arm_agent,
+                                timeout=1800)
+        for agent, mb in rss.items():
+            print(f"   {agent} peak RSS under QEMU: "
+                  + ("unknown" if mb is None else f"{mb:.0f} MB"))
+    if "native" not in args.skip:
+        with stages.stage("train: 2 native agents, same seed"):
+            native_losses, _ = train("native", logs, port, args.algorithm, args.rounds,
+                                     native_agent, timeout=900)
+        print("   loss per round  ARM (torch 1.13.1, aarch64) | native (host torch)")
+        for i, (a, b) in enumerate(zip(arm_losses, native_losses, strict=True)):
+            print(f"   round {i + 1}: {a:.4f} | {b:.4f}")
+    if "tests" not in args.skip:
+        with stages.stage("tests: device_torch and device_pure on torch 1.13.1"):
+            device.run([f"{VENV}/bin/python", "-m", "pip", "install", "--quiet", "pytest>=7",
+                        "pytest-timeout>=2.1", "hypothesis>=6.90"], log=logs / "tests.log")
+            files = device_test_files()
+            result = device.run([f"{VENV}/bin/pytest", "-q", "-p", "no:cacheprovider",
+                                 "-m", "device_torch or device_pure", "-o", "addopts=",
+                                 *files], cwd=CHECKOUT, log=logs / "tests.log", check=False)
+            summary = result.stdout.strip().splitlines()[-1]
+            print(f"   {summary}")
+            if result.returncode != 0:
+                raise CheckFailed(f"device tests failed: {summary} (see tests.log)")
+    if "container" not in args.skip:
+        with stages.stage("container: Dockerfile.jetson's install script in the userland"):
+            device.run(["python3", "-m", "venv", "--system-site-packages", "/opt/image"])
+            device.run(["/opt/image/bin/python", "-m", "pip", "install", "--quiet",
+                        "--upgrade", "pip"], log=logs / "container.log")
+            device.run(["bash", "scripts/container-install.sh"], cwd=CHECKOUT,
+                       env={"PATH": "/opt/image/bin:/usr/bin:/bin"},
+                       log=logs / "container.log")
+            print("   " + (logs / "container.log").read_text().strip().splitlines()[-1])
+
+
+def device_test_files() -> list[str]:
+    """Test files marked device_torch or device_pure, relative to the checkout."""
+    files = []
+    for path in sorted((REPO / "tests").glob("test_*.py")):
+        text = path.read_text()
+        if "pytest.mark.device_torch" in text or "pytest.mark.device_pure" in text:
+            files.append(f"tests/{path.name}")
+    return files
+
+
+if __name__ == "__main__":
+    sys.exit(main())
