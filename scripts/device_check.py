@@ -352,7 +352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--algorithm", default="splitfed-v1")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--skip", action="append", default=[],
-                        choices=("tests", "container", "native"),
+                        choices=("profile", "tests", "container", "native"),
                         help="leave out a stage (repeatable)")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
@@ -410,20 +410,21 @@ def check_device(device: Device, stages: Stages, logs: Path, broker: str, port: 
         print("   " + "\n   ".join(line for line in doctor.stdout.splitlines()
                                     if "│" in line and "check" not in line))
     name, shape = MODEL
-    with stages.stage(f"profile: jetsplit profile --model {name} on the device"):
-        device.run([jetsplit, "profile", "--model", name, "--input-shape", shape,
-                    "--batch", "16", "--repeats", "3", "--warmup", "1", "--base-profile",
-                    "jetson-nano-4gb", "--out", "/tmp/arm-measured.toml"],
-                   log=logs / "profile.log", env={"JETSPLIT_PROFILES_DIR":
-                                                  "/opt/jetsplit/profiles", "COLUMNS": "120"})
-        measured = device.path("/tmp/arm-measured.toml")
-        shutil.copyfile(measured, logs / "arm-measured.toml")
-        plan = run([str(HOST_JETSPLIT), "export", "plan", "--model", name, "--input-shape",
-                    shape, "--profile", str(logs / "arm-measured.toml")],
-                   log=logs / "plan.log")
-        print("   host plan with the device's profile: "
-              + next((line.strip() for line in plan.stdout.splitlines()
-                      if "split" in line.lower()), plan.stdout.strip().splitlines()[-1]))
+    if "profile" not in args.skip:
+        with stages.stage(f"profile: jetsplit profile --model {name} on the device"):
+            device.run([jetsplit, "profile", "--model", name, "--input-shape", shape,
+                        "--batch", "16", "--repeats", "3", "--warmup", "1", "--base-profile",
+                        "jetson-nano-4gb", "--out", "/tmp/arm-measured.toml"],
+                       log=logs / "profile.log", env={"JETSPLIT_PROFILES_DIR":
+                                                      "/opt/jetsplit/profiles", "COLUMNS": "120"})
+            measured = device.path("/tmp/arm-measured.toml")
+            shutil.copyfile(measured, logs / "arm-measured.toml")
+            plan = run([str(HOST_JETSPLIT), "export", "plan", "--model", name, "--input-shape",
+                        shape, "--profile", str(logs / "arm-measured.toml")],
+                       log=logs / "plan.log")
+            print("   host plan with the device's profile: "
+                  + next((line.strip() for line in plan.stdout.splitlines()
+                          if "split" in line.lower()), plan.stdout.strip().splitlines()[-1]))
 
     def arm_agent(agent: str, index: int, workdir: Path
                   ) -> tuple[subprocess.Popen[bytes], Path]:

@@ -19,11 +19,14 @@ pytestmark = pytest.mark.device_pure
 
 ROOT = Path(__file__).resolve().parents[1]
 DEVICE_DIRS = ("jetsplit", "edge_agent")
+# `jetsplit profile` runs on the device: its CLI module and what it imports on that path.
+PROFILE_PATH = ("export/__init__.py", "export/profile_cli.py")
 _GENERIC_BUILTINS = {"list", "dict", "tuple", "set", "frozenset", "type"}
 
 
 def device_files() -> list[Path]:
-    return [p for d in DEVICE_DIRS for p in sorted((ROOT / d).rglob("*.py"))]
+    return [p for d in DEVICE_DIRS for p in sorted((ROOT / d).rglob("*.py"))] + [
+        ROOT / p for p in PROFILE_PATH]
 
 
 def _new_style(node: ast.AST, any_union: bool) -> str | None:
@@ -71,11 +74,27 @@ def runtime_annotation_problems(path: Path) -> list[str]:
     for stmt in tree.body:  # module-level `x: T = ...` is not evaluated
         if isinstance(stmt, ast.AnnAssign):
             lazy.update(id(n) for n in ast.walk(stmt.annotation))
+    for node in ast.walk(tree):  # isinstance(x, int | float): a TypeError before 3.10
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                and node.func.id in ("isinstance", "issubclass") and len(node.args) == 2:
+            strict.update(id(n) for n in ast.walk(node.args[1]))
     lazy -= strict
     rel = path.relative_to(ROOT)
     found = {f"{rel}:{node.lineno}: {what}" for node in ast.walk(tree)
              if id(node) not in lazy and (what := _new_style(node, id(node) in strict))}
+    if _future_annotations(tree) and any(
+            isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and _is_typer_command(node) for node in ast.walk(tree)):
+        found.add(f"{rel}:1: typer command under `from __future__ import annotations`")
     return sorted(found)
+
+
+def _future_annotations(tree: ast.Module) -> bool:
+    """typer on Python < 3.10 does not evaluate string annotations: under this import every
+    `Annotated[..., typer.Option(...)]` of a command is silently ignored."""
+    return any(isinstance(stmt, ast.ImportFrom) and stmt.module == "__future__"
+               and any(alias.name == "annotations" for alias in stmt.names)
+               for stmt in tree.body)
 
 
 def test_device_side_runtime_annotations_use_typing_forms() -> None:
@@ -97,6 +116,8 @@ def test_checker_finds_new_style_runtime_annotations(tmp_path: Path) -> None:
         "    z: list[int] = []\n"
         "    return 1 | 2\n"
         "def cmd(x: Annotated[str | None, typer.Option()] = None) -> None: ...\n"
+        "ok = isinstance(1, (int, float)) and 3 | 4\n"
+        "bad = isinstance(1, int | np.integer)\n"
     )
     global ROOT
     saved, ROOT = ROOT, tmp_path
@@ -104,19 +125,23 @@ def test_checker_finds_new_style_runtime_annotations(tmp_path: Path) -> None:
         found = runtime_annotation_problems(sample)
     finally:
         ROOT = saved
-    assert found == ["sample.py:10: X | Y", "sample.py:3: X | Y", "sample.py:4: list[...]",
-                     "sample.py:6: dict[...]"]
+    assert found == ["sample.py:10: X | Y", "sample.py:12: X | Y",
+                     "sample.py:1: typer command under `from __future__ import annotations`",
+                     "sample.py:3: X | Y",
+                     "sample.py:4: list[...]", "sample.py:6: dict[...]"]
 
 
 def test_agent_commands_import_no_coordinator_code() -> None:
-    """`jetsplit agent ...` mounts only device commands: no server/export module (which
-    need Python 3.10) is imported."""
+    """`jetsplit agent ...` mounts only device commands: no server module and no export
+    module but `jetsplit profile`'s CLI (the rest need Python 3.10) is imported."""
+    allowed = sorted("jetsplit." + p[:-len(".py")].replace("/__init__", "").replace("/", ".")
+                     for p in PROFILE_PATH)
     code = (
         "import sys\n"
         "from jetsplit.cli import main\n"
         "assert main(['agent', 'run', '--help']) == 0\n"
         "bad = sorted(m for m in sys.modules if m.startswith(('jetsplit.server', "
-        "'jetsplit.export')))\n"
+        f"'jetsplit.export')) and m not in {allowed!r})\n"
         "print(bad)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
