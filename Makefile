@@ -52,4 +52,4 @@ device-check: setup
 	$(PY) scripts/device_check.py
 
 clean:
-	rm -rf $(VENV) .venv39 build *.egg-info
+	rm -rf $(VENV) .venv38 .venv39 build *.egg-info

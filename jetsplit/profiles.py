@@ -303,8 +303,14 @@ def dump_profile(profile: DeviceProfile, path: str | Path) -> Path:
 
 
 def bundled_profiles_dir() -> Path:
-    """The repository's ``profiles/`` directory (may be absent in a wheel install)."""
-    return Path(__file__).resolve().parents[1] / "profiles"
+    """The profiles shipped with jetsplit: the ``jetsplit.bundled_profiles`` package data
+    (``profiles/`` of the checkout), wherever the package is installed."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("jetsplit.bundled_profiles")
+    if spec is not None and spec.origin:
+        return Path(spec.origin).parent
+    return Path(__file__).resolve().parents[1] / "profiles"  # a bare checkout on sys.path
 
 
 def profile_search_dirs() -> list[Path]:

@@ -10,7 +10,7 @@ from jetsplit.config_io import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 MAPPED = {"jetsplit": "jetsplit", "jetsplit.server": "server", "jetsplit.export": "export",
-          "jetsplit.edge_agent": "edge_agent"}
+          "jetsplit.edge_agent": "edge_agent", "jetsplit.bundled_profiles": "profiles"}
 
 
 def _setuptools_table() -> dict:
