@@ -31,19 +31,20 @@ def profile(
         "--device", help="auto | cpu | cuda (auto: CUDA when torch sees a GPU).")] = "auto",
 ) -> None:
     """Measure this machine: per-layer latency, memory, GFLOPS."""
-    from rich.console import Console
-    from rich.table import Table
-
     from jetsplit.cli_types import parse_shape
     from jetsplit.errors import ConfigError
-    from jetsplit.export.profiler import profile_machine, profile_name
-    from jetsplit.profiles import dump_profile, resolve_profile
 
     for flag, value, low in (("--batch", batch, 1), ("--repeats", repeats, 1),
                              ("--warmup", warmup, 0)):
-        if value < low:
+        if value < low:  # checked before torch is imported: ~17 s on an emulated device
             raise ConfigError(f"{flag} must be at least {low}, got {value}")
     shape = parse_shape(input_shape)
+    from rich.console import Console
+    from rich.table import Table
+
+    from jetsplit.export.profiler import profile_machine, profile_name
+    from jetsplit.profiles import dump_profile, resolve_profile
+
     base = resolve_profile(base_profile) if base_profile else None
     console = Console(stderr=True)
     with console.status("measuring") as status:

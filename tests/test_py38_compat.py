@@ -131,7 +131,7 @@ def test_checker_finds_new_style_runtime_annotations(tmp_path: Path) -> None:
                      "sample.py:4: list[...]", "sample.py:6: dict[...]"]
 
 
-def test_agent_commands_import_no_coordinator_code() -> None:
+def test_agent_commands_import_no_coordinator_code(tmp_path: Path) -> None:
     """`jetsplit agent ...` mounts only device commands: no server module and no export
     module but `jetsplit profile`'s CLI (the rest need Python 3.10) is imported."""
     allowed = sorted("jetsplit." + p[:-len(".py")].replace("/__init__", "").replace("/", ".")
@@ -144,6 +144,7 @@ def test_agent_commands_import_no_coordinator_code() -> None:
         f"'jetsplit.export')) and m not in {allowed!r})\n"
         "print(bad)\n"
     )
+    # From a neutral folder: in the checkout its jetsplit/ would shadow an installed package.
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         cwd=ROOT, timeout=120, check=True).stdout
+                         cwd=tmp_path, timeout=120, check=True).stdout
     assert out.strip().splitlines()[-1] == "[]"
