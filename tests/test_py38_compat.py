@@ -22,8 +22,15 @@ DEVICE_DIRS = ("jetsplit", "edge_agent")
 _GENERIC_BUILTINS = {"list", "dict", "tuple", "set", "frozenset", "type"}
 
 
+# `jetsplit profile` runs on the device: what it imports from export/ holds on 3.8 too
+# (profile_cli.py joins once its typer signature uses typing_extensions/Optional).
+PROFILE_PATH = ("export/profiler.py", "export/cost_model.py", "export/flop_count.py",
+                "export/torch_compat.py", "export/onnx_export.py")
+
+
 def device_files() -> list[Path]:
-    return [p for d in DEVICE_DIRS for p in sorted((ROOT / d).rglob("*.py"))]
+    return [p for d in DEVICE_DIRS for p in sorted((ROOT / d).rglob("*.py"))] + [
+        ROOT / f for f in PROFILE_PATH]
 
 
 def _new_style(node: ast.AST, any_union: bool) -> str | None:
