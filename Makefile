@@ -42,8 +42,11 @@ lint: setup
 
 # The device side (all `jetsplit agent run` imports) must run on JetPack 5's Python 3.8.
 DEVICE_SIDE := jetsplit edge_agent
+# `jetsplit profile` runs on the device too (tests/test_py38_compat.py PROFILE_PATH).
+PROFILE_PATH := export/__init__.py export/profile_cli.py export/profiler.py \
+	export/cost_model.py export/flop_count.py export/torch_compat.py export/onnx_export.py
 vermin: setup
-	$(VENV)/bin/vermin --target=3.8 --no-tips --violations $(DEVICE_SIDE)
+	$(VENV)/bin/vermin --target=3.8 --no-tips --violations $(DEVICE_SIDE) $(PROFILE_PATH)
 
 # The device side on its floor: an arm64 Debian bullseye userland under QEMU (Python 3.9,
 # torch 1.13.1): install, doctor, profile, 2 ARM agents training with a native coordinator,

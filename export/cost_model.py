@@ -1,15 +1,16 @@
 """What every split of a zoo model costs: FLOPs, parameters, activations, training memory,
 and per-layer time on a device profile.
 
-Counting runs the model once per layer under ``torch.utils.flop_counter.FlopCounterMode``
-(forward and backward separately) and ``saved_tensors_hooks`` (what autograd really keeps).
+Counting runs the model once per layer under ``jetsplit.export.flop_count.FlopCounter``
+(torch 2.x's FlopCounterMode formulas on any torch ≥ 1.13; forward and backward separately)
+and ``saved_tensors_hooks`` (what autograd really keeps).
 That needs torch, and importing torch alone takes ~1.8 s on a 2-core build box while
 ``jetsplit export plan`` must answer in under 2 s. So layer costs are counted once per
 (model spec, zoo code, torch version) and cached as JSON under
 ``~/.cache/jetsplit/costs/<spec-hash>-zoo<ZOO_VERSION>.json``; a cache hit never imports torch.
 
 Conventions: FLOPs are real FLOPs (a multiply-add is 2), per sample, counted by
-FlopCounterMode, which counts convolutions, matmuls and attention and nothing else (norms,
+FlopCounter, which counts convolutions and matmuls and nothing else (norms,
 activations and pooling are free in FLOPs but not in time — that is what a measured profile
 corrects). Bytes are bytes; MB in tables are MiB.
 """
@@ -22,18 +23,20 @@ import math
 import os
 import re
 from dataclasses import dataclass
-from importlib import metadata
+from importlib import metadata, util
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, List, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from typing_extensions import Annotated
 
 from jetsplit.errors import ConfigError
+from jetsplit.export.torch_compat import storage_of
 
 if TYPE_CHECKING:
     from torch import nn
-    from torch.utils.flop_counter import FlopCounterMode
 
+    from jetsplit.export.flop_count import FlopCounter
     from jetsplit.models import LayeredModel
     from jetsplit.profiles import DeviceProfile
 
@@ -59,8 +62,21 @@ Codec = Literal["fp32", "fp16", "bf16", "int8"]
 NonNeg = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 NonNegInt = Annotated[int, Field(ge=0)]
 
-_MODELS_DIR = Path(__file__).resolve().parents[1] / "jetsplit" / "models"
 _ZOO_VERSION_RE = re.compile(r"^ZOO_VERSION\s*=\s*(\d+)\s*$", re.MULTILINE)
+
+
+def models_dir() -> Path:
+    """The installed ``jetsplit.models`` package's folder, found without importing it (which
+    would import torch): in a wheel install this module is site-packages/jetsplit/export/."""
+    spec = util.find_spec("jetsplit.models")
+    locations = spec.submodule_search_locations if spec is not None else None
+    if not locations:
+        raise ConfigError("cannot find the jetsplit.models package (is jetsplit installed?)")
+    return Path(next(iter(locations))).resolve()
+
+
+# Sources whose text is part of the cache fingerprint besides the zoo: what counts.
+_COUNTING_SOURCES = ("cost_model.py", "flop_count.py", "torch_compat.py")
 
 
 class _Frozen(BaseModel):
@@ -77,8 +93,8 @@ class LayerCost(_Frozen):
     params: NonNegInt  # trainable parameter count
     param_bytes: NonNegInt
     buffer_bytes: NonNegInt  # batch-norm running statistics: sent with the weights, no grads
-    in_shape: list[int]
-    out_shape: list[int]
+    in_shape: List[int]
+    out_shape: List[int]
     # Saved-for-backward storage, each storage counted once: attributed to the first layer
     # that saved it (prefix sums give a client block exactly) and to the last one (suffix
     # sums give a server block exactly). Parameters and buffers are not counted here.
@@ -116,13 +132,13 @@ class ModelCosts(_Frozen):
 
     format: int
     name: str
-    input_shape: list[int]
+    input_shape: List[int]
     num_classes: int
     zoo_version: int
     fingerprint: str  # hash of the zoo and cost-model sources and the torch version
     aux_ratio: float
-    layers: list[LayerCost]
-    aux: list[AuxCost]  # one per split candidate k = 1..n-1
+    layers: List[LayerCost]
+    aux: List[AuxCost]  # one per split candidate k = 1..n-1
 
     @property
     def layer_names(self) -> list[str]:
@@ -156,14 +172,16 @@ def zoo_fingerprint() -> tuple[int, str]:
     """
     digest = hashlib.sha256()
     version = None
-    for path in sorted(_MODELS_DIR.glob("*.py")) + [Path(__file__)]:
+    zoo_dir = models_dir()
+    here = Path(__file__).resolve().parent
+    for path in sorted(zoo_dir.glob("*.py")) + [here / name for name in _COUNTING_SOURCES]:
         text = path.read_bytes()
         digest.update(path.name.encode() + b"\0" + text)
         if path.name == "zoo.py":
             match = _ZOO_VERSION_RE.search(text.decode("utf-8"))
             version = int(match.group(1)) if match else None
     if version is None:
-        raise ConfigError(f"cannot read ZOO_VERSION from {_MODELS_DIR / 'zoo.py'}")
+        raise ConfigError(f"cannot read ZOO_VERSION from {zoo_dir / 'zoo.py'}")
     try:
         torch_version = metadata.version("torch")
     except metadata.PackageNotFoundError:
@@ -262,8 +280,7 @@ class _SavedTracker:
         self.max_numel = 0  # largest saved non-parameter tensor
 
     def pack(self, tensor: object) -> object:
-        storage = tensor.untyped_storage()  # type: ignore[attr-defined]
-        ptr, nbytes = storage.data_ptr(), storage.nbytes()
+        ptr, nbytes = storage_of(tensor)
         if ptr and ptr not in self.exclude:
             self.first.setdefault(ptr, (nbytes, self.layer))
             self.last[ptr] = self.layer
@@ -279,37 +296,16 @@ class _SavedTracker:
         return first, last
 
 
-def _grouped_conv_backward_flop(grad_out_shape: list[int], x_shape: list[int],
-                                w_shape: list[int], bias: object, stride: object,
-                                padding: object, dilation: object, transposed: bool,
-                                output_padding: object, groups: int, output_mask: list[bool],
-                                out_shape: object = None, **kwargs: object) -> int:
-    """torch's convolution_backward formula with the weight-gradient term divided by
-    ``groups``: torch 2.13 ignores groups there, overcounting a depthwise conv's backward by
-    its channel count (MobileNet's backward came out 23× its forward)."""
-    from torch.utils.flop_counter import conv_backward_flop
+def flop_counter() -> FlopCounter:
+    """A fresh FlopCounter (one per count): the same counts on torch 1.13 and 2.x."""
+    from jetsplit.export.flop_count import FlopCounter
 
-    args = (grad_out_shape, x_shape, w_shape, bias, stride, padding, dilation, transposed,
-            output_padding, groups)
-    total = conv_backward_flop(*args, output_mask, out_val=out_shape)
-    if groups > 1 and output_mask[1]:
-        weight = conv_backward_flop(*args, [False, True, False], out_val=out_shape)
-        total -= weight - weight // groups
-    return int(total)
-
-
-def flop_counter() -> FlopCounterMode:
-    """A quiet FlopCounterMode with the grouped-convolution backward fixed."""
-    import torch
-    from torch.utils.flop_counter import FlopCounterMode
-
-    return FlopCounterMode(display=False, custom_mapping={
-        torch.ops.aten.convolution_backward: _grouped_conv_backward_flop})
+    return FlopCounter()
 
 
 def _state_storages(module: nn.Module) -> set[int]:
     tensors = list(module.parameters()) + list(module.buffers())
-    return {t.untyped_storage().data_ptr() for t in tensors}
+    return {storage_of(t)[0] for t in tensors}
 
 
 def _count_pass(model: LayeredModel, batch: int) -> dict[str, list[float]]:
@@ -378,7 +374,7 @@ def _count_aux(model: LayeredModel, k: int, ratio: float) -> AuxCost:
     numel = 0
     for batch in COUNT_BATCHES:
         x = torch.randn(batch, *shape).requires_grad_(True)
-        exclude = _state_storages(head) | {x.untyped_storage().data_ptr()}
+        exclude = _state_storages(head) | {storage_of(x)[0]}
         tracker = _SavedTracker(exclude)
         with torch.autograd.graph.saved_tensors_hooks(tracker.pack, lambda t: t), \
                 flop_counter() as counter:
@@ -640,7 +636,8 @@ def predict_layer_times(costs: ModelCosts, profile: DeviceProfile, batch: int
         assert m is not None
         scale = batch / m.batch
         out = []
-        for i, (la, meas) in enumerate(zip(costs.layers, m.layers, strict=True)):
+        # measured_matches compared the layer names: the two lists have the same length
+        for i, (la, meas) in enumerate(zip(costs.layers, m.layers)):
             fwd, bwd = meas.fwd_ms * scale, meas.bwd_ms * scale
             if i == 0:
                 nig, full = bwd, bwd * _ratio(la.bwd_flops, la.bwd_flops_no_input_grad)

@@ -9,6 +9,7 @@ is silenced so the CLI stays readable.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import io
 import logging
 import warnings
@@ -45,8 +46,15 @@ def _quiet() -> Iterator[None]:
             warnings.simplefilter("ignore")
             yield
     finally:
-        for lg, level in zip(loggers, levels, strict=True):
+        for lg, level in zip(loggers, levels):
             lg.setLevel(level)
+
+
+def _legacy_exporter_flag() -> dict[str, bool]:
+    """``dynamo=False`` where ``torch.onnx.export`` has the flag (torch ≥ 2.5 defaults to
+    dynamo from 2.9); torch 1.13 (JetPack 5) has no flag and only the legacy exporter."""
+    return {"dynamo": False} if "dynamo" in inspect.signature(torch.onnx.export).parameters \
+        else {}
 
 
 def _check_opset(opset: int) -> None:
@@ -99,9 +107,9 @@ def export_onnx(
             else:
                 torch.onnx.export(
                     module, (example,), str(path), input_names=[INPUT_NAME],
-                    output_names=[OUTPUT_NAME], opset_version=opset, dynamo=False,
+                    output_names=[OUTPUT_NAME], opset_version=opset,
                     dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
-                    do_constant_folding=True,
+                    do_constant_folding=True, **_legacy_exporter_flag(),
                 )
     except JetsplitError:
         raise

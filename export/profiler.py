@@ -19,10 +19,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, List, Optional
 
 from jetsplit.errors import JetsplitError
 from jetsplit.export.cost_model import ModelCosts, get_costs
+from jetsplit.export.torch_compat import storage_of
 from jetsplit.profiles import DeviceProfile, profile_from_dict
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ class LayerMeasurement:
     bwd_ms: float  # layer 0 without an input gradient (as a block trains), others with one
     saved_mb: float  # unique storages autograd saved for backward (no parameters)
     peak_mem_mb: float  # saved + weights + grads + output and its gradient
-    ort_fwd_ms: float | None = None
+    ort_fwd_ms: Optional[float] = None
 
 
 @dataclass
@@ -52,10 +53,10 @@ class ProfileRun:
     """What ``profile_machine`` measured and wrote."""
 
     profile: DeviceProfile
-    layers: list[LayerMeasurement]
+    layers: List[LayerMeasurement]
     achieved_gflops: float
-    peak_rss_mb: float | None
-    notes: list[str] = field(default_factory=list)
+    peak_rss_mb: Optional[float]
+    notes: List[str] = field(default_factory=list)
 
 
 def _sync(device: torch.device) -> None:
@@ -110,14 +111,13 @@ def measure_layers(model: LayeredModel, batch: int, repeats: int = 5, *, warmup:
             on_layer(name)
         fwd, bwd = [], []
         saved: dict[int, int] = {}
-        state = {t.untyped_storage().data_ptr()
-                 for t in list(layer.parameters()) + list(layer.buffers())}
+        state = {storage_of(t)[0] for t in list(layer.parameters()) + list(layer.buffers())}
 
         def pack(t: torch.Tensor, saved: dict[int, int] = saved, state: set[int] = state
                  ) -> torch.Tensor:
-            storage = t.untyped_storage()
-            if storage.data_ptr() not in state:
-                saved[storage.data_ptr()] = storage.nbytes()
+            ptr, nbytes = storage_of(t)
+            if ptr not in state:
+                saved[ptr] = nbytes
             return t
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):  # untimed pass
@@ -160,9 +160,11 @@ def measure_ort_layers(model: LayeredModel, batch: int, repeats: int = 5,
 
     try:
         from jetsplit.export.onnx_export import export_onnx
-        from jetsplit.runtimes.onnx_runtime import OnnxBlock
+        from jetsplit.runtimes.onnx_runtime import ORT_MISSING, OnnxBlock, onnxruntime_available
     except ImportError as exc:
         return [None] * len(model), [f"ONNX Runtime timing skipped: {exc}"]
+    if onnxruntime_available() is None:  # one note, and no layer exported for nothing
+        return [None] * len(model), [f"ONNX Runtime timing skipped: {ORT_MISSING}"]
     times: list[float | None] = []
     notes: list[str] = []
     work = copy.deepcopy(model).eval()
@@ -296,8 +298,9 @@ def profile_machine(model_name: str, input_shape: tuple[int, int, int], num_clas
     notes: list[str] = []
     if ort:
         ort_times, notes = measure_ort_layers(model, batch, repeats)
+        assert len(ort_times) == len(layers)  # one per layer, None where not measured
         layers = [LayerMeasurement(m.name, m.fwd_ms, m.bwd_ms, m.saved_mb, m.peak_mem_mb, t)
-                  for m, t in zip(layers, ort_times, strict=True)]
+                  for m, t in zip(layers, ort_times)]
     else:
         notes.append("ONNX Runtime timing skipped (--no-ort)")
     name = profile_name(out, base, model_name)

@@ -20,7 +20,9 @@ pytestmark = pytest.mark.device_pure
 ROOT = Path(__file__).resolve().parents[1]
 DEVICE_DIRS = ("jetsplit", "edge_agent")
 # `jetsplit profile` runs on the device: its CLI module and what it imports on that path.
-PROFILE_PATH = ("export/__init__.py", "export/profile_cli.py")
+PROFILE_PATH = ("export/__init__.py", "export/profile_cli.py", "export/profiler.py",
+                "export/cost_model.py", "export/flop_count.py", "export/torch_compat.py",
+                "export/onnx_export.py")
 _GENERIC_BUILTINS = {"list", "dict", "tuple", "set", "frozenset", "type"}
 
 

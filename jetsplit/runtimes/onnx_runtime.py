@@ -22,7 +22,7 @@ TRT_EP = "TensorrtExecutionProvider"
 CUDA_EP = "CUDAExecutionProvider"
 CPU_EP = "CPUExecutionProvider"
 
-_ORT_MISSING = (
+ORT_MISSING = (
     "ONNX Runtime is not installed (pip install 'jetsplit[agent]'; on Jetson use NVIDIA's "
     "onnxruntime-gpu wheel)"
 )
@@ -42,7 +42,7 @@ def _import_ort() -> Any:
     try:
         import onnxruntime
     except ImportError:
-        raise BackendUnavailable(_ORT_MISSING) from None
+        raise BackendUnavailable(ORT_MISSING) from None
     return onnxruntime
 
 
