@@ -10,7 +10,9 @@ python3 -m venv "$WORK/venv"
 "$WORK/venv/bin/python" -m pip install --quiet --upgrade pip
 # The CPU torch wheel this machine carries (as the Makefile does), then the project.
 "$WORK/venv/bin/python" -m pip install --quiet "$(sed -n 's/^TORCH_PIN := //p' Makefile)"
-"$WORK/venv/bin/python" -m pip install --quiet "$CHECKOUT[server,data]"
+# What a coordinator host needs for a trial: the coordinator, the export tool (bundles are
+# written with their ONNX twins) and the bundled datasets.
+"$WORK/venv/bin/python" -m pip install --quiet "$CHECKOUT[server,export,data]"
 mkdir "$WORK/neutral"
 cd "$WORK/neutral"
 if "$WORK/venv/bin/python" -c "import jetsplit, sys; sys.exit('site-packages' not in jetsplit.__file__)"; then

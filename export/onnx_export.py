@@ -115,6 +115,8 @@ def export_onnx(
         raise
     except Exception as exc:  # exporter errors are long; keep the first line
         first = " ".join(str(exc).split())[:200]
+        if "onnx is not installed" in first.lower():  # newer torch needs the onnx package
+            first += " (install the export extra: pip install 'jetsplit[export]')"
         raise JetsplitError(f"ONNX export to {path.name} failed (opset {opset}): {first}"
                             ) from None
     return path
