@@ -251,15 +251,17 @@ def mosquitto(workdir: Path) -> Iterator[int]:
 
 
 def agent_toml(agent: str, index: int, broker: str, state_dir: str) -> str:
-    """An agent config as the README's fleet example writes it: a shard of UCI digits."""
-    return (f'fleet = "{FLEET}"\nagent = "{agent}"\nstate_dir = "{state_dir}"\nthreads = 1\n'
+    """An agent config as the README's fleet example writes it: a shard of UCI digits (the
+    fleet is named after the run's label: each run on the broker is its own fleet)."""
+    fleet = f"{FLEET}-{agent.rstrip('0123456789')}"
+    return (f'fleet = "{fleet}"\nagent = "{agent}"\nstate_dir = "{state_dir}"\nthreads = 1\n'
             f'seed = {index}\n[mqtt]\nbroker = "{broker}"\n'
             f'[data]\ndataset = "digits"\npartition = "iid"\nclients = 2\nindex = {index}\n')
 
 
-def server_toml(out: Path, algorithm: str, rounds: int) -> str:
+def server_toml(out: Path, label: str, algorithm: str, rounds: int) -> str:
     name, shape = MODEL
-    return (f'fleet = "{FLEET}"\nagents = 2\nwait_s = 600\nout = "{out}"\nrun = "run"\n'
+    return (f'fleet = "{FLEET}-{label}"\nagents = 2\nwait_s = 600\nout = "{out}"\nrun = "run"\n'
             f"seed = 0\n[model]\nname = \"{name}\"\ninput_shape = [{shape}]\nsplit = 2\n"
             f'[data]\ndataset = "digits"\n'
             f'[train]\nalgorithm = "{algorithm}"\nrounds = {rounds}\nlocal_steps = 8\n'
@@ -301,7 +303,7 @@ def train(label: str, workdir: Path, port: int, algorithm: str, rounds: int,
     out = workdir / f"runs-{label}"
     shutil.rmtree(out, ignore_errors=True)
     config = workdir / f"server-{label}.toml"
-    config.write_text(server_toml(out, algorithm, rounds))
+    config.write_text(server_toml(out, label, algorithm, rounds))
     agents = {f"{label}{i}": start_agent(f"{label}{i}", i, workdir) for i in range(2)}
     coordinator_log = workdir / f"coordinator-{label}.log"
     rss: dict[str, float | None] = {}
