@@ -83,7 +83,10 @@ def device_env(extra: dict[str, str] | None = None) -> dict[str, str]:
            "HOME": "/root", "LANG": "C.UTF-8", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
            "PIP_CERT": "/etc/ssl/certs/host-ca-bundle.crt",
            "SSL_CERT_FILE": "/etc/ssl/certs/host-ca-bundle.crt",
-           "PIP_DEFAULT_TIMEOUT": "180", "PYTHONUNBUFFERED": "1"}
+           "PIP_DEFAULT_TIMEOUT": "180", "PYTHONUNBUFFERED": "1",
+           # Byte-compiling scipy, sympy and scikit-learn under emulation took minutes of
+           # the install; Python compiles what it imports anyway, so behaviour is the same.
+           "PIP_NO_COMPILE": "1"}
     env.update(extra or {})
     return env
 
