@@ -113,6 +113,8 @@ class SplitMethod(Method):
             if states:
                 with t.timed("aggregate"):
                     t.global_client = fedavg(states, t.sizes(sorted(states)))
+            t.require_update(selected, states)
+        t.require_update(selected, participants)
         return float(np.mean(losses)) if losses else None
 
     def local_pass(self, selected: list[str], participants: set[str]) -> list[float]:
@@ -498,6 +500,7 @@ class FedAvg(Method):
                 t.full_samples[agent] += samples
                 losses.append(loss)
         states = t.pull(out.agents, ("client", "server"))
+        t.require_update(selected, states)
         t.release(out.agents)
         if states:
             with t.timed("aggregate"):
