@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -489,6 +490,9 @@ class AgentWorker(EdgeRole):
             total += float(loss.detach()) * len(y)
             seen += len(y)
         self._client_changed()
+        if not math.isfinite(total):  # a NaN cannot travel in a reply's meta anyway
+            raise JetsplitError(f"local training diverged: loss {total / seen} over "
+                                f"{args.steps} steps at lr {optimizer.param_groups[0]['lr']:g}")
         return Result(meta={"loss": total / seen, "samples": seen})
 
     def _do_eval(self, args: EvalArgs, round_: int, step: int, tensors: Tensors) -> Result:

@@ -34,6 +34,7 @@ from jetsplit.models.split import eval_mode
 from jetsplit.models.weights import from_arrays, load_strict, to_arrays
 from jetsplit.protocol import Kind
 from jetsplit.server.compute import autocast, to_device, to_host
+from jetsplit.server.divergence import DivergenceGuard
 from jetsplit.server.engine import Command, Engine, Outcome
 from jetsplit.server.evaluation import Evaluation, evaluate, summarize
 from jetsplit.wire import accounted_bound
@@ -165,6 +166,7 @@ class Trainer:
         self.full_samples: dict[str, int] = defaultdict(int)
         self.missed: dict[str, str] = {}
         self.missed_kind: dict[str, str] = {}  # what each agent in `missed` missed
+        self.guard = DivergenceGuard(settings, self.bundle.spec.num_classes)
         self.round = 0
         self._last_pool = 0
         self._flops: dict[int, dict[str, float]] = {}
@@ -546,6 +548,7 @@ def _train(engine: Engine, archive: Path, settings: Settings, test: ArrayDataset
             before = engine.counters.by_kind()
             selected = trainer.select()
             loss = method.run_round(selected)
+            trainer.guard.check(loss, round_, method.loss_tier)
             train_bytes = _delta(engine.counters.by_kind(), before)
             # Installing the bundle is setup, not training: reported apart.
             setup_bytes = sum(train_bytes[d].pop(kind, 0) for d in ("up", "down")

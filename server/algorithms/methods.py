@@ -46,6 +46,7 @@ class Method(ABC):
 
     name: ClassVar[str]
     per_device_cuts: ClassVar[bool] = False  # trains a fleet of per-device cuts
+    loss_tier: str = "server"  # where `run_round`'s loss is measured (divergence reports)
 
     def __init__(self, trainer: Trainer) -> None:
         self.trainer = trainer
@@ -145,6 +146,7 @@ class SplitMethod(Method):
         with t.server_compute():
             acts = t.completions.forward(agents, acts)
             loss, grads = self.server_update(agents, acts, labels)
+            t.guard.check(loss, t.round, "server")  # before its gradients reach the clients
             grads = t.completions.backward(grads)
         t.backward(grads, step)
         return loss
@@ -478,6 +480,7 @@ class FedAvg(Method):
     parts are averaged (weights |D_k|) at round end."""
 
     name = "fedavg"
+    loss_tier = "device"
 
     def run_round(self, selected: list[str]) -> float | None:
         t = self.trainer

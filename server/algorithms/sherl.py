@@ -130,6 +130,7 @@ class SHeRL(Method):
     """SHeRL-FL over edge agents (role `edge`); see the module docstring."""
 
     name = "sherl"
+    loss_tier = "cloud"
 
     def __init__(self, trainer: Trainer) -> None:
         super().__init__(trainer)
