@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jetsplit.errors import JetsplitError
-from jetsplit.server.optim import tier_optimizer
+from jetsplit.server.optim import reduction, tier_optimizer
 
 GROWTH = 10.0  # × max(ln C, first loss): beyond this a loss has diverged
 SUMMED = ("psl", "gapsl")  # methods whose server loss is a sum over clients (gapsl.txt eq. 8)
@@ -29,7 +29,7 @@ def likely_cause(settings: Any, tier: str) -> str:
     """What most likely made `tier`'s steps too large under `settings`."""
     opt = tier_optimizer(settings, tier if tier != "device" else "client")
     momentum = f" with momentum {opt.momentum:g}" if opt.momentum else ""
-    if tier == "server" and settings.algorithm in SUMMED and settings.psl_reduction == "sum":
+    if tier == "server" and settings.algorithm in SUMMED and reduction(settings) == "sum":
         return (f"the server block steps on the sum of the clients' losses "
                 f"(psl_reduction 'sum'), |S| times a mean's step, at lr {opt.lr:g}{momentum}: "
                 f"use psl_reduction 'mean' or a smaller server lr")

@@ -71,7 +71,11 @@ class Settings:
     k_max: float = 0.8
     lam: float = 5e-4
     eta: float = 1.0
-    psl_reduction: str = "sum"  # PSL's L and GAPSL's L_g: "sum" (eq. 8) or "mean" variant
+    # PSL's L and GAPSL's L_g: "mean" over the clients or their "sum" (eq. 8); unset: the
+    # preset's (server/optim.py). `preset`: "default" (what trains the shipped models) or
+    # "paper" (the papers' own settings, for their models).
+    psl_reduction: str | None = None
+    preset: str = "default"
     # Ampere (ampere.txt §3.3): phase 1 ends after `patience` epochs without a better
     # validation accuracy of client+aux, or after N_d = `device_epochs`; the validation part
     # is carved from the coordinator's held-out split. Phase 2 uploads activations in

@@ -32,6 +32,7 @@ from jetsplit.server.checkpoint import (
     subset,
 )
 from jetsplit.server.engine import Command
+from jetsplit.server.optim import reduction
 from jetsplit.server.training import Arrays, Trainer
 
 Grads = dict[str, torch.Tensor]
@@ -195,10 +196,10 @@ def _step_averaged(server: nn.Module, optimizer: torch.optim.Optimizer,
 
 
 def _reduced(total: torch.Tensor, count: int, settings: Any) -> torch.Tensor:
-    """PSL's L = Σ_i L_i and GAPSL's L_g = Σ_{Ŝ} L̃_i are sums (gapsl.txt eq. 8); the
-    `psl_reduction = "mean"` variant divides by the number of summed clients, which keeps
-    the server's step independent of how many clients are selected."""
-    return total / count if getattr(settings, "psl_reduction", "sum") == "mean" else total
+    """PSL's L = Σ_i L_i and GAPSL's L_g = Σ_{Ŝ} L̃_i are sums (gapsl.txt eq. 8, the
+    `paper` preset); by default they are divided by the number of summed clients, which
+    keeps the server's step independent of how many clients are selected."""
+    return total / count if reduction(settings) == "mean" else total
 
 
 class PSL(SplitMethod):
