@@ -153,3 +153,50 @@ def test_a_round_without_any_update_fails_in_one_line(tmp_path: Path) -> None:
     text = str(failed.value)
     assert "\n" not in text and text.startswith("fedavg round 0: no update")
     assert "a0 missed get_weights: error: disk full" in text and "a1 missed" in text
+
+
+def test_over_mqtt_an_accounted_reply_arrives_and_an_unaccounted_one_is_refused(
+        mosquitto: object) -> None:
+    """Through a real broker, chunked: a reply over the limits arrives while its receiver
+    accounts for it; without that it is refused, and the refusal is kept by sender (what
+    the coordinator names when that agent misses its deadline)."""
+    import queue
+    import threading
+
+    from jetsplit.broker_url import BrokerAddress
+    from jetsplit.transport.mqtt import EndpointOptions, MqttEndpoint
+    from jetsplit.wire import accounted_bound
+
+    address = BrokerAddress("127.0.0.1", mosquitto.port)  # type: ignore[attr-defined]
+    options = EndpointOptions(limits=Limits(max_message_bytes=256 * 1024),
+                              chunk_bytes=64 * 1024)
+    allowed: dict[tuple[str, str], int] = {}
+    receiver = MqttEndpoint(address, "test-coordinator", options, sender="coordinator",
+                            subscriptions=("w/#",),
+                            allowance=lambda s, k: allowed.get((s, k))).start(wait_s=10)
+    sender = MqttEndpoint(address, "test-a0", options, sender="a0").start(wait_s=10)
+    weights = {"w": np.arange(200_000, dtype=np.float32)}  # 800 kB
+
+    def reply() -> Message:
+        return Message(MessageType.REPLY, run="r", sender="a0", seq=sender.next_seq(),
+                       kind=Kind.GET_WEIGHTS.value, tensors=weights)
+
+    try:
+        assert receiver.connected.wait(10) and sender.connected.wait(10)
+        threading.Event().wait(0.3)  # the receiver's subscription is in
+        allowed[("a0", Kind.GET_WEIGHTS.value)] = accounted_bound(weights["w"].nbytes)
+        sender.send("w/a0", reply())
+        got = receiver.inbox.get(timeout=30).message
+        assert np.array_equal(got.tensors["w"], weights["w"]) and "a0" not in receiver.refused
+        allowed.clear()
+        sender.send("w/a0", reply())
+        for _ in range(300):
+            if "a0" in receiver.refused:
+                break
+            threading.Event().wait(0.1)
+        assert "OversizedMessage" in receiver.refused["a0"][1]
+        with pytest.raises(queue.Empty):
+            receiver.inbox.get(timeout=0.5)
+    finally:
+        sender.close()
+        receiver.close()
