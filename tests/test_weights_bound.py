@@ -200,3 +200,27 @@ def test_over_mqtt_an_accounted_reply_arrives_and_an_unaccounted_one_is_refused(
     finally:
         sender.close()
         receiver.close()
+
+
+def test_mqtt_coordinator_accounts_only_pending_weights_and_names_refusals() -> None:
+    """The MQTT engine's allowance is the `reply_bytes` of a command still pending for that
+    agent and kind; a refused reply is named when the agent misses the deadline."""
+    import time
+
+    from jetsplit.broker_url import BrokerAddress
+    from jetsplit.server.mqtt_engine import MqttEngine, _Pending
+
+    engine = MqttEngine(BrokerAddress("127.0.0.1", 1), "f", run_id="r")  # never started
+    command = Command(Kind.GET_WEIGHTS.value, reply_bytes=123_456_789)
+    message = command_message("r", 7, command, round=0, step=0)
+    pending = _Pending("a0", 7, message, command)
+    engine._pending[("a0", 7)] = pending
+    assert engine._allowance("a0", Kind.GET_WEIGHTS.value) == 123_456_789
+    assert engine._allowance("a0", Kind.FORWARD.value) is None
+    assert engine._allowance("a1", Kind.GET_WEIGHTS.value) is None
+    assert engine._silence(pending) == "deadline"
+    engine.endpoint.refused["a0"] = (time.monotonic(), "OversizedMessage: too big")
+    assert engine._silence(pending) == ("deadline (its reply was refused: "
+                                        "OversizedMessage: too big)")
+    del engine._pending[("a0", 7)]
+    assert engine._allowance("a0", Kind.GET_WEIGHTS.value) is None
