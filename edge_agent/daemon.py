@@ -88,7 +88,7 @@ class AgentDaemon:
             on_connect=self._announce, sender=self.agent,
             # down/* speaks for the coordinator only, peer/<us>/X for X only
             topic_owner=lambda topic: self.topics.peer_sender(topic) or COORDINATOR,
-            route=self._from_peer)
+            route=self._from_peer, allowance=worker.accepts)
 
     def _from_peer(self, inbound: Inbound) -> bool:
         """A peer's direct message goes to the worker's inbox at once (on the MQTT thread:

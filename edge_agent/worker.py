@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -18,7 +19,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, NamedTuple, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
@@ -29,6 +30,7 @@ from jetsplit.bundle import (
     AGENT_ACCEPTS,
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
+    WEIGHT_FILES,
     Bundle,
     load_bundle,
     parse_manifest,
@@ -56,7 +58,8 @@ from jetsplit.protocol import (
     WeightsArgs,
     parse_args,
 )
-from jetsplit.wire import Message, MessageType
+from jetsplit.transport.topics import COORDINATOR
+from jetsplit.wire import Message, MessageType, accounted_bound
 
 log = logging.getLogger("jetsplit.agent")
 
@@ -194,6 +197,16 @@ class AgentWorker(EdgeRole):
             "dataset": self.data.summary(), "backends": detect_backends(light=True),
             "device": str(self.device), "bundle": self.bundle_sha,
         }
+
+    def accepts(self, sender: str, kind: str) -> Optional[int]:
+        """The bound of a message over the wire's cap this agent accounted for: weights
+        from the coordinator, as large as the installed manifest's weight files declare
+        (whatever the model's size); None for everything else, which keeps the cap."""
+        if sender != COORDINATOR or kind != Kind.SET_WEIGHTS.value or self.bundle is None:
+            return None
+        files = self.bundle.manifest.files
+        return accounted_bound(sum(files[name].size for name in WEIGHT_FILES.values()
+                                   if name in files))
 
     # ------------------------------------------------------------------ blocks
 
@@ -477,6 +490,9 @@ class AgentWorker(EdgeRole):
             total += float(loss.detach()) * len(y)
             seen += len(y)
         self._client_changed()
+        if not math.isfinite(total):  # a NaN cannot travel in a reply's meta anyway
+            raise JetsplitError(f"local training diverged: loss {total / seen} over "
+                                f"{args.steps} steps at lr {optimizer.param_groups[0]['lr']:g}")
         return Result(meta={"loss": total / seen, "samples": seen})
 
     def _do_eval(self, args: EvalArgs, round_: int, step: int, tensors: Tensors) -> Result:

@@ -54,7 +54,9 @@ class TrainSection(BaseModel):
     k_max: Annotated[float, Field(ge=0, le=1)] = 0.8
     lam: Annotated[float, Field(ge=0)] = 5e-4
     eta: Annotated[float, Field(ge=0)] = 1.0
-    psl_reduction: Literal["sum", "mean"] = "sum"  # PSL/GAPSL server loss (eq. 8: sum)
+    # PSL/GAPSL server loss (unset: the preset's; default mean, paper the sum of eq. 8)
+    psl_reduction: Literal["sum", "mean"] | None = None
+    preset: Literal["default", "paper"] = "default"  # per-method defaults (server/optim.py)
     patience: Annotated[int, Field(ge=1, le=100_000)] = 5  # Ampere
     device_epochs: Annotated[int, Field(ge=1, le=100_000)] = 100
     validation_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.2

@@ -31,7 +31,14 @@ from jetsplit.devices import torch_threads
 from jetsplit.protocol import PEER_KINDS
 from jetsplit.server.registry import FleetRegistry, MissedStep
 from jetsplit.transport import COORDINATOR, ByteCounters
-from jetsplit.wire import Message, MessageType, WireError, decode_message, encode_message
+from jetsplit.wire import (
+    Allowance,
+    Message,
+    MessageType,
+    WireError,
+    decode_message,
+    encode_message,
+)
 
 Tensors = dict[str, np.ndarray]
 MAX_SENT_BYTES = 1 << 40  # a reply's claim about its peer traffic, per kind (untrusted)
@@ -50,6 +57,9 @@ class Command:
     # The least wait before the first retransmission (say, what the agent's downlink needs
     # for this command's bytes); the engine's own retry_s applies when larger.
     retry_s: float | None = None
+    # The bound its reply was accounted for (the weights asked for, `accounted_bound` of
+    # their sizes): a reply over the wire's cap is taken up to it; unset: the cap applies.
+    reply_bytes: int | None = None
 
 
 @dataclass
@@ -69,6 +79,7 @@ class Outcome:
 
     replies: dict[str, Reply]
     missed: dict[str, str] = field(default_factory=dict)
+    kind: str = ""  # the command's kind (to say what was missed)
 
     @property
     def agents(self) -> list[str]:
@@ -129,8 +140,10 @@ class Engine(ABC):
     def _finish(self, replies: dict[str, Reply], missed: dict[str, str], kind: str,
                 round: int, step: int) -> Outcome:
         for agent, reason in sorted(missed.items()):
+            log.warning("agent %s missed %s (round %d step %d): %s", agent, kind, round, step,
+                        reason)
             self.registry.record_missed(MissedStep(agent, round, step, kind, reason))
-        return Outcome(dict(sorted(replies.items())), dict(sorted(missed.items())))
+        return Outcome(dict(sorted(replies.items())), dict(sorted(missed.items())), kind)
 
 
 def _single(agent: str, reply: Reply | None, reason: str) -> Outcome:
@@ -148,6 +161,15 @@ def command_message(run: str, seq: int, command: Command, *, round: int, step: i
                    step=step, kind=command.kind, meta=meta, tensors=command.tensors)
 
 
+def reply_allowance(command: Command, agent: str) -> Allowance | None:
+    """What `command`'s reply from `agent` may weigh over the wire's cap: its accounted
+    `reply_bytes`, for a reply of its kind from that agent only."""
+    bound = command.reply_bytes
+    if bound is None:
+        return None
+    return lambda sender, kind: bound if (sender, kind) == (agent, command.kind) else None
+
+
 def reply_from(agent: str, message: Message, wire_bytes: int) -> Reply:
     return Reply(agent, message.kind, dict(message.meta), message.tensors, wire_bytes)
 
@@ -160,6 +182,8 @@ class AgentLike(Protocol):
     peers: Any  # edge_agent.peers.PeerInbox: direct messages from other agents
 
     def registration(self) -> dict[str, Any]: ...
+
+    def accepts(self, sender: str, kind: str) -> int | None: ...
 
 
 class InProcessEngine(Engine):
@@ -212,8 +236,12 @@ class InProcessEngine(Engine):
         msg = command_message(self.run_id, next(self._seq), command, round=round, step=step)
         down = encode_message(msg, codec=command.codec, compression=command.compression)
         self.counters.add(agent, command.kind, "down", len(down))
+        try:  # an agent refuses what it did not account for, as over MQTT
+            command_in = decode_message(down, allowance=worker.accepts)
+        except WireError as exc:
+            return f"deadline (the agent refused the command: {type(exc).__name__}: {exc})"
         with torch_threads(getattr(worker, "threads", 0)):
-            response = self._respond(worker, decode_message(down), lambda: next(self._seq))
+            response = self._respond(worker, command_in, lambda: next(self._seq))
         reply = response.reply
         sent = self._deliver(response.peers, response.codec, response.compression)
         if sent:
@@ -222,7 +250,10 @@ class InProcessEngine(Engine):
         self.counters.add(agent, reply.kind, "up", len(up))
         holding = sum(1 for w in self.workers.values() if getattr(w, "holds_blocks", False))
         self.peak_agents_holding_blocks = max(self.peak_agents_holding_blocks, holding)
-        decoded = decode_message(up)
+        try:
+            decoded = decode_message(up, allowance=reply_allowance(command, agent))
+        except WireError as exc:
+            return f"deadline (its reply was refused: {type(exc).__name__}: {exc})"
         self.book_sent(agent, decoded.meta)
         if decoded.type == MessageType.ERROR:
             return f"error: {decoded.meta.get('error', '?')}"

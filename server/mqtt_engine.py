@@ -47,6 +47,7 @@ class _Pending:
     message: Message
     command: Command
     sent_at: float = field(default_factory=time.monotonic)
+    first_sent: float = field(default_factory=time.monotonic)
     reply: Message | None = None
     wire_bytes: int = 0
     wait_s: float = DEFAULT_RETRY_S  # silence before the next retransmission (backs off)
@@ -72,7 +73,8 @@ class MqttEngine(Engine):
         self.endpoint = MqttEndpoint(
             address, f"jetsplit-{fleet}-{COORDINATOR}", options,
             subscriptions=(self.topics.presence_any, self.topics.up_any),
-            on_connect=self._on_connect, sender=COORDINATOR, topic_owner=self.topics.agent_of)
+            on_connect=self._on_connect, sender=COORDINATOR, topic_owner=self.topics.agent_of,
+            allowance=self._allowance)
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._pending: dict[tuple[str, int], _Pending] = {}
@@ -97,6 +99,22 @@ class MqttEngine(Engine):
         self.endpoint.close()
         if self._pump_thread.is_alive():
             self._pump_thread.join(timeout=2)
+
+    def _allowance(self, sender: str, kind: str) -> int | None:
+        """The bound a reply over the wire's cap was accounted for: the `reply_bytes` of a
+        command of that kind still pending for that agent (the weights we asked for)."""
+        with self._lock:
+            bounds = [p.command.reply_bytes for p in self._pending.values()
+                      if p.agent == sender and p.command.kind == kind and p.reply is None
+                      and p.command.reply_bytes is not None]
+        return max(bounds) if bounds else None
+
+    def _silence(self, p: _Pending) -> str:
+        """Why a pending command missed its deadline: silence, or a reply we refused."""
+        refused = self.endpoint.refused.get(p.agent)
+        if refused is not None and refused[0] >= p.first_sent:
+            return f"deadline (its reply was refused: {refused[1]})"
+        return "deadline"
 
     # ------------------------------------------------------------------ receiving
 
@@ -320,7 +338,7 @@ class MqttEngine(Engine):
                             del open_[agent]
                     now = time.monotonic()
                     if open_ and now >= deadline:
-                        done.extend((agent, "deadline") for agent in open_)
+                        done.extend((agent, self._silence(p)) for agent, p in open_.items())
                         open_.clear()
                     again = [p for p in open_.values()
                              if self._resend_all or p.agent in self._resend

@@ -206,27 +206,33 @@ def simulate_command(
         "--cloud-lr", help="sherl: the cloud head's learning rate (paper default 1e-3).")
     ] = None,
     optimizer: Annotated[str | None, typer.Option(
-        "--optimizer", help="sgd | adam, every tier (default: the method's paper's, else "
+        "--optimizer", help="sgd | adam, every tier (default: the preset's, else "
         "sgd).")] = None,
     momentum: Annotated[float | None, typer.Option(
-        "--momentum", help="SGD momentum (gapsl default 0.9, else 0).")] = None,
+        "--momentum", help="SGD momentum (default 0; gapsl's paper preset 0.9).")] = None,
     weight_decay: Annotated[float, typer.Option("--weight-decay", help="Weight decay.")
                             ] = 0.0,
     client_lr: Annotated[float | None, typer.Option(
-        "--client-lr", help="Client tier learning rate (default: paper's, else --lr).")
+        "--client-lr", help="Client tier learning rate (default: the preset's, else --lr).")
     ] = None,
     server_lr: Annotated[float | None, typer.Option(
-        "--server-lr", help="Server tier learning rate (default: paper's, else --lr).")
+        "--server-lr", help="Server tier learning rate (default: the preset's, else --lr).")
     ] = None,
     edge_lr: Annotated[float | None, typer.Option(
         "--edge-lr", help="sherl: edge tier learning rate (paper default 1e-3).")] = None,
     client_batch: Annotated[int | None, typer.Option(
-        "--client-batch", help="Fixed batch per client (ampere B(d); gapsl default 128) "
+        "--client-batch", help="Fixed batch per client (ampere B(d); gapsl's paper preset 128) "
         "instead of B split by |D_k|.")] = None,
     server_batch: Annotated[int | None, typer.Option(
         "--server-batch", help="ampere: server batch B(s) (default --batch).")] = None,
     server_epochs: Annotated[int | None, typer.Option(
         "--server-epochs", help="ampere: at most this many server epochs (N_s).")] = None,
+    preset: Annotated[str, typer.Option(
+        "--preset", help="default (settings that train the shipped models) | paper (each "
+        "paper's own settings; see docs/methods.md).")] = "default",
+    psl_reduction: Annotated[str | None, typer.Option(
+        "--psl-reduction", help="psl/gapsl server loss over the clients: mean | sum "
+        "(default: the preset's).")] = None,
     patience: Annotated[int, typer.Option(
         "--patience", help="ampere: device epochs without a better validation accuracy "
         "before phase 2.")] = 5,
@@ -257,7 +263,8 @@ def simulate_command(
         "device_epochs": device_epochs, "optimizer": optimizer, "momentum": momentum,
         "weight_decay": weight_decay, "client_lr": client_lr, "server_lr": server_lr,
         "edge_lr": edge_lr, "client_batch": client_batch, "server_batch": server_batch,
-        "server_epochs": server_epochs}, "option", "--")
+        "server_epochs": server_epochs, "preset": preset, "psl_reduction": psl_reduction},
+        "option", "--")
     server = model_from_dict(ServerSection, {"device": device, "autocast": autocast},
                              "option", "--")
     resolve_device(server.device, "--device")  # fail before loading any data

@@ -34,13 +34,20 @@ from jetsplit.models.split import eval_mode
 from jetsplit.models.weights import from_arrays, load_strict, to_arrays
 from jetsplit.protocol import Kind
 from jetsplit.server.compute import autocast, to_device, to_host
+from jetsplit.server.divergence import DivergenceGuard
 from jetsplit.server.engine import Command, Engine, Outcome
 from jetsplit.server.evaluation import Evaluation, evaluate, summarize
+from jetsplit.wire import accounted_bound
 
 log = logging.getLogger("jetsplit.coordinator")
 Arrays = dict[str, np.ndarray]
 REJOIN_GRACE_S = 3.0  # after an outage, how long to wait for the rest of the fleet
 MIN_CLIENT_BATCH = 2  # BatchNorm in training mode needs more than one value per channel
+
+
+class RoundFailed(JetsplitError):
+    """A round ended without the update it exists for (no weights, no server step):
+    reporting it as done would train nothing while looking like a completed run."""
 
 
 @dataclass(frozen=True)
@@ -64,7 +71,11 @@ class Settings:
     k_max: float = 0.8
     lam: float = 5e-4
     eta: float = 1.0
-    psl_reduction: str = "sum"  # PSL's L and GAPSL's L_g: "sum" (eq. 8) or "mean" variant
+    # PSL's L and GAPSL's L_g: "mean" over the clients or their "sum" (eq. 8); unset: the
+    # preset's (server/optim.py). `preset`: "default" (what trains the shipped models) or
+    # "paper" (the papers' own settings, for their models).
+    psl_reduction: str | None = None
+    preset: str = "default"
     # Ampere (ampere.txt §3.3): phase 1 ends after `patience` epochs without a better
     # validation accuracy of client+aux, or after N_d = `device_epochs`; the validation part
     # is carved from the coordinator's held-out split. Phase 2 uploads activations in
@@ -158,6 +169,8 @@ class Trainer:
         self.bwd_samples: dict[str, int] = defaultdict(int)
         self.full_samples: dict[str, int] = defaultdict(int)
         self.missed: dict[str, str] = {}
+        self.missed_kind: dict[str, str] = {}  # what each agent in `missed` missed
+        self.guard = DivergenceGuard(settings, self.bundle.spec.num_classes)
         self.round = 0
         self._last_pool = 0
         self._flops: dict[int, dict[str, float]] = {}
@@ -256,9 +269,21 @@ class Trainer:
         labels = to_device([out[a].tensors["labels"] for a in agents], np.int64, self.device)
         return agents, acts, labels
 
+    def require_update(self, selected: list[str], got: Mapping[str, Any]) -> None:
+        """Fail the round, in one line naming who missed what and why, when agents were
+        selected and none delivered its update (`got` empty)."""
+        if not selected or got:
+            return
+        why = "; ".join(f"{a} missed {self.missed_kind.get(a, 'the round')}: "
+                        f"{self.missed.get(a, 'not live (offline or without the bundle)')}"
+                        for a in selected)
+        raise RoundFailed(f"{self.settings.algorithm} round {self.round}: no update from any "
+                          f"of the {len(selected)} selected agents ({why})")
+
     def note(self, outcome: Outcome) -> Outcome:
         """Remember who missed this exchange (for the round's report)."""
         self.missed.update(outcome.missed)
+        self.missed_kind.update(dict.fromkeys(outcome.missed, outcome.kind))
         return outcome
 
     # ------------------------------------------------------------------ selection
@@ -352,10 +377,10 @@ class Trainer:
             return "activations contain NaN or infinity"
         return None
 
-    def _weights_problem(self, tensors: Arrays, blocks: tuple[str, ...],
-                         agent: str | None = None, *, cut: int | None = None) -> str | None:
-        """Why `tensors` (untrusted) are not `blocks` of a device at `cut` (default: the
-        agent's cut, or the server cut's whole template), or None."""
+    def _expected_weights(self, blocks: tuple[str, ...], agent: str | None = None, *,
+                          cut: int | None = None) -> Arrays:
+        """The tensors `blocks` of a device at `cut` hold (default: the agent's cut, or the
+        server cut's whole template): names, shapes and dtypes to check replies against."""
         cut = self.cut(agent) if cut is None and agent is not None else cut
         template = self.weight_template
         if cut is not None and cut < self.bundle.split:
@@ -367,8 +392,19 @@ class Trainer:
             replaced = {k.split("/", 1)[0] for k in own}
             template = {**{k: v for k, v in template.items()
                            if k.split("/", 1)[0] not in replaced}, **own}
-        expected = {k: v for k, v in template.items()
-                    if k.split("/", 1)[0] in blocks}
+        return {k: v for k, v in template.items() if k.split("/", 1)[0] in blocks}
+
+    def weights_bytes(self, blocks: tuple[str, ...], agents: list[str]) -> int:
+        """The most raw bytes `blocks` of any of `agents` hold: what a weights reply is
+        accounted for (`accounted_bound`), whatever the model's size."""
+        return max((sum(v.nbytes for v in self._expected_weights(blocks, a).values())
+                    for a in agents), default=0)
+
+    def _weights_problem(self, tensors: Arrays, blocks: tuple[str, ...],
+                         agent: str | None = None, *, cut: int | None = None) -> str | None:
+        """Why `tensors` (untrusted) are not `blocks` of a device at `cut` (default: the
+        agent's cut, or the server cut's whole template), or None."""
+        expected = self._expected_weights(blocks, agent, cut=cut)
         if set(tensors) != set(expected):
             return "weights do not match the model's tensors"
         for name, want in expected.items():
@@ -415,8 +451,10 @@ class Trainer:
         if not agents:
             return {}
         with self.timed("collect"):
+            bound = accounted_bound(self.weights_bytes(blocks, agents))
             out = self.note(self._checked(self.engine.broadcast(
-                Command(Kind.GET_WEIGHTS.value, {"blocks": list(blocks)}), agents,
+                Command(Kind.GET_WEIGHTS.value, {"blocks": list(blocks)}, reply_bytes=bound),
+                agents,
                 round=self.round, deadline_s=self.settings.deadline_s),
                 lambda agent, t: self._weights_problem(t, blocks, agent)))
         return {a: r.tensors for a, r in out.replies.items()}
@@ -509,11 +547,12 @@ def _train(engine: Engine, archive: Path, settings: Settings, test: ArrayDataset
             trainer.fwd_samples.clear()
             trainer.bwd_samples.clear()
             trainer.full_samples.clear()
-            trainer.missed = {}
+            trainer.missed, trainer.missed_kind = {}, {}
             round_started = time.perf_counter()
             before = engine.counters.by_kind()
             selected = trainer.select()
             loss = method.run_round(selected)
+            trainer.guard.check(loss, round_, method.loss_tier)
             train_bytes = _delta(engine.counters.by_kind(), before)
             # Installing the bundle is setup, not training: reported apart.
             setup_bytes = sum(train_bytes[d].pop(kind, 0) for d in ("up", "down")

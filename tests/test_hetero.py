@@ -48,11 +48,12 @@ def make_engine(sizes: list[int]) -> InProcessEngine:
 
 
 def trainer_for(archives: dict[int, Path], algorithm: str, cuts: dict[str, int] | None,
-                sizes: list[int], *, local_steps: int = 2, batch: int = 24) -> Trainer:
+                sizes: list[int], *, local_steps: int = 2, batch: int = 24,
+                preset: str = "default") -> Trainer:
     _, test = load_dataset_split("digits", 0.2, 0)
     torch.manual_seed(0)
     settings = Settings(algorithm=algorithm, rounds=2, local_steps=local_steps, batch=batch,
-                        lr=0.05, seed=0)
+                        lr=0.05, seed=0, preset=preset)
     return Trainer(make_engine(sizes), archives[SERVER_CUT], settings, test, cuts=cuts)
 
 
@@ -202,7 +203,7 @@ def test_completion_copies_step_with_the_client_tiers_optimiser(archives: dict[i
                                                                  ) -> None:
     """The copies train client layers: GAPSL's client tier (SGD, momentum 0.9, lr 0.005 by
     its paper) applies to them as to the devices' blocks."""
-    trainer = trainer_for(archives, "gapsl", {"a0": 1}, [50, 50])
+    trainer = trainer_for(archives, "gapsl", {"a0": 1}, [50, 50], preset="paper")
     trainer.completions.begin_round(["a0", "a1"], trainer.global_client, fresh=False)
     assert set(trainer.completions.copies) == {"a0"}
     group = trainer.completions.optimizers["a0"].param_groups[0]

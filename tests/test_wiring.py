@@ -230,12 +230,15 @@ def test_lla_sfl_is_splitfed_v1_with_local_adjustment_averaged_every_t(
 # ---------------------------------------------------------------- PSL and GAPSL
 
 
-def test_psl_server_steps_on_the_sum_of_client_losses(archive: Path, digits: Any) -> None:
-    """gapsl.txt's L = Σ_i L_i: one SGD step moves the server by lr·Σ∇L_i (the mean
-    variant by a third of that here)."""
+@pytest.mark.parametrize("preset", ["default", "paper"])
+def test_psl_server_steps_on_the_mean_or_the_papers_sum(archive: Path, digits: Any,
+                                                        preset: str) -> None:
+    """gapsl.txt's L = Σ_i L_i (the paper preset): one SGD step moves the server by
+    lr·Σ∇L_i; by default by lr·mean ∇L_i, a third of that here."""
     engine = skewed_engine(digits)
     record = Recorder(engine)
-    trainer = trainer_for(engine, archive, digits[1], algorithm="psl", local_steps=1)
+    trainer = trainer_for(engine, archive, digits[1], algorithm="psl", local_steps=1,
+                          preset=preset)
     server0 = copy.deepcopy(trainer.server)
     methods.build_method("psl", trainer).run_round(engine.online())
     fwd = record.of(Kind.FORWARD.value)[0][4]
@@ -247,7 +250,7 @@ def test_psl_server_steps_on_the_sum_of_client_losses(archive: Path, digits: Any
     logits = reference(torch.cat(acts)).split([len(a) for a in acts])
     total = sum(torch.nn.functional.cross_entropy(s, y) for s, y in
                 zip(logits, labels, strict=True))
-    total.backward()
+    (total if preset == "paper" else total / len(acts)).backward()
     with torch.no_grad():
         for p in reference.parameters():
             p -= 0.05 * p.grad
@@ -328,11 +331,12 @@ def test_ampere_device_epoch_is_one_pass_over_each_agents_data(archive: Path,
 def test_tier_settings_resolve_own_then_paper_then_general() -> None:
     from jetsplit.server.optim import client_batch, tier_optimizer
 
-    gapsl = Settings(algorithm="gapsl", lr=0.3)
+    gapsl = Settings(algorithm="gapsl", lr=0.3, preset="paper")
     assert tier_optimizer(gapsl, "client") == tier_optimizer(
         Settings(algorithm="psl", lr=0.005, momentum=0.9), "client")
     assert tier_optimizer(gapsl, "server").lr == 0.01 and client_batch(gapsl) == 128
-    own = Settings(algorithm="gapsl", server_lr=0.2, momentum=0.5, client_batch=16)
+    own = Settings(algorithm="gapsl", server_lr=0.2, momentum=0.5, client_batch=16,
+                   preset="paper")
     assert (tier_optimizer(own, "server").lr, tier_optimizer(own, "server").momentum,
             client_batch(own)) == (0.2, 0.5, 16)
     sherl = Settings(algorithm="sherl", lr=0.3)
@@ -352,7 +356,8 @@ def test_agents_train_with_the_client_optimiser_the_coordinator_sends(
     assert (worker.optimizer_args.name, worker.optimizer_args.lr) == ("adam", 0.002)
     assert isinstance(worker._optimizer("client"), torch.optim.Adam)
     engine = skewed_engine(digits, sizes=(40, 40))
-    trainer_for(engine, archive, digits[1], algorithm="gapsl").shipper.ensure(engine.online())
+    trainer_for(engine, archive, digits[1], algorithm="gapsl",
+                preset="paper").shipper.ensure(engine.online())
     opt = engine.workers["a1"]._optimizer("client")
     assert isinstance(opt, torch.optim.SGD)
     assert (opt.defaults["lr"], opt.defaults["momentum"]) == (0.005, 0.9)

@@ -32,6 +32,7 @@ from jetsplit.broker_url import BrokerAddress
 from jetsplit.errors import BackendUnavailable, ConfigError
 from jetsplit.wire import (
     DEFAULT_CHUNK_BYTES,
+    Allowance,
     Limits,
     Message,
     MessageType,
@@ -135,13 +136,17 @@ class MqttEndpoint:
         sender: str | None = None,
         topic_owner: Callable[[str], str | None] | None = None,
         route: Callable[[Inbound], bool] | None = None,
+        allowance: Allowance | None = None,
     ) -> None:
         """`topic_owner(topic)` names the only sender a topic may carry (the coordinator:
         up/X and presence/X belong to X); a mismatch is rejected before the replay window
         sees the message, so a forged sender cannot poison another sender's window.
         `route(inbound)`, on the MQTT thread, may take a verified message instead of the
         inbox (True), e.g. a peer's data a blocked command waits for; a WireError it raises
-        is counted like any rejection."""
+        is counted like any rejection. `allowance(sender, kind)` accounts for messages over
+        the limits (the weights this side asked for or installed blocks declare); the last
+        refusal per sender is kept in `refused` (monotonic time, reason) for the owner to
+        say why a reply never came."""
         self.address, self.client_id, self.options = address, client_id, options
         self.subscriptions = subscriptions
         self.will = will
@@ -151,11 +156,14 @@ class MqttEndpoint:
         self._route = route
         self.inbox: queue.Queue[Inbound] = queue.Queue()
         self.rejected: Counter[str] = Counter()
+        self.refused: dict[str, tuple[float, str]] = {}
+        self._allowance = allowance
         self.connected = threading.Event()
         self.connects = 0  # successful CONNACKs so far; a rise means "we reconnected"
         self.protocol: str | None = None
         self._seq = SequenceCounter()
-        self._reassembler = Reassembler(options.limits, timeout_s=options.reassembly_timeout_s)
+        self._reassembler = Reassembler(options.limits, timeout_s=options.reassembly_timeout_s,
+                                        allowance=allowance)
         self._chunk_bytes: OrderedDict[tuple[str, str], int] = OrderedDict()
         self._replay = ReplayGuard() if options.authenticated else None
         self._presence = PresenceGuard() if options.authenticated else None
@@ -339,7 +347,8 @@ class MqttEndpoint:
 
     def _decode(self, payload: bytes, topic: str) -> Message:
         message = decode_message(payload, fleet_key=self.options.fleet_key,
-                                 limits=self.options.limits, keyring=self.options.keyring)
+                                 limits=self.options.limits, keyring=self.options.keyring,
+                                 allowance=self._allowance)
         owner = self._topic_owner(topic) if self._topic_owner is not None else None
         if owner is not None and message.sender != owner:
             raise SenderMismatch(f"sender {message.sender!r} does not own {topic}")
@@ -361,7 +370,11 @@ class MqttEndpoint:
             while len(self._chunk_bytes) > 4 * self._reassembler.max_in_flight:
                 self._chunk_bytes.popitem(last=False)
             evicted = self._reassembler.evicted
-            whole = self._reassembler.feed(message)
+            try:
+                whole = self._reassembler.feed(message)
+            except WireError as exc:
+                self._refuse(message.sender, exc)
+                raise
             if self._reassembler.evicted > evicted:  # the sender went over its own budget
                 self.rejected["ReassemblyEvicted"] += self._reassembler.evicted - evicted
                 log.warning("dropped an unfinished chunked message from %s: over its budget",
@@ -369,12 +382,23 @@ class MqttEndpoint:
             if whole is None:
                 return
             size = self._chunk_bytes.pop(key, size)
-            message = self._decode(whole, topic)
+            try:
+                message = self._decode(whole, topic)
+            except WireError as exc:
+                self._refuse(message.sender, exc)
+                raise
             if message.type == MessageType.CHUNK:
                 raise WireError("a chunk may not carry another chunk")
         inbound = Inbound(topic, message, size)
         if self._route is None or not self._route(inbound):
             self.inbox.put(inbound)
+
+    def _refuse(self, sender: str, exc: WireError) -> None:
+        """Remember why a (verified) sender's message was refused; bounded by the senders
+        that passed verification."""
+        self.refused[sender] = (time.monotonic(), f"{type(exc).__name__}: {exc}")
+        while len(self.refused) > 4 * self._reassembler.max_in_flight:
+            self.refused.pop(next(iter(self.refused)))
 
     def publish_raw(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
         """Publish an already-encoded envelope (presence) with QoS 1."""
@@ -410,7 +434,8 @@ class MqttEndpoint:
                              seq_start=self._seq.reserve(count) if count > 1 else 0,
                              msg_id=f"{message.sender}.{message.seq}",
                              chunk_bytes=self.options.chunk_bytes,
-                             fleet_key=self.options.fleet_key, signer=self.options.signer)
+                             fleet_key=self.options.fleet_key, signer=self.options.signer,
+                             kind=message.kind)
 
     def publish_parts(self, topic: str, parts: list[bytes], *, retain: bool = False) -> int:
         """Publish prepared chunks (QoS 1); returns bytes put on the wire."""

@@ -9,9 +9,11 @@ from jetsplit.wire.chunking import (
 from jetsplit.wire.codecs import CODECS, COMPRESSIONS
 from jetsplit.wire.envelope import (
     WIRE_VERSION,
+    Allowance,
     Limits,
     Message,
     MessageType,
+    accounted_bound,
     decode_message,
     encode_message,
     peek_type,
@@ -20,6 +22,7 @@ from jetsplit.wire.errors import WireError
 from jetsplit.wire.replay import PresenceGuard, ReplayGuard, SequenceCounter
 
 __all__ = [
+    "Allowance",
     "CODECS",
     "COMPRESSIONS",
     "DEFAULT_CHUNK_BYTES",
@@ -32,6 +35,7 @@ __all__ = [
     "ReplayGuard",
     "SequenceCounter",
     "WireError",
+    "accounted_bound",
     "chunk_count",
     "chunk_message",
     "decode_message",

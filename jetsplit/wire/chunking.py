@@ -2,18 +2,21 @@
 
 A chunk is itself an envelope of type CHUNK (so it is checksummed and, with a fleet key,
 signed) whose body is one slice of the full message. The reassembler bounds what a peer can
-make it hold: bytes per message, messages in flight, total buffered bytes, and age.
+make it hold: bytes per message, messages in flight, total buffered bytes, and age. A chunk
+names the kind of the message it carries, so a message larger than the limits is taken
+only where its receiver accounted for it (its `Allowance`); the whole message's own header
+is checked against that bound again when it is decoded.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import numpy as np
 
-from jetsplit.wire.envelope import Limits, Message, MessageType, encode_message
+from jetsplit.wire.envelope import Allowance, Limits, Message, MessageType, encode_message
 from jetsplit.wire.errors import OversizedMessage, ReassemblyError
 
 DEFAULT_CHUNK_BYTES = 1024 * 1024
@@ -37,8 +40,10 @@ def chunk_message(
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     fleet_key: bytes | None = None,
     signer: Any = None,
+    kind: str = "",
 ) -> list[bytes]:
-    """The message itself if it fits in one chunk, else CHUNK envelopes carrying its slices."""
+    """The message itself if it fits in one chunk, else CHUNK envelopes carrying its slices
+    (each naming the carried message's `kind`, for its receiver's allowance)."""
     if chunk_bytes < 4 * CHUNK_OVERHEAD:
         raise ValueError(f"chunk size must be at least {4 * CHUNK_OVERHEAD} bytes")
     if len(encoded) <= chunk_bytes:
@@ -51,7 +56,7 @@ def chunk_message(
                               count=min(size, len(encoded) - index * size), offset=index * size)
         msg = Message(MessageType.CHUNK, run=run, sender=sender, seq=seq_start + index,
                       kind="chunk", meta={"id": msg_id, "index": index, "count": count,
-                                          "total": len(encoded), "size": size},
+                                          "total": len(encoded), "size": size, "of": kind},
                       tensors={"data": piece})
         chunks.append(encode_message(msg, codec="fp32", fleet_key=fleet_key, signer=signer))
     return chunks
@@ -64,6 +69,7 @@ class _Partial:
     size: int
     pieces: Dict[int, bytes] = field(default_factory=dict)  # held bytes = what arrived
     held: int = 0
+    accounted: bool = False  # over the limits, within its receiver's allowance
     started: float = field(default_factory=time.monotonic)
 
 
@@ -74,7 +80,9 @@ class Reassembler:
     and `per_sender_bytes` declared bytes. A sender over its budget loses its own oldest
     unfinished message, never another sender's, so one flooding peer cannot starve the rest.
     Chunks are kept as they arrive (no buffer sized by a declared total), and the overall
-    `max_buffered_bytes` bounds what all senders together hold."""
+    `max_buffered_bytes` bounds what all senders together hold. A message over the limits
+    that `allowance(sender, kind)` accounted for is bounded by that allowance instead, and
+    counts against neither budget: its receiver asked for it."""
 
     def __init__(
         self,
@@ -85,8 +93,10 @@ class Reassembler:
         timeout_s: float = 60.0,
         per_sender_in_flight: int = 4,
         per_sender_bytes: int | None = None,
+        allowance: Optional[Allowance] = None,
     ) -> None:
         self.limits = limits
+        self.allowance = allowance
         self.max_in_flight = max_in_flight
         self.max_buffered_bytes = max_buffered_bytes
         self.timeout_s = timeout_s
@@ -114,15 +124,31 @@ class Reassembler:
         self.expired += len(stale)
         return len(stale)
 
-    def _make_room(self, sender: str, total: int) -> None:
+    def _accounted(self, sender: str, kind: str, total: int) -> bool:
+        """Whether a message over the limits is one its receiver accounted for (else it is
+        refused, with the bound it broke)."""
+        if 0 < total <= self.limits.max_message_bytes:
+            return False
+        bound = self.allowance(sender, kind) if self.allowance is not None and kind else None
+        if bound is None or total <= 0:
+            raise OversizedMessage(f"chunked message of {total} bytes exceeds the limit")
+        if total > bound:
+            raise OversizedMessage(f"chunked {kind} message of {total} bytes from {sender} "
+                                   f"exceeds its accounted {bound}")
+        return True
+
+    def _make_room(self, sender: str, total: int, accounted: bool = False) -> None:
         """Evict the sender's own oldest unfinished messages until the new one fits its
-        budget; refuse it when even an empty budget cannot hold it or the whole table is full."""
-        if total > self.per_sender_bytes:
+        budget; refuse it when even an empty budget cannot hold it or the whole table is full.
+        An accounted message does not count against the budget."""
+        size = 0 if accounted else total
+        if size > self.per_sender_bytes:
             raise OversizedMessage(f"chunked message of {total} bytes exceeds {sender}'s "
                                    f"budget of {self.per_sender_bytes}")
         mine = self._of(sender)  # insertion order: oldest first
         while mine and (len(mine) >= self.per_sender_in_flight
-                        or sum(p.total for _, p in mine) + total > self.per_sender_bytes):
+                        or sum(p.total for _, p in mine if not p.accounted) + size
+                        > self.per_sender_bytes):
             key, _ = mine.pop(0)
             del self._partials[key]
             self.evicted += 1
@@ -141,8 +167,7 @@ class Reassembler:
             raise ReassemblyError("chunk header lacks id/index/count/total or data") from None
         if data.dtype != np.uint8 or data.ndim != 1:
             raise ReassemblyError("chunk data must be a 1-D byte tensor")
-        if total > self.limits.max_message_bytes or total <= 0:
-            raise OversizedMessage(f"chunked message of {total} bytes exceeds the limit")
+        accounted = self._accounted(chunk.sender, str(meta.get("of") or ""), total)
         if size <= 0 or count != -(-total // size) or not 0 <= index < count:
             raise ReassemblyError(f"chunk {index} of {count} (size {size}) is out of range")
         expected_len = size if index < count - 1 else total - size * (count - 1)
@@ -151,14 +176,15 @@ class Reassembler:
         key = (chunk.sender, msg_id)
         partial = self._partials.get(key)
         if partial is None:
-            self._make_room(chunk.sender, total)
-            partial = _Partial(total, count, size)
+            self._make_room(chunk.sender, total, accounted)
+            partial = _Partial(total, count, size, accounted=accounted)
             self._partials[key] = partial
         if (partial.total, partial.count, partial.size) != (total, count, size):
             raise ReassemblyError(f"chunk {index} disagrees with its message's size")
         if index in partial.pieces:
             return None  # QoS 1 redelivery: idempotent
-        if self.buffered_bytes + len(data) > self.max_buffered_bytes:
+        unaccounted = sum(p.held for p in self._partials.values() if not p.accounted)
+        if not partial.accounted and unaccounted + len(data) > self.max_buffered_bytes:
             raise OversizedMessage("reassembly buffer is full")
         partial.pieces[index] = data.tobytes()
         partial.held += len(data)

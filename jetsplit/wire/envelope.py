@@ -24,9 +24,9 @@ import math
 import struct
 import time
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import IntEnum
-from typing import Any, Dict, List, Literal, Optional, Union
+from typing import Any, Callable, Dict, List, Literal, Optional, Union
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -85,6 +85,20 @@ class Limits:
     def of_mib(cls, mib: int) -> Limits:
         """One configurable figure: encoded and decoded bytes per message, in MiB."""
         return cls(max_message_bytes=mib << 20, max_decoded_bytes=mib << 20)
+
+
+# (sender, kind) → the bound a message of that kind from that sender was accounted for
+# (say, the weights a coordinator asked for, or the blocks an agent's manifest declares);
+# None where it was not, and the hard `Limits` apply.
+Allowance = Callable[[str, str], Optional[int]]
+
+
+def accounted_bound(tensor_bytes: int, limits: Limits = Limits()) -> int:
+    """The largest envelope of a message whose tensors hold `tensor_bytes` raw bytes and
+    travel uncompressed in fp32 or raw codecs (weights): the tensors plus the most its
+    prefix, header and trailer may take, so a bound from known block sizes never refuses
+    an honest message and a sender cannot add a byte beyond what was accounted."""
+    return PREFIX.size + limits.max_header_bytes + tensor_bytes + CRC.size + ED25519_BYTES
 
 
 Scalar = Optional[Union[str, int, float, bool]]
@@ -223,15 +237,17 @@ def decode_message(
     fleet_key: bytes | None = None,
     limits: Limits = Limits(),
     keyring: Any = None,
+    allowance: Optional[Allowance] = None,
 ) -> Message:
     """Parse and verify one message from untrusted bytes (raises a typed WireError).
 
     With a `keyring` (a `jetsplit.identity.KeyRing`) every message must carry an Ed25519
     signature that verifies under the key of the sender its header names; the header is
-    parsed (bounded) to learn that name, and verified before any tensor is decoded."""
+    parsed (bounded) to learn that name, and verified before any tensor is decoded.
+    A message over `limits` is refused unless `allowance` accounted for its sender and
+    kind (as its bounded header names them) a bound it stays within."""
     view = memoryview(data).cast("B") if not isinstance(data, memoryview) else data.cast("B")
-    if len(view) > limits.max_message_bytes:
-        raise OversizedMessage(f"message of {len(view)} bytes exceeds {limits.max_message_bytes}")
+    limits = _allowed(view, limits, allowance)
     mtype = peek_type(view)
     _, _, _, flags, reserved, header_len, body_len = PREFIX.unpack_from(view)
     if reserved != 0 or flags & ~(FLAG_SIGNED | FLAG_ED25519) or flags == 3:
@@ -267,6 +283,29 @@ def decode_message(
                    round=header.round, step=header.step, kind=header.kind, meta=header.meta,
                    tensors=tensors, ts=header.ts,
                    signed=(signed and fleet_key is not None) or keyring is not None)
+
+
+def _allowed(view: memoryview, limits: Limits, allowance: Optional[Allowance]) -> Limits:
+    """The limits for this message: `limits`, or, for a larger message its (sender, kind)
+    was accounted for, `limits` raised to that bound. Only the bounded header is read."""
+    if len(view) <= limits.max_message_bytes:
+        return limits
+    refused = OversizedMessage(f"message of {len(view)} bytes exceeds "
+                               f"{limits.max_message_bytes}")
+    if allowance is None:
+        raise refused
+    peek_type(view)
+    header_len = PREFIX.unpack_from(view)[5]
+    if header_len > limits.max_header_bytes or PREFIX.size + header_len > len(view):
+        raise refused
+    header = _parse_header(view[PREFIX.size:PREFIX.size + header_len], limits)
+    bound = allowance(header.sender, header.kind)
+    if bound is None:
+        raise refused
+    if len(view) > bound:
+        raise OversizedMessage(f"{header.kind} message of {len(view)} bytes from "
+                               f"{header.sender} exceeds its accounted {bound}")
+    return replace(limits, max_message_bytes=bound, max_decoded_bytes=bound)
 
 
 def _finite(text: str) -> float:

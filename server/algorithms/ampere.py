@@ -132,6 +132,11 @@ class Ampere(Method):
         self.store: ActivationStore | None = None
         self.shipper: BundleShipper | None = None
 
+    @property
+    def loss_tier(self) -> str:  # type: ignore[override]
+        """Phase 1 trains client+aux on the devices, phase 2 the server block."""
+        return "device" if self.round_phase == 1 else "server"
+
     def run_round(self, selected: list[str]) -> float | None:
         self.round_phase = self.phase  # what this round's metrics row reports
         if self.phase == 1:

@@ -32,6 +32,7 @@ from jetsplit.server.checkpoint import (
     subset,
 )
 from jetsplit.server.engine import Command
+from jetsplit.server.optim import reduction
 from jetsplit.server.training import Arrays, Trainer
 
 Grads = dict[str, torch.Tensor]
@@ -46,6 +47,7 @@ class Method(ABC):
 
     name: ClassVar[str]
     per_device_cuts: ClassVar[bool] = False  # trains a fleet of per-device cuts
+    loss_tier: str = "server"  # where `run_round`'s loss is measured (divergence reports)
 
     def __init__(self, trainer: Trainer) -> None:
         self.trainer = trainer
@@ -113,6 +115,8 @@ class SplitMethod(Method):
             if states:
                 with t.timed("aggregate"):
                     t.global_client = fedavg(states, t.sizes(sorted(states)))
+            t.require_update(selected, states)
+        t.require_update(selected, participants)
         return float(np.mean(losses)) if losses else None
 
     def local_pass(self, selected: list[str], participants: set[str]) -> list[float]:
@@ -143,6 +147,7 @@ class SplitMethod(Method):
         with t.server_compute():
             acts = t.completions.forward(agents, acts)
             loss, grads = self.server_update(agents, acts, labels)
+            t.guard.check(loss, t.round, "server")  # before its gradients reach the clients
             grads = t.completions.backward(grads)
         t.backward(grads, step)
         return loss
@@ -191,10 +196,10 @@ def _step_averaged(server: nn.Module, optimizer: torch.optim.Optimizer,
 
 
 def _reduced(total: torch.Tensor, count: int, settings: Any) -> torch.Tensor:
-    """PSL's L = Σ_i L_i and GAPSL's L_g = Σ_{Ŝ} L̃_i are sums (gapsl.txt eq. 8); the
-    `psl_reduction = "mean"` variant divides by the number of summed clients, which keeps
-    the server's step independent of how many clients are selected."""
-    return total / count if getattr(settings, "psl_reduction", "sum") == "mean" else total
+    """PSL's L = Σ_i L_i and GAPSL's L_g = Σ_{Ŝ} L̃_i are sums (gapsl.txt eq. 8, the
+    `paper` preset); by default they are divided by the number of summed clients, which
+    keeps the server's step independent of how many clients are selected."""
+    return total / count if reduction(settings) == "mean" else total
 
 
 class PSL(SplitMethod):
@@ -476,6 +481,7 @@ class FedAvg(Method):
     parts are averaged (weights |D_k|) at round end."""
 
     name = "fedavg"
+    loss_tier = "device"
 
     def run_round(self, selected: list[str]) -> float | None:
         t = self.trainer
@@ -498,6 +504,7 @@ class FedAvg(Method):
                 t.full_samples[agent] += samples
                 losses.append(loss)
         states = t.pull(out.agents, ("client", "server"))
+        t.require_update(selected, states)
         t.release(out.agents)
         if states:
             with t.timed("aggregate"):

@@ -130,6 +130,7 @@ class SHeRL(Method):
     """SHeRL-FL over edge agents (role `edge`); see the module docstring."""
 
     name = "sherl"
+    loss_tier = "cloud"
 
     def __init__(self, trainer: Trainer) -> None:
         super().__init__(trainer)
@@ -175,7 +176,7 @@ class SHeRL(Method):
         costs = get_costs(spec.name, spec.input_shape, spec.num_classes)
         self.edge_flops = edge_block(costs, k1, k2).train_flops
         # The cloud head trains with the cloud tier's optimiser: by default Adam, as the
-        # paper trains every tier (server/optim.PAPER_DEFAULTS). The edge's
+        # paper trains every tier (server/optim.PAPER). The edge's
         # contrastive loss ignores the embeddings' scale and lets it shrink (AlexNet on
         # digits: mean norm 3.5 → 0.5 in 20 steps), which stalls SGD on the head: 60
         # steps took its cross-entropy from 2.303 to 2.271 with SGD at lr 0.1, to 0.33

@@ -1,0 +1,65 @@
+"""Divergence: a training loss that leaves the level of guessing by an order of magnitude,
+or stops being a number, ends the run in one line naming the method, the round, the tier
+and the likely cause, instead of training on at chance while looking like a finished run.
+
+Why these thresholds: a classifier that guesses has cross-entropy ln C (2.30 for 10
+classes), and an untrained one starts near it; a mean loss ten times above both that and the
+run's first loss means confident wrong answers everywhere, which only a step too large
+produces (PSL on AlexNet/MNIST at its summed loss: 26.9 in round 1, then at chance for good).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from jetsplit.errors import JetsplitError
+from jetsplit.server.optim import reduction, tier_optimizer
+
+GROWTH = 10.0  # × max(ln C, first loss): beyond this a loss has diverged
+SUMMED = ("psl", "gapsl")  # methods whose server loss is a sum over clients (gapsl.txt eq. 8)
+
+
+class Diverged(JetsplitError):
+    """Training diverged: its loss grew by orders of magnitude or is NaN/inf."""
+
+
+def likely_cause(settings: Any, tier: str) -> str:
+    """What most likely made `tier`'s steps too large under `settings`."""
+    opt = tier_optimizer(settings, tier if tier != "device" else "client")
+    momentum = f" with momentum {opt.momentum:g}" if opt.momentum else ""
+    if tier == "server" and settings.algorithm in SUMMED and reduction(settings) == "sum":
+        return (f"the server block steps on the sum of the clients' losses "
+                f"(psl_reduction 'sum'), |S| times a mean's step, at lr {opt.lr:g}{momentum}: "
+                f"use psl_reduction 'mean' or a smaller server lr")
+    return f"the {tier} learning rate {opt.lr:g}{momentum} is too high for this model"
+
+
+@dataclass
+class DivergenceGuard:
+    """Checks each training loss of a run against the divergence thresholds."""
+
+    settings: Any
+    classes: int
+    first: float | None = None  # the run's first finite loss
+
+    @property
+    def limit(self) -> float:
+        return GROWTH * max(math.log(self.classes), self.first or 0.0)
+
+    def check(self, loss: float | None, round_: int, tier: str) -> None:
+        """Raise `Diverged` (one line) when `loss`, measured at `tier`, has diverged."""
+        if loss is None:
+            return
+        where = f"{self.settings.algorithm} diverged in round {round_} at the {tier} tier"
+        if not math.isfinite(loss):
+            raise Diverged(f"{where}: training loss is {loss}; likely cause: "
+                           f"{likely_cause(self.settings, tier)}")
+        if loss > self.limit:
+            raise Diverged(f"{where}: training loss {loss:.4g} is over {GROWTH:g}x the "
+                           f"{'chance level' if self.first is None else 'first loss'} "
+                           f"({self.limit / GROWTH:.3g}); likely cause: "
+                           f"{likely_cause(self.settings, tier)}")
+        if self.first is None:
+            self.first = loss
