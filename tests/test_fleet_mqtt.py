@@ -48,7 +48,8 @@ def test_mqtt_and_in_process_engines_give_bit_identical_runs(
         f'fleet = "ident"\nagents = {agents}\nwait_s = 120\nout = "{tmp_path / "runs"}"\n'
         'run = "mqtt"\n[server]\nthreads = 1\n'
         '[model]\nname = "mobilenetv3-small"\ninput_shape = [1, 8, 8]\n'
-        f'split = 2\n[data]\ndataset = "digits"\n[train]\nalgorithm = "{algorithm}"\n'
+        'split = 2\n[data]\ndataset = "digits"\n[train]\ndeadline_s = 300\n'
+        f'algorithm = "{algorithm}"\n'
         f"rounds = {rounds}\nlocal_steps = {steps}\nbatch = 48\nlr = 0.05\n")
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS",
                                                              "MKL_NUM_THREADS")}
@@ -78,7 +79,7 @@ def test_fleet_survives_sigkill_and_broker_restart(
     fleet = agent_fleet(url, "faults", 8).start()
     engine = MqttEngine(mosquitto.address, "faults", run_id="faults", retry_s=5).start()
     try:
-        assert engine.wait_for_agents(8, 180) == [f"a{i}" for i in range(8)]
+        assert engine.wait_for_agents(8, 300) == [f"a{i}" for i in range(8)]
         cfg = ServerConfig(
             fleet="faults", agents=8,
             model=ModelSection(name="mobilenetv3-large", input_shape=[1, 8, 8], classes=1000,
@@ -86,8 +87,12 @@ def test_fleet_survives_sigkill_and_broker_restart(
         archive = prepare_bundle(cfg, tmp_path / "bundle")
         size = archive.stat().st_size
         assert size > 20_000_000  # 20 chunks of 1 MiB and a bit
+        # The step deadline is a ceiling for a hung agent, not under test: the killed agent
+        # is dropped by its last will and lost messages are resent on reconnect, so no step
+        # waits for it; a busy machine (load 7 on 2 cores) must not turn slow steps into
+        # misses. A step missed at this deadline means an agent never answered.
         settings = Settings(algorithm="psl", rounds=10, local_steps=10, batch=64,
-                            deadline_s=15, bundle_deadline_s=180)
+                            deadline_s=300, bundle_deadline_s=300)
         _, test = load_dataset_split("digits", 0.2, 0)
         events: dict[str, int] = {}
 
@@ -113,8 +118,9 @@ def test_fleet_survives_sigkill_and_broker_restart(
     for i in range(8):
         down = summary["bytes"][f"a{i}"]["down"]
         assert client <= down["bundle"] + down["bundle_part"] < size / 10
-    # Before the kill all eight trained every step; the killed one is marked offline by its
-    # last will, its step completes without it, and it is not selected again.
+    # Before the kill all eight answered every step (none missed, for any reason); the killed
+    # one is marked offline by its last will, its step completes without it, and it is not
+    # selected again.
     assert all(r["selected"] == [f"a{i}" for i in range(8)] and not r["missed"]
                for r in rows[:3])
     record = {a["agent"]: a for a in summary["agents"]}["a7"]
@@ -151,7 +157,7 @@ def test_agents_shrug_off_garbage(mosquitto: MosquittoProcess, agent_fleet: Any,
         vandal.disconnect()
         from jetsplit.server.engine import Command
 
-        out = engine.send_and_receive({"a0": Command("status")}, deadline_s=30)
+        out = engine.send_and_receive({"a0": Command("status")}, deadline_s=120)
         assert out.agents == ["a0"], out.missed
         assert sum(engine.endpoint.rejected.values()) >= 2  # up/ and presence/ junk
     finally:
