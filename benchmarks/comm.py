@@ -70,7 +70,13 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--quick", action="store_true", help="5 rounds, 10 clients")
     parser.add_argument("--json", type=Path, default=None, help="also write results here")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny sizes, seconds (tests/test_benchmarks_smoke.py)")
     args = parser.parse_args()
+    if args.smoke:  # every method, 2 rounds x 1 step on 4 digits clients
+        args.dataset, args.model, args.clients, args.fraction = (
+            "digits", "mobilenetv3-small", 4, 1.0)
+        args.rounds, args.local_steps, args.batch = 2, 1, 16
     if args.quick:
         args.rounds, args.clients = 5, 10
     results: dict[str, list[dict[str, Any]]] = {}
