@@ -47,8 +47,8 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true",
                         help="tiny sizes, seconds (tests/test_benchmarks_smoke.py)")
     args = parser.parse_args()
-    if args.smoke:  # 2 methods x 1 round x 1 step on 2 digits clients, into a temp dir
-        args.methods, args.seeds, args.rounds, args.local_steps = ["psl", "scala"], [0], 1, 1
+    if args.smoke:  # 1 method x 1 round x 1 step on 2 digits clients, into a temp dir
+        args.methods, args.seeds, args.rounds, args.local_steps = ["psl"], [0], 1, 1
         args.dataset, args.model, args.clients, args.partition = (
             "digits", "mobilenetv3-small", 2, "iid")
         args.fraction, args.batch = 1.0, 16

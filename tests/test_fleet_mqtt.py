@@ -126,7 +126,10 @@ def test_fleet_survives_sigkill_and_broker_restart(
     record = {a["agent"]: a for a in summary["agents"]}["a7"]
     assert record["state"] == "offline" and record["offline_events"] >= 1
     missed = [m for m in summary["missed"] if m["agent"] == "a7"]
-    assert missed and {m["reason"] for m in missed} <= {"offline", "deadline"}
+    # Dropped by its last will, never by waiting out the (300 s) deadline; selected once
+    # more only if the will lands after the next round's selection (a race either way).
+    assert {m["reason"] for m in missed} <= {"offline"}
+    assert missed or "a7" not in rows[3]["selected"]
     assert all("a7" not in r["selected"] for r in rows[4:])
     # The broker restart: both sides reconnect and the run goes on to the end with the
     # seven survivors, evaluated every round.
