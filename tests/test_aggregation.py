@@ -23,9 +23,9 @@ def test_fedavg_weights_each_agent_by_its_share_of_the_total() -> None:
     assert out["n"].tolist() == [7, 9]
     with pytest.raises(ValueError, match="no models"):
         fedavg({}, {})
-    for odd in ("b", "c"):  # the second and the last agent checked against the first
-        bad = {**states, odd: {"w": states[odd]["w"]}}
-        with pytest.raises(ValueError, match=f"agent {odd} sent tensors that differ"):
+    for odd, names in (("b", ["w"]), ("c", ["w", "n", "x"])):  # fewer, more than a's
+        bad = {**states, odd: {n: np.zeros(2) for n in names}}
+        with pytest.raises(ValueError, match=f"agent {odd} sent tensors that differ from a's"):
             fedavg(bad, {"a": 1, "b": 3, "c": 4})
 
 
