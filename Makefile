@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 TORCH_PIN := torch==2.13.0
 
-.PHONY: demo test lint vermin bench setup clean device-check
+.PHONY: demo test lint vermin bench setup clean device-check fast mutation
 
 $(VENV)/.installed: pyproject.toml
 	@# Reuse a system torch (NVIDIA's wheel on Jetson) via system site-packages; never reinstall it.
@@ -33,6 +33,25 @@ demo: setup
 test: setup
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
+
+# The fast tier: the methods' numbers on tiny models, hand-computed (well under 90 s).
+fast: setup
+	$(PY) -m pytest -q -m fast
+
+# Mutation testing, outside `make test`: cosmic-ray mutates the code in place, one mutant at
+# a time, and runs the fast tests against each (configs in mutation/; MUTATION=aggregation
+# runs one). Sessions and the survivors' report land in runs/mutation/.
+MUTATION ?= aggregation algorithm_math
+mutation: setup
+	$(PIP) install --quiet "cosmic-ray>=8.7,<9"
+	@mkdir -p runs/mutation
+	@for m in $(MUTATION); do \
+		rm -f runs/mutation/$$m.sqlite; \
+		$(VENV)/bin/cosmic-ray init mutation/$$m.toml runs/mutation/$$m.sqlite || exit 1; \
+		$(VENV)/bin/cosmic-ray exec mutation/$$m.toml runs/mutation/$$m.sqlite || exit 1; \
+		$(VENV)/bin/cr-report runs/mutation/$$m.sqlite --show-pending \
+			> runs/mutation/$$m.txt; tail -4 runs/mutation/$$m.txt; \
+	done
 
 bench: setup
 	$(PY) benchmarks/bench_runtime.py

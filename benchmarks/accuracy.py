@@ -16,6 +16,7 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -43,7 +44,15 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("runs/accuracy"))
     parser.add_argument("--quick", action="store_true",
                         help="2 methods, 1 seed, 2 rounds on UCI digits (a smoke run)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny sizes, seconds (tests/test_benchmarks_smoke.py)")
     args = parser.parse_args()
+    if args.smoke:  # 1 method x 1 round x 1 step on 2 digits clients, into a temp dir
+        args.methods, args.seeds, args.rounds, args.local_steps = ["psl"], [0], 1, 1
+        args.dataset, args.model, args.clients, args.partition = (
+            "digits", "mobilenetv3-small", 2, "iid")
+        args.fraction, args.batch = 1.0, 16
+        args.out = Path(tempfile.mkdtemp(prefix="bench-accuracy-"))
     if args.quick:
         args.methods, args.seeds, args.rounds = ["psl", "scala"], [0], 2
         args.dataset, args.model, args.clients, args.local_steps = "digits", "alexnet", 4, 3

@@ -105,7 +105,14 @@ class Sampler(threading.Thread):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40, help="local iterations (batch 32)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny sizes, seconds (tests/test_benchmarks_smoke.py)")
     args = parser.parse_args()
+    # --smoke: 2 steps of mobilenetv3-small on UCI digits (no MNIST download)
+    dataset, model, shape = (("digits", "mobilenetv3-small", [1, 8, 8]) if args.smoke
+                             else ("mnist", "alexnet", [1, 28, 28]))
+    if args.smoke:
+        args.steps = 2
     torch_mb = bare_torch_mb()
     floor_mb = torch_training_mb()
     with tempfile.TemporaryDirectory(prefix="bench-agent-") as tmp, MosquittoProcess() as broker:
@@ -114,7 +121,7 @@ def main() -> None:
         config = root / "a0.toml"
         config.write_text(
             f'fleet = "bench"\nagent = "a0"\nstate_dir = "{root / "state"}"\nthreads = 1\n'
-            f'[mqtt]\nbroker = "{url}"\n[data]\ndataset = "mnist"\npartition = "iid"\n'
+            f'[mqtt]\nbroker = "{url}"\n[data]\ndataset = "{dataset}"\npartition = "iid"\n'
             "clients = 4\nindex = 0\n")
         log = (root / "agent.log").open("w")
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -127,10 +134,9 @@ def main() -> None:
                 raise SystemExit(f"agent did not register; log: {root / 'agent.log'}")
             time.sleep(1.0)
             idle = rss_mb(agent.pid)
-            cfg = ServerConfig(model=ModelSection(name="alexnet", input_shape=[1, 28, 28],
-                                                  split=2))
+            cfg = ServerConfig(model=ModelSection(name=model, input_shape=shape, split=2))
             archive = prepare_bundle(cfg, root / "bundle")
-            _, test = load_dataset_split("mnist", 0.2, 0)
+            _, test = load_dataset_split(dataset, 0.2, 0)
             settings = Settings(algorithm="psl", rounds=2, local_steps=args.steps, batch=32)
             sampler = Sampler(agent.pid)
             sampler.start()
@@ -144,7 +150,7 @@ def main() -> None:
             agent.terminate()
             agent.wait(timeout=30)
             log.close()
-    print(f"AlexNet split 2, PSL, batch 32, {args.steps} steps x 2 rounds, MNIST shard 1/4; "
+    print(f"{model} split 2, PSL, batch 32, {args.steps} steps x 2 rounds, {dataset} shard 1/4; "
           f"bundle bytes to the agent: {summary['bundle_bytes'] / MB:.2f} MB")
     print(f"bare `import torch` process : {torch_mb:8.1f} MB")
     print(f"bare torch training block   : {floor_mb:8.1f} MB  (+{floor_mb - torch_mb:.1f}: torch's "

@@ -30,7 +30,12 @@ def main() -> None:
     parser.add_argument("--local-steps", type=int, default=10)
     parser.add_argument("--model", default="alexnet")
     parser.add_argument("--dataset", default="mnist")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny sizes, seconds (tests/test_benchmarks_smoke.py)")
     args = parser.parse_args()
+    if args.smoke:  # round 1 installs the bundle and is left out: 2 rounds, 1 step each
+        args.rounds, args.local_steps = 2, 1
+        args.model, args.dataset = "mobilenetv3-small", "digits"
     expected = resolve_profile(ORIN).effective_gflops() / resolve_profile(NANO).effective_gflops()
     spec = TrialSpec(algorithm="splitfed-v2", agents=2, rounds=args.rounds,
                      profiles=[NANO, ORIN], model=args.model, dataset=args.dataset,

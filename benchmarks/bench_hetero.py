@@ -33,9 +33,9 @@ AGENTS = {"demo": 4, "nano-clocks": 3}
 
 
 def one_trial(fleet: str, seed: int, rounds: int, local_steps: int, common: bool,
-              root: Path) -> dict[str, Any]:
+              root: Path, model: str = "alexnet", dataset: str = "mnist") -> dict[str, Any]:
     spec = TrialSpec(algorithm="scala", agents=AGENTS[fleet], rounds=rounds,
-                     profiles=FLEETS[fleet], model="alexnet", dataset="mnist",
+                     profiles=FLEETS[fleet], model=model, dataset=dataset,
                      partition="dirichlet:0.5", local_steps=local_steps, batch=64, seed=seed,
                      common_split=common)
     out = root / f"{fleet}-{seed}-{'common' if common else 'per-device'}"
@@ -63,7 +63,14 @@ def main() -> None:
     parser.add_argument("--local-steps", type=int, default=10)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--fleet", choices=[*FLEETS, "all"], default="all")
+    parser.add_argument("--model", default="alexnet")
+    parser.add_argument("--dataset", default="mnist")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny sizes, seconds (tests/test_benchmarks_smoke.py)")
     args = parser.parse_args()
+    if args.smoke:  # one 3-agent fleet, one seed, 2 rounds x 1 step (round 1 is left out)
+        args.fleet, args.seeds, args.rounds, args.local_steps = "nano-clocks", [0], 2, 1
+        args.model, args.dataset = "mobilenetv3-small", "digits"
     fleets = list(FLEETS) if args.fleet == "all" else [args.fleet]
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-hetero-") as tmp:
@@ -72,9 +79,10 @@ def main() -> None:
             for seed in args.seeds:
                 for common in (False, True):
                     results[common].append(one_trial(fleet, seed, args.rounds,
-                                                     args.local_steps, common, Path(tmp)))
-            print(f"\n== {fleet}: SCALA, AlexNet/MNIST, dirichlet:0.5, {args.rounds} rounds "
-                  f"x T={args.local_steps}, seeds {args.seeds}")
+                                                     args.local_steps, common, Path(tmp),
+                                                     args.model, args.dataset))
+            print(f"\n== {fleet}: SCALA, {args.model}/{args.dataset}, dirichlet:0.5, "
+                  f"{args.rounds} rounds x T={args.local_steps}, seeds {args.seeds}")
             print("seed | cuts per-device | cut common | round s per-dev | round s common "
                   "| ratio | predicted ratio | acc per-dev | acc common | Δacc (points)")
             ratios, deltas = [], []

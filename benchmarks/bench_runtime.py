@@ -105,7 +105,12 @@ def main() -> None:
     parser.add_argument("--cost-models", default="alexnet,vgg11,resnet18,mobilenetv3-small",
                         help="models whose per-layer times are predicted and measured")
     parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny sizes, seconds (tests/test_benchmarks_smoke.py)")
     args = parser.parse_args()
+    if args.smoke:  # one small model on each side, 2 repeats
+        args.models = args.calibrate = args.cost_models = "mobilenetv3-small"
+        args.repeats, args.batch = 2, 4
     torch.set_num_threads(args.threads)
     models = {m: DEFAULT_BLOCKS.get(m, 2) for m in args.models.split(",")}
     shape = (3, 32, 32)

@@ -240,7 +240,8 @@ def print_table(results: list[dict[str, float]]) -> None:
     for r in results:
         print("| " + " | ".join(fmt.format(r[key]) for key, _, fmt in COLUMNS) + " |")
     by_size = {int(r["agents"]): r for r in results}
-    pairs = [(a, b) for a, b in ((10, 100), (20, 200), (50, 500)) if a in by_size and b in by_size]
+    pairs = [(a, b) for a, b in ((2, 20), (10, 100), (20, 200), (50, 500))
+             if a in by_size and b in by_size]
     for a, b in pairs:
         print(f"\ngrowth {a} -> {b} agents (10x):")
         for key, title, _ in COLUMNS[1:]:
@@ -261,7 +262,11 @@ def main() -> None:
     parser.add_argument("--sizes", default="10,50,200,500")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny sizes, seconds (tests/test_benchmarks_smoke.py)")
     args = parser.parse_args()
+    if args.smoke:  # 2 and 20 agents (one 10x growth pair), 3 steps, 1 round
+        args.sizes, args.steps, args.rounds = "2,20", 3, 1
     sizes = [int(s) for s in args.sizes.split(",")]
     limit = raise_fd_limit(max(sizes) * 2 + 256)
     print(f"RLIMIT_NOFILE soft limit {limit}; load average {os.getloadavg()[0]:.1f} on "

@@ -63,7 +63,11 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0,
                         help="CPU intra-op threads (0: torch's default here)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny sizes, seconds (tests/test_benchmarks_smoke.py)")
     args = parser.parse_args()
+    if args.smoke:  # 2 clients x 4 samples, 2 timed steps
+        args.clients, args.samples, args.repeats, args.warmup = 2, 4, 2, 1
 
     spec = ModelSpec(args.model, (3, 32, 32), 10)
     model = build_model(spec, seed=0)

@@ -15,9 +15,16 @@
 3. Broker throughput: one `MqttEndpoint` sending fp32 messages (chunked at 1 MiB) to another
    through the embedded amqtt broker and through Mosquitto, rounds alternated.
 
-Performance is measured, not asserted: the script prints what it saw and exits 0.
+Performance is measured, not asserted: the script prints what it saw and exits 0. A step
+that fails (an agent dropped, a NaN loss) is a benchmark bug, not a measurement: the run
+stops there, the steps before it are still reported, a `DIVERGED` line names the step, and
+the script exits 2 after the other sections.
+
+The PSL step trains: lr 0.002 on the mean of the agents' losses. PSL's own sum over 8 agents
+at lr 0.01 (an effective 0.08 on AlexNet without normalisation) blew up to NaN at step 6.
 
 Run: `.venv/bin/python benchmarks/bench_transport.py [--steps 20] [--agents 8] [--quick]`
+(`--smoke`: 2 agents, tiny sizes, seconds; tests/test_benchmarks_smoke.py runs it)
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import math
 import os
 import shutil
 import signal
@@ -57,6 +65,13 @@ from jetsplit.wire import CODECS, COMPRESSIONS, Message, MessageType, decode_mes
 FLEET = "bench"
 MODEL = ModelSpec("alexnet", (3, 32, 32), 10)
 SPLIT = 2  # SCALA's AlexNet split: client = conv1+conv2, activations 192×4×4 per sample
+SMOKE_MODEL = ModelSpec("mobilenetv3-small", (3, 32, 32), 10)  # --smoke: a 2 MB bundle
+LR = 0.002  # with PSL_REDUCTION: the loss falls from 2.6 towards ln 10 over 23 steps, 8 agents
+PSL_REDUCTION = "mean"
+
+
+class Diverged(Exception):
+    """A benchmark step failed (missed agent, NaN loss): reported, never measured."""
 
 
 # ---------------------------------------------------------------------------- 1. codecs
@@ -226,7 +241,7 @@ def bench_engines(agents: int, steps: int, warmup: int, batch: int, codec: str,
     workdir = Path(tempfile.mkdtemp(prefix="run-", dir=workdir))
     configs = [agent_config(i, agents, dataset, workdir / "agent-state") for i in range(agents)]
     info: dict[str, Any] = {"bundle_mb": archive.stat().st_size / 1e6}
-    lr = 0.01
+    lr = LR
 
     # In-process: the same configs, other state dirs, torch at 1 thread (build_worker sets it).
     compute: list[float] = []
@@ -260,8 +275,12 @@ def bench_engines(agents: int, steps: int, warmup: int, batch: int, codec: str,
                 raise SystemExit(f"bundle installed on {len(ready)} MQTT and "
                                  f"{len(ready_local)} in-process agents of {agents}\n"
                                  f"{_log_tails(workdir)}")
-            info["rows"] = _interleaved_steps(local, remote, archive, lr, ready,
-                                              steps, warmup, batch, codec, compute)
+            info["rows"], info["diverged"] = [], None
+            try:
+                _interleaved_steps(local, remote, archive, lr, ready, steps, warmup, batch,
+                                   codec, compute, info["rows"])
+            except Diverged as exc:
+                info["diverged"] = str(exc)
             info["status_ms"] = _status_round_trips(local, remote, ready, max(steps, 5))
             info["bytes_mqtt"] = remote.counters.by_kind()
             info["late"] = remote.late_replies
@@ -272,16 +291,16 @@ def bench_engines(agents: int, steps: int, warmup: int, batch: int, codec: str,
 
 def _interleaved_steps(local: InProcessEngine, remote: MqttEngine, archive: Path, lr: float,
                        agents: list[str], steps: int, warmup: int, batch: int, codec: str,
-                       compute: list[float]) -> list[dict[str, Any]]:
-    """Step s on both engines back to back, alternating which goes first."""
+                       compute: list[float], rows: list[dict[str, Any]]) -> None:
+    """Step s on both engines back to back, alternating which goes first; appends to
+    `rows` so that the steps before a failed one are kept when it raises Diverged."""
     sides = {}
     test = next(iter(local.workers.values())).data  # any labelled set: PSL needs no test here
     for name, engine in (("inproc", local), ("mqtt", remote)):
         timed = TimedEngine(engine)
         settings = Settings(algorithm="psl", batch=batch * len(agents), lr=lr, codec=codec,
-                            deadline_s=120)
+                            deadline_s=120, psl_reduction=PSL_REDUCTION)
         sides[name] = (timed, PSL(Trainer(timed, archive, settings, test)))  # type: ignore[arg-type]
-    rows = []
     for s in range(warmup + steps):
         order = ("inproc", "mqtt") if s % 2 == 0 else ("mqtt", "inproc")
         row: dict[str, Any] = {"step": s, "warmup": s < warmup}
@@ -293,14 +312,13 @@ def _interleaved_steps(local: InProcessEngine, remote: MqttEngine, archive: Path
             t0 = time.perf_counter()
             loss = method.iterate(agents, s)  # one PSL iteration: forward, server, backward
             total = time.perf_counter() - t0
-            if method.trainer.missed or loss is None:
-                raise SystemExit(f"{name} step {s}: missed {method.trainer.missed}")
+            if method.trainer.missed or loss is None or not math.isfinite(loss):
+                raise Diverged(f"{name} step {s}: loss {loss}, missed {method.trainer.missed}")
             fwd, bwd = timed.calls
             row[name] = {"total": total, "engine": fwd + bwd, "fwd": fwd, "bwd": bwd,
                          "loss": loss,
                          "agent": sum(compute) if name == "inproc" else None}
         rows.append(row)
-    return rows
 
 
 def _status_round_trips(local: InProcessEngine, remote: MqttEngine, agents: list[str],
@@ -392,6 +410,10 @@ def _ms(values: list[float]) -> tuple[float, float]:
 def print_engines(info: dict[str, Any], agents: int, batch: int, codec: str,
                   aux_ratio: float | None) -> None:
     rows = [r for r in info["rows"] if not r["warmup"]]
+    if info["diverged"] is not None:
+        print(f"\n# 2. engines: DIVERGED at {info['diverged']}; {len(rows)} timed steps before it")
+    if not rows:
+        return
     print(f"\n# 2. engines: PSL iteration per step, MQTT engine (Mosquitto, {agents} "
           f"`jetsplit agent run` processes, 1 torch thread each) vs in-process engine "
           f"({agents} AgentWorkers run one after another); {MODEL.name} split {SPLIT}, aux head "
@@ -470,8 +492,19 @@ def main() -> None:
     parser.add_argument("--message-mb", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=None, help="broker rounds, best taken")
     parser.add_argument("--sections", default="codecs,engines,brokers")
-    parser.add_argument("--quick", action="store_true", help="small sizes: a ~1 minute smoke run")
+    parser.add_argument("--quick", action="store_true", help="small sizes: about a minute")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny sizes, seconds: checks that every section still runs")
     args = parser.parse_args()
+    if args.smoke:  # explicit options still win
+        args.quick = True
+        for name, value in (("steps", 2), ("warmup", 1), ("agents", 2), ("repeats", 1),
+                            ("broker_mb", 2), ("rounds", 1)):
+            if getattr(args, name) is None:
+                setattr(args, name, value)
+        args.batch, args.message_mb = min(args.batch, 8), 1
+        global MODEL
+        MODEL = SMOKE_MODEL  # a 90 MB AlexNet bundle takes 12 s to export alone
     q = args.quick
     steps = args.steps if args.steps is not None else (3 if q else 20)
     warmup = args.warmup if args.warmup is not None else (1 if q else 3)
@@ -500,6 +533,7 @@ def main() -> None:
                   f"{r['dec']:>10.0f}{r['size']:>7.3f}{r['err']:>10.2g}")
         print("note: fp32 decode is a zero-copy view after the CRC32 check, hence its speed.")
 
+    diverged = None
     if "engines" in sections:
         workdir = Path(tempfile.mkdtemp(prefix="jetsplit-bench-"))
         try:
@@ -508,6 +542,7 @@ def main() -> None:
                                  archive, workdir)
             info["export_s"] = export_s
             print_engines(info, agents, args.batch, args.codec, args.aux)
+            diverged = info["diverged"]
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
 
@@ -523,6 +558,9 @@ def main() -> None:
             print(f"{name:<12}{seconds:>9.2f}{res['payload_mb'] / seconds:>9.1f}")
         ratio = res["best_s"]["embedded"] / res["best_s"]["mosquitto"]
         print(f"Mosquitto / embedded throughput: {ratio:.2f}x")
+    if diverged is not None:
+        print(f"DIVERGED: {diverged} (a benchmark bug: its settings must train)")
+        sys.exit(2)
 
 
 if __name__ == "__main__":

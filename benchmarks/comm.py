@@ -70,7 +70,14 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--quick", action="store_true", help="5 rounds, 10 clients")
     parser.add_argument("--json", type=Path, default=None, help="also write results here")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny sizes, seconds (tests/test_benchmarks_smoke.py)")
     args = parser.parse_args()
+    if args.smoke:  # the baseline and one tiered method, 2 rounds x 1 step, 4 digits clients
+        args.methods = ["splitfed-v1", "sherl"]  # Ampere's device epoch alone takes minutes
+        args.dataset, args.model, args.clients, args.fraction = (
+            "digits", "mobilenetv3-small", 4, 1.0)
+        args.rounds, args.local_steps, args.batch = 2, 1, 16
     if args.quick:
         args.rounds, args.clients = 5, 10
     results: dict[str, list[dict[str, Any]]] = {}

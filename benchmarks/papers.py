@@ -328,7 +328,16 @@ def main() -> None:
                         help="run only these methods (merge the rest from other reports)")
     parser.add_argument("--merge", type=Path, nargs="+", default=None,
                         help="print the tables over these --json reports instead of running")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny sizes, seconds (tests/test_benchmarks_smoke.py)")
     args = parser.parse_args()
+    if args.smoke:  # two tables (4 runs) on digits, 1 seed, a tenth of an epoch, PNGs to a
+        # temp dir: all four tables took 330 s on a busy 2-core machine
+        args.tables, args.datasets = ["sherl", "gapsl"], ["digits"]
+        args.seeds, args.epochs = [0], 0.1
+        args.model, args.clients, args.local_steps, args.batch = "mobilenetv3-small", 2, 1, 32
+        args.ampere_server_epochs = 1
+        args.png_dir = Path(tempfile.mkdtemp(prefix="bench-papers-png-"))
     args.png_dir.mkdir(parents=True, exist_ok=True)
     if args.merge:
         merge(args.merge, args)

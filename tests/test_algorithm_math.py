@@ -34,6 +34,8 @@ from jetsplit.server.algorithms.scala_math import (
     scala_server_step,
 )
 
+pytestmark = pytest.mark.fast  # pure tensor math: part of the fast tier
+
 D = torch.float64
 PI = math.pi
 

@@ -342,7 +342,8 @@ def test_mqtt_run_through_phase_two_matches_in_process(
     config.write_text(
         f'fleet = "amp"\nagents = 2\nwait_s = 120\nout = "{tmp_path / "runs"}"\nrun = "mqtt"\n'
         '[model]\nname = "mobilenetv3-small"\ninput_shape = [1, 8, 8]\nsplit = 2\n'
-        '[data]\ndataset = "digits"\n[train]\nalgorithm = "ampere"\nrounds = 4\nbatch = 48\n'
+        '[data]\ndataset = "digits"\n[train]\ndeadline_s = 300\n'
+        'algorithm = "ampere"\nrounds = 4\nbatch = 48\n'
         f'lr = 0.1\ndevice_epochs = 2\nupload_mb = 0.1\nactivation_dir = "{tmp_path / "a"}"\n')
     server_run(config, url)
     run_in_process(fleet_, config, tmp_path / "runs" / "local",

@@ -27,7 +27,7 @@ def _echo_through(host: str, port: int, payload: bytes) -> bytes:
         client.subscribe("jetsplit/v1/test/#", qos=1)
         assert subscribed.wait(10), "broker never acknowledged the subscription"
         client.publish("jetsplit/v1/test/up/a", payload, qos=1).wait_for_publish(10)
-        return received.get(timeout=10)
+        return received.get(timeout=60)
     finally:
         client.loop_stop()
         client.disconnect()

@@ -171,12 +171,12 @@ def test_an_interrupted_transfer_resumes_at_the_missing_parts(
     state = tmp_path / "state"
     engine = MqttEngine(mosquitto.address, "resume", run_id="resume").start(wait_s=10)
     try:
-        shipper = BundleShipper(engine, archive, lr=0.01, deadline_s=30, content="aux")
+        shipper = BundleShipper(engine, archive, lr=0.01, deadline_s=120, content="aux")
         stop = threading.Event()
         first = _DiesAfter("a0", data, state_dir=state, parts=0, stop=stop)
         daemon = AgentDaemon(first, mosquitto.address, "resume")
         for thread in _serve(daemon, stop):
-            assert engine.wait_for_agents(1, 20) == ["a0"]
+            assert engine.wait_for_agents(1, 120) == ["a0"]
             target = shipper.target("a0")
             shipper.piece_bytes = target.nbytes // 16
             parts = sum(-(-size // shipper.piece_bytes) for size, _ in target.files.values())

@@ -64,7 +64,7 @@ def test_fleet_ls_status_logs_stop(mosquitto, tmp_path: Path,
 
         procs["a2"].send_signal(signal.SIGKILL)
         procs["a2"].wait()
-        rows = _until(url, capsys, lambda r: r[2]["state"] == "offline", timeout_s=30)
+        rows = _until(url, capsys, lambda r: r[2]["state"] == "offline")
         assert [r["state"] for r in rows] == ["online", "online", "offline"]
         assert main(["fleet", "ls", "--broker", url, "--fleet", "ops"]) == 0
         table = capsys.readouterr().out
@@ -76,7 +76,7 @@ def test_fleet_ls_status_logs_stop(mosquitto, tmp_path: Path,
         assert main(["fleet", "stop", "a0", "--broker", url, "--fleet", "ops"]) == 0
         assert "a0: stopping" in capsys.readouterr().out
         assert procs["a0"].wait(timeout=30) == 0  # a clean exit
-        rows = _until(url, capsys, lambda r: r[0]["state"] == "offline", timeout_s=30)
+        rows = _until(url, capsys, lambda r: r[0]["state"] == "offline")
         assert rows[1]["state"] == "online"
     finally:
         for proc in procs.values():

@@ -48,7 +48,8 @@ def test_mqtt_and_in_process_engines_give_bit_identical_runs(
         f'fleet = "ident"\nagents = {agents}\nwait_s = 120\nout = "{tmp_path / "runs"}"\n'
         'run = "mqtt"\n[server]\nthreads = 1\n'
         '[model]\nname = "mobilenetv3-small"\ninput_shape = [1, 8, 8]\n'
-        f'split = 2\n[data]\ndataset = "digits"\n[train]\nalgorithm = "{algorithm}"\n'
+        'split = 2\n[data]\ndataset = "digits"\n[train]\ndeadline_s = 300\n'
+        f'algorithm = "{algorithm}"\n'
         f"rounds = {rounds}\nlocal_steps = {steps}\nbatch = 48\nlr = 0.05\n")
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS",
                                                              "MKL_NUM_THREADS")}
@@ -72,13 +73,19 @@ def test_mqtt_and_in_process_engines_give_bit_identical_runs(
     assert rows[0][-1]["train_loss"] < rows[0][0]["train_loss"] or rounds == 1
 
 
+@pytest.mark.timeout(1800)  # 8 agent processes: a ceiling for a busy machine, not a measure
 def test_fleet_survives_sigkill_and_broker_restart(
         mosquitto: MosquittoProcess, agent_fleet: Any, tmp_path: Path) -> None:
+    """An agent SIGKILLed after round 3 and the broker restarted after round 6 of 10: the
+    run completes, the killed agent is dropped by its last will, the rest reconnect and
+    keep training. Asserted on behaviour, not speed: on a busy machine a slow step may
+    miss its deadline (a `deadline` miss, which the design allows), but every agent
+    answers steps before the kill and every survivor after the restart."""
     url = f"mqtt://127.0.0.1:{mosquitto.port}"
     fleet = agent_fleet(url, "faults", 8).start()
     engine = MqttEngine(mosquitto.address, "faults", run_id="faults", retry_s=5).start()
     try:
-        assert engine.wait_for_agents(8, 180) == [f"a{i}" for i in range(8)]
+        assert engine.wait_for_agents(8, 300) == [f"a{i}" for i in range(8)]
         cfg = ServerConfig(
             fleet="faults", agents=8,
             model=ModelSection(name="mobilenetv3-large", input_shape=[1, 8, 8], classes=1000,
@@ -86,25 +93,26 @@ def test_fleet_survives_sigkill_and_broker_restart(
         archive = prepare_bundle(cfg, tmp_path / "bundle")
         size = archive.stat().st_size
         assert size > 20_000_000  # 20 chunks of 1 MiB and a bit
-        settings = Settings(algorithm="psl", rounds=10, local_steps=10, batch=64,
-                            deadline_s=15, bundle_deadline_s=180)
+        steps = 5
+        settings = Settings(algorithm="psl", rounds=10, local_steps=steps, batch=64,
+                            deadline_s=60, bundle_deadline_s=300)
         _, test = load_dataset_split("digits", 0.2, 0)
         events: dict[str, int] = {}
 
         def chaos(row: dict[str, Any]) -> None:
-            if row["round"] == 2:  # after 30 steps
+            if row["round"] == 2:  # after 3 rounds
                 fleet.processes["a7"].send_signal(signal.SIGKILL)
-                events["killed"] = 30
-            if row["round"] == 5:  # after 60 steps
+                events["killed"] = 3 * steps
+            if row["round"] == 5:  # after 6 rounds
                 mosquitto.restart()
-                events["restarted"] = 60
+                events["restarted"] = 6 * steps
 
         summary = run_training(engine, archive, settings, test, tmp_path / "run",
                                on_round=chaos)
     finally:
         engine.close()
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
-    assert events == {"killed": 30, "restarted": 60}
+    assert events == {"killed": 15, "restarted": 30}
     assert summary["rounds"] == 10 and len(rows) == 10
 
     # Every agent received its client block (offer + parts), never the 20 MB server block.
@@ -113,22 +121,39 @@ def test_fleet_survives_sigkill_and_broker_restart(
     for i in range(8):
         down = summary["bytes"][f"a{i}"]["down"]
         assert client <= down["bundle"] + down["bundle_part"] < size / 10
-    # Before the kill all eight trained every step; the killed one is marked offline by its
-    # last will, its step completes without it, and it is not selected again.
-    assert all(r["selected"] == [f"a{i}" for i in range(8)] and not r["missed"]
-               for r in rows[:3])
+    # Before the kill all eight are selected and none is offline or in error; each answered
+    # steps (a `deadline` miss is a slow step on a busy machine, not a fault).
+    assert all(r["selected"] == [f"a{i}" for i in range(8)] for r in rows[:3])
+    assert all(set(r["missed"].values()) <= {"deadline"} for r in rows[:3])
+    answered(summary, range(0, 3), [f"a{i}" for i in range(8)], steps)
+    # The killed one is marked offline by its last will, its step completes without it,
+    # and it is not selected again.
     record = {a["agent"]: a for a in summary["agents"]}["a7"]
     assert record["state"] == "offline" and record["offline_events"] >= 1
     missed = [m for m in summary["missed"] if m["agent"] == "a7"]
-    assert missed and {m["reason"] for m in missed} <= {"offline", "deadline"}
+    # Dropped by its last will, never by waiting out the (300 s) deadline; selected once
+    # more only if the will lands after the next round's selection (a race either way).
+    assert {m["reason"] for m in missed} <= {"offline"}
+    assert missed or "a7" not in rows[3]["selected"]
     assert all("a7" not in r["selected"] for r in rows[4:])
     # The broker restart: both sides reconnect and the run goes on to the end with the
     # seven survivors, evaluated every round.
     assert engine.endpoint.connects >= 2
-    assert all(len(r["selected"]) == 7 and not r["missed"] for r in rows[-3:])
+    assert all(len(r["selected"]) == 7 and set(r["missed"].values()) <= {"deadline"}
+               for r in rows[-3:])
+    answered(summary, range(7, 10), [f"a{i}" for i in range(7)], steps)
     assert all(r["accuracy"] is not None and r["train_loss"] is not None for r in rows)
     for agent in (f"a{i}" for i in range(7)):
         assert fleet.log(agent).count("connected to") >= 2, agent
+
+
+def answered(summary: dict[str, Any], rounds: range, agents: list[str], steps: int) -> None:
+    """Every agent answered at least one step in these rounds (its missed steps there are
+    fewer than the rounds' steps)."""
+    for agent in agents:
+        missed = [m for m in summary["missed"] if m["agent"] == agent and m["round"] in rounds
+                  and m["kind"] == "forward"]
+        assert len(missed) < len(rounds) * steps, (agent, missed)
 
 
 @pytest.mark.parametrize("bad", [b"", b"JSPL", b"not a message at all", bytes(range(256)) * 9])
@@ -151,7 +176,7 @@ def test_agents_shrug_off_garbage(mosquitto: MosquittoProcess, agent_fleet: Any,
         vandal.disconnect()
         from jetsplit.server.engine import Command
 
-        out = engine.send_and_receive({"a0": Command("status")}, deadline_s=30)
+        out = engine.send_and_receive({"a0": Command("status")}, deadline_s=120)
         assert out.agents == ["a0"], out.missed
         assert sum(engine.endpoint.rejected.values()) >= 2  # up/ and presence/ junk
     finally:

@@ -30,7 +30,7 @@ def test_shallow_and_deep_agents_over_mqtt_match_in_process(
     config.write_text(
         f'fleet = "hetero"\nagents = 2\nwait_s = 120\nout = "{tmp_path / "runs"}"\n'
         'run = "mqtt"\n[model]\nname = "mobilenetv3-small"\ninput_shape = [1, 8, 8]\n'
-        'split = 3\n[model.cuts]\na0 = 1\n[data]\ndataset = "digits"\n[train]\n'
+        'split = 3\n[model.cuts]\na0 = 1\n[data]\ndataset = "digits"\n[train]\ndeadline_s = 300\n'
         'algorithm = "scala"\nrounds = 2\nlocal_steps = 3\nbatch = 32\nlr = 0.05\n')
     done = server_run(config, url)
     assert "'a0': 1" in done.stdout and "'a1': 3" in done.stdout
@@ -60,7 +60,7 @@ def test_ampere_shallow_and_deep_agents_over_mqtt_match_in_process(
     config.write_text(
         f'fleet = "hamp"\nagents = 2\nwait_s = 120\nout = "{tmp_path / "runs"}"\n'
         'run = "mqtt"\n[model]\nname = "mobilenetv3-small"\ninput_shape = [1, 8, 8]\n'
-        'split = 2\n[model.cuts]\na0 = 1\n[data]\ndataset = "digits"\n[train]\n'
+        'split = 2\n[model.cuts]\na0 = 1\n[data]\ndataset = "digits"\n[train]\ndeadline_s = 300\n'
         'algorithm = "ampere"\nrounds = 3\nbatch = 48\nlr = 0.1\ndevice_epochs = 1\n'
         f'upload_mb = 0.1\nactivation_dir = "{tmp_path / "a"}"\n')
     done = server_run(config, url)

@@ -212,7 +212,7 @@ def test_signed_messages_cross_the_broker_and_forgeries_are_counted(
     a0 = _endpoint(kits, "a0", broker)
     try:
         a0.send(topics.up("a0"), _msg("a0", seq=a0.next_seq()))
-        got = coordinator.inbox.get(timeout=10)
+        got = coordinator.inbox.get(timeout=60)
         assert got.message.sender == "a0" and got.message.signed
         # a0 signs a message in a1's name, on its own topic: a1's key does not verify it
         forged = encode_message(_msg("a1", seq=a0.next_seq()),
@@ -223,12 +223,12 @@ def test_signed_messages_cross_the_broker_and_forgeries_are_counted(
         again = a0.prepare(_msg("a0", seq=a0.next_seq()))
         a0.publish_parts(topics.up("a0"), again)
         a0.publish_parts(topics.up("a0"), again)  # the same signed bytes twice: a replay
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while sum(coordinator.rejected.values()) < 3 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert coordinator.rejected["BadSignature"] == 2
         assert coordinator.rejected["ReplayedMessage"] == 1
-        assert coordinator.inbox.get(timeout=5).message.seq == decode_message(again[0]).seq
+        assert coordinator.inbox.get(timeout=60).message.seq == decode_message(again[0]).seq
     finally:
         a0.close()
         coordinator.close()
@@ -300,7 +300,7 @@ def test_a_forged_sender_cannot_poison_another_senders_replay_window(
     try:
         a1.publish_raw(topics.up("a1"), encode_message(_msg("a0", seq=2**62), fleet_key=key))
         a1.send(topics.up("a0"), _msg("a0", seq=a1.next_seq()))  # stands in for genuine a0
-        got = coordinator.inbox.get(timeout=10)
+        got = coordinator.inbox.get(timeout=60)
         assert got.message.sender == "a0" and got.topic == topics.up("a0")
         assert coordinator.rejected["SenderMismatch"] == 1
         assert "ReplayedMessage" not in coordinator.rejected
@@ -326,10 +326,10 @@ def test_the_last_will_is_accepted_after_newer_online_presence(
     try:
         a1.publish_raw(topics.presence("a1"), presence_payload(
             "-", "a1", "online", fleet_key=None, signer=signer), retain=True)
-        states = [coordinator.inbox.get(timeout=10).message.meta["state"]]
+        states = [coordinator.inbox.get(timeout=60).message.meta["state"]]
         a1._client.socket().close()  # dies without DISCONNECT: the broker sends the will
         while "offline" not in states:
-            states.append(coordinator.inbox.get(timeout=15).message.meta["state"])
+            states.append(coordinator.inbox.get(timeout=60).message.meta["state"])
         assert states[-1] == "offline" and "StalePresence" not in coordinator.rejected
     finally:
         a1.close(graceful=False)

@@ -136,7 +136,7 @@ def test_attacked_mtls_fleet_matches_the_in_process_run(agent_fleet: Any,
         config.write_text(
             f'fleet = "live"\nagents = 3\nwait_s = 120\nout = "{tmp_path / "runs"}"\n'
             'run = "mqtt"\n[model]\nname = "mobilenetv3-small"\ninput_shape = [1, 8, 8]\n'
-            'split = 2\n[data]\ndataset = "digits"\n[train]\nalgorithm = "psl"\n'
+            'split = 2\n[data]\ndataset = "digits"\n[train]\ndeadline_s = 300\nalgorithm = "psl"\n'
             "rounds = 1\nlocal_steps = 20\nbatch = 48\nlr = 0.05\n"
             f'[mqtt]\nbroker = "{url}"\n' + kit_lines(kits / "coordinator"))
         env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -81,8 +81,9 @@ def test_a_client_takes_a_gradient_only_for_its_step_and_waits_for_a_late_one() 
     late = threading.Timer(0.3, inbox.accept, (_peer("e0", "gradient", step=5), 10))
     late.start()
     started = time.monotonic()
-    got = inbox.take("gradient", ["e0"], "r", 0, 5, wait_s=10)
-    assert list(got) == ["e0"] and 0.2 < time.monotonic() - started < 5
+    got = inbox.take("gradient", ["e0"], "r", 0, 5, wait_s=120)
+    # Returned when it landed, not at wait_s: the bound holds on a busy machine.
+    assert list(got) == ["e0"] and 0.2 < time.monotonic() - started < 60
     started = time.monotonic()
     assert inbox.take("gradient", ["e0"], "r", 0, 5, wait_s=0.2) == {}  # already taken
     assert time.monotonic() - started >= 0.2
@@ -149,7 +150,7 @@ def test_an_agent_refuses_stray_and_forged_direct_messages_and_keeps_serving(
         e0.publish_parts(topics.peer("a0", "e0"), again)  # the same signed bytes: a replay
         want = {"UnexpectedPeer": 1, "SenderMismatch": 1, "StalePeerMessage": 2,
                 "BadSignature": 1, "ReplayedMessage": 1}
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while dict(daemon.endpoint.rejected) != want and time.monotonic() < deadline:
             time.sleep(0.05)
         assert dict(daemon.endpoint.rejected) == want
@@ -157,7 +158,7 @@ def test_an_agent_refuses_stray_and_forged_direct_messages_and_keeps_serving(
         status = Message(MessageType.COMMAND, run="r", sender="coordinator",
                          seq=coordinator.next_seq(), kind=Kind.STATUS.value, meta={"cmd": 7})
         coordinator.send(topics.down("a0"), status)
-        reply = replies.inbox.get(timeout=10).message
+        reply = replies.inbox.get(timeout=60).message
         assert reply.type == MessageType.REPLY and reply.meta["re"] == 7
     finally:
         stop.set()
@@ -219,7 +220,7 @@ class _Device:
 
     def publish(self, topics: list[str]) -> list[int]:
         mids = [self.client.publish(t, b"x", qos=1).mid for t in topics]
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             with self._lock:
                 if all(m in self.acks for m in mids):

@@ -80,7 +80,7 @@ def test_embedded_broker_speaks_311_and_runs_a_fleet(worker: AgentWorker, tmp_pa
         for _ in _serve(daemon):
             engine = MqttEngine(broker.address, "emb", run_id="emb").start(wait_s=20)
             try:
-                assert engine.wait_for_agents(1, 30) == ["solo"]
+                assert engine.wait_for_agents(1, 120) == ["solo"]
                 assert engine.endpoint.protocol == "3.1.1"
                 cfg = ServerConfig(model={"name": "mobilenetv3-small", "input_shape": [1, 8, 8]})
                 archive = prepare_bundle(cfg, tmp_path)
@@ -106,7 +106,7 @@ def test_wrong_fleet_key_is_rejected_both_ways(worker: AgentWorker,
             status = Message(MessageType.COMMAND, run="x", sender="coordinator",
                              seq=intruder.endpoint.next_seq(), kind="status")
             intruder.endpoint.send(intruder.topics.down("solo"), status)
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + 60
             while daemon.endpoint.rejected["BadSignature"] < 1 and time.monotonic() < deadline:
                 time.sleep(0.05)
         finally:
@@ -115,8 +115,8 @@ def test_wrong_fleet_key_is_rejected_both_ways(worker: AgentWorker,
         engine = MqttEngine(mosquitto.address, "keys", run_id="y",
                             options=EndpointOptions(fleet_key=right)).start()
         try:
-            assert engine.wait_for_agents(1, 30) == ["solo"]
-            out = engine.send_and_receive({"solo": Command("status")}, deadline_s=20)
+            assert engine.wait_for_agents(1, 120) == ["solo"]
+            out = engine.send_and_receive({"solo": Command("status")}, deadline_s=120)
             assert out.agents == ["solo"]
         finally:
             engine.close()
@@ -138,7 +138,7 @@ def test_a_slow_agent_misses_the_step_at_its_deadline(worker: AgentWorker,
     """Alive but too slow: dropped from that step as `deadline`, recorded; its late answer
     is counted and ignored; the next step it answers in time is used again."""
     handle = worker.handle
-    delays = iter([2.5])
+    delays = iter([6.0])
 
     def slow(*args: object, **kwargs: object):  # noqa: ANN202
         time.sleep(next(delays, 0.0))
@@ -149,17 +149,18 @@ def test_a_slow_agent_misses_the_step_at_its_deadline(worker: AgentWorker,
     for _ in _serve(daemon):
         engine = MqttEngine(mosquitto.address, "slow", run_id="slow").start()
         try:
-            assert engine.wait_for_agents(1, 30) == ["solo"]
+            assert engine.wait_for_agents(1, 120) == ["solo"]
             started = time.monotonic()
             out = engine.send_and_receive({"solo": Command("status")}, round=1, step=4,
                                           deadline_s=1.0)
-            assert time.monotonic() - started < 2.0
+            # Dropped at its 1 s deadline, not when the 6 s reply lands (margin for load).
+            assert time.monotonic() - started < 6.0
             assert out.replies == {} and out.missed == {"solo": "deadline"}
             missed = engine.registry.missed[-1]
             assert (missed.agent, missed.round, missed.step, missed.reason) == (
                 "solo", 1, 4, "deadline")
             assert engine.registry.snapshot()[0]["stragglers"] == 1
-            out = engine.send_and_receive({"solo": Command("status")}, deadline_s=20)
+            out = engine.send_and_receive({"solo": Command("status")}, deadline_s=120)
             assert out.agents == ["solo"]
             assert engine.late_replies == 1
         finally:
@@ -183,13 +184,13 @@ def test_a_broadcast_to_some_agents_reaches_only_them(mosquitto: MosquittoProces
         next(gen)
     engine = MqttEngine(mosquitto.address, "bcast", run_id="b").start()
     try:
-        assert engine.wait_for_agents(3, 30) == ["b0", "b1", "b2"]
+        assert engine.wait_for_agents(3, 120) == ["b0", "b1", "b2"]
         for log in seen.values():
             log.clear()
-        assert engine.broadcast(Command("status"), ["b0", "b1"], deadline_s=20).agents == [
+        assert engine.broadcast(Command("status"), ["b0", "b1"], deadline_s=120).agents == [
             "b0", "b1"]
         assert engine.broadcast(Command("status"), ["b0", "b1", "b2"],
-                                deadline_s=20).agents == ["b0", "b1", "b2"]
+                                deadline_s=120).agents == ["b0", "b1", "b2"]
     finally:
         engine.close()
         for gen in serving:

@@ -42,7 +42,7 @@ def _server_toml(root: Path, fleet: str, agents: int, rounds: int, fraction: flo
         '[model]\nname = "mobilenetv3-small"\ninput_shape = [1, 8, 8]\nsplit = 2\n'
         '[data]\ndataset = "digits"\n'
         f'[train]\nalgorithm = "splitfed-v2"\nrounds = {rounds}\nlocal_steps = 1\n'
-        f"batch = 40\nlr = 0.05\nfraction = {fraction}\ndeadline_s = 30\n")
+        f"batch = 40\nlr = 0.05\nfraction = {fraction}\ndeadline_s = 300\n")
     return path
 
 
@@ -93,7 +93,7 @@ def test_one_fleet_host_registers_100_agents_and_trains_2_rounds_with_10_selecte
         assert set(row["device_gflops"]) == set(row["selected"])
     assert rows[0]["selected"] != rows[1]["selected"]
     # Every hosted agent published its last `offline` on the way out.
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while engine.registry.online_count() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert engine.registry.online_count() == 0
@@ -126,7 +126,7 @@ def test_presence_storm_during_a_round_loses_no_round(
 
     def back_online(row: dict[str, object]) -> None:
         if row["round"] == 1:
-            assert len(engine.wait_for_agents(60, 30)) == 60
+            assert len(engine.wait_for_agents(60, 120)) == 60
 
     engine.send_and_receive = storm_then_send  # type: ignore[method-assign]
     try:

@@ -431,7 +431,7 @@ def _server_config(tmp_path: Path, fleet: str, agents: int, run: str, train: str
     config.write_text(
         f'fleet = "{fleet}"\nagents = {agents}\nwait_s = 120\nout = "{tmp_path / "runs"}"\n'
         f'run = "{run}"\n[model]\nname = "mobilenetv3-small"\ninput_shape = [1, 8, 8]\n'
-        'split = 2\n[data]\ndataset = "digits"\n[train]\nalgorithm = "sherl"\n'
+        'split = 2\n[data]\ndataset = "digits"\n[train]\ndeadline_s = 300\nalgorithm = "sherl"\n'
         f"{train}[topology]\n{topology}")
     return config
 

@@ -63,7 +63,7 @@ def _exchange(address: BrokerAddress, ca: Path | None, tensors: dict[str, np.nda
             msg = Message(MessageType.COMMAND, run="r", sender="a", seq=sender.next_seq(),
                           kind="k", tensors=tensors)
             sent = sender.send("t/x", msg)
-            inbound = receiver.inbox.get(timeout=10)
+            inbound = receiver.inbox.get(timeout=60)
         finally:
             sender.close()
     finally:
@@ -128,7 +128,7 @@ def test_tls_with_the_wrong_ca_does_not_connect(tls_broker: MosquittoProcess, tr
         if other is not None:
             other.__exit__()
     assert tls_broker.address.url() in message
-    assert elapsed < 4
+    assert elapsed < 30  # gives up at its 2 s wait, not never (a bound that holds under load)
 
 
 def test_tls_verification_failure_is_named(tls_broker: MosquittoProcess) -> None:
@@ -143,7 +143,7 @@ def test_tls_verification_failure_is_named(tls_broker: MosquittoProcess) -> None
 def test_plain_mqtt_to_a_tls_listener_does_not_connect(tls_broker: MosquittoProcess) -> None:
     plain = BrokerAddress("127.0.0.1", tls_broker.port)  # mqtt:// where mqtts:// is needed
     _, elapsed = _refused(_endpoint(plain, protocol="3.1.1", connect_timeout_s=1), wait_s=2)
-    assert elapsed < 4
+    assert elapsed < 30  # gives up at its 2 s wait, not never (a bound that holds under load)
 
 
 # ---------------------------------------------------------------- (c) username / password
@@ -167,10 +167,10 @@ def test_right_credentials_connect_and_exchange(auth_broker: MosquittoProcess, u
 def test_wrong_credentials_are_refused(auth_broker: MosquittoProcess, protocol: str,
                                        username: str | None, password: str | None) -> None:
     address = BrokerAddress("127.0.0.1", auth_broker.port, username=username, password=password)
-    message, elapsed = _refused(_endpoint(address, protocol=protocol), wait_s=5)
+    message, elapsed = _refused(_endpoint(address, protocol=protocol), wait_s=120)
     _assert_login_refused(message)
     assert "wrong" not in message and "whatever" not in message  # no password in the error
-    assert elapsed < 4  # a CONNACK refusal is final at once, not a 5 s "unreachable"
+    assert elapsed < 60  # a CONNACK refusal is final at once, not a 120 s "unreachable"
 
 
 def _assert_login_refused(message: str) -> None:

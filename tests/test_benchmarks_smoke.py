@@ -1,0 +1,48 @@
+"""Every script in benchmarks/ runs in its smoke mode (`--smoke`: tiny sizes) and prints its
+table and ratio lines, so a benchmark that breaks fails the suite instead of waiting for
+someone to run it. Timing is never asserted: the numbers are whatever this machine gives."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+#: script → lines (substrings) its smoke run must print: its table header and its ratios.
+EXPECTED: dict[str, tuple[str, ...]] = {
+    "bench_transport.py": ("# 1. codecs", "ratio MQTT / in-process per step: mean",
+                           "losses: max |MQTT - in-process| over all steps = 0 ",
+                           "Mosquitto / embedded throughput:"),
+    "bench_server.py": ("ms/step",),
+    "fuzz_wire.py": ("unsigned: 200 frames", "device key Ed25519: 200 frames", "peak RSS +"),
+    "bench_runtime.py": ("torch/ort", "layers within ±30%"),
+    "accuracy.py": ("| method | final accuracy |", "| psl | "),
+    "comm.py": ("| method | accuracy (mean) | MB per client | bytes / SplitFed V1 |",
+                "| splitfed-v1 | ", "| sherl | "),
+    "papers.py": ("wall time",),
+    "bench_agent.py": ("agent training (max VmRSS)", "ratio training/bare torch"),
+    "bench_emulation.py": ("ratio books", "median measured/expected: books"),
+    "bench_hetero.py": ("mean round wall-time ratio per-device/common",),
+    "bench_scale.py": ("| agents | register s |", "growth 2 -> 20 agents (10x):"),
+}
+
+
+def test_every_benchmark_has_a_smoke_run() -> None:
+    scripts = {p.name for p in (ROOT / "benchmarks").glob("*.py")}
+    assert scripts == set(EXPECTED), "add the new benchmark's smoke run here"
+
+
+@pytest.mark.parametrize("script", sorted(EXPECTED))
+def test_benchmark_smoke_run(script: str, tmp_path: Path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--smoke"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=580)
+    tail = f"stdout:\n{done.stdout[-2000:]}\nstderr:\n{done.stderr[-2000:]}"
+    assert done.returncode == 0, tail
+    for line in EXPECTED[script]:
+        assert line in done.stdout, f"{line!r} missing\n{tail}"
+    assert "DIVERGED" not in done.stdout and "nan" not in done.stdout.lower().split(), tail

@@ -1,0 +1,329 @@
+"""Fast tier (`-m fast`): the numbers the methods' papers and docs/methods.md fix, pinned on
+tiny models and data with values worked out by hand, in fixtures where a wrong weight, a
+skipped reset or the wrong loss gives different numbers: unequal |D_k|, several devices at
+one cut, unequal edges, two rounds, batches of unequal size, priors unlike the batch's."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from jetsplit.data import load_dataset_split
+from jetsplit.data.partition import partition
+from jetsplit.edge_agent.worker import AgentWorker
+from jetsplit.export.bundle_writer import write_bundle
+from jetsplit.models import ModelSpec
+from jetsplit.models.weights import to_arrays
+from jetsplit.server.aggregation import fedavg
+from jetsplit.server.algorithms import gapsl_math, sherl
+from jetsplit.server.algorithms.methods import GAPSL, PSL, SCALA, build_method
+from jetsplit.server.engine import InProcessEngine
+from jetsplit.server.simulate import simulate
+from jetsplit.server.training import Settings, Trainer
+
+pytestmark = pytest.mark.fast
+
+Arrays = dict[str, np.ndarray]
+SPEC = ModelSpec("mobilenetv3-small", (1, 8, 8), 10)
+CUT = 3
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Any:
+    """One torch thread: on 2 busy cores, two threads per conv only contend."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# ---------------------------------------------------------------- in-process rounds
+
+
+@pytest.fixture(scope="module")
+def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    report = write_bundle(SPEC, CUT, tmp_path_factory.mktemp("fast") / "k", seed=3, tar=True,
+                          aux_ratio=None)
+    assert report.tar_path is not None
+    return report.tar_path
+
+
+def _trainer(archive: Path, algorithm: str, sizes: list[int], **settings: Any) -> Trainer:
+    """Agents a0… on disjoint digits shards of the given (unequal) sizes, all at one cut."""
+    train, test = load_dataset_split("digits", 0.2, 0)
+    order = np.random.default_rng(0).permutation(len(train))
+    starts = np.cumsum([0, *sizes])
+    workers = {f"a{i}": AgentWorker(f"a{i}", train.subset(order[starts[i]:starts[i + 1]]),
+                                    seed=i) for i in range(len(sizes))}
+    torch.manual_seed(0)
+    base: dict[str, Any] = dict(algorithm=algorithm, rounds=2, local_steps=1, batch=24,
+                                lr=0.05, seed=0)
+    return Trainer(InProcessEngine(workers), archive, Settings(**{**base, **settings}), test)
+
+
+def _mean_by_hand(states: dict[str, Arrays], sizes: dict[str, int]) -> Arrays:
+    total = sum(sizes.values())
+    return {name: sum(states[a][name].astype(np.float64) * (sizes[a] / total) for a in states)
+            for name in next(iter(states.values()))
+            if states[next(iter(states))][name].dtype.kind == "f"}
+
+
+def _assert_close(got: Arrays, want: Arrays, ulps: int = 1) -> int:
+    """fedavg sums in float64 and casts back: each cast to float32 is within an ulp."""
+    for name, value in want.items():
+        np.testing.assert_allclose(got[name], value, rtol=ulps * 1.2e-7, atol=1e-12,
+                                   err_msg=name)
+    return len(want)
+
+
+def test_splitfed_v1_two_rounds_averages_by_size_and_resets_copies_and_optimisers(
+        archive: Path) -> None:
+    """Three devices at one cut with |D_k| = 40, 70, 130, SGD momentum 0.9, two rounds:
+    each round starts every server copy from the averaged server block with a fresh
+    optimiser (no momentum carried over), every agent from the averaged client block with
+    no optimiser state; each round ends with the server copies and client blocks averaged
+    with weights |D_k| / 240."""
+    sizes = {"a0": 40, "a1": 70, "a2": 130}
+    t = _trainer(archive, "splitfed-v1", list(sizes.values()), optimizer="sgd", momentum=0.9)
+    method = build_method("splitfed-v1", t)
+    seen = {"begin": 0, "end": 0, "clients": 0, "pushed": 0}
+    begin, end, pull, completions = (method.begin_round, method.end_round, t.pull,
+                                     t.completions.begin_round)
+
+    def spy_begin(selected: list[str]) -> None:
+        begin(selected)
+        server = to_arrays(t.server, "server")
+        for agent in selected:
+            copy_ = to_arrays(method.copies[agent], "server")
+            assert all(np.array_equal(copy_[k], server[k]) for k in server), agent
+            assert method.optimizers[agent].state_dict()["state"] == {}, agent
+        seen["begin"] += 1
+
+    def spy_end(participants: list[str]) -> None:
+        copies = {a: to_arrays(method.copies[a], "server") for a in participants}
+        # the copies really differ (each trained on its own data), so a wrong weight shows
+        assert sum(not np.array_equal(v, copies["a2"][k]) for k, v in copies["a0"].items()) > 5
+        end(participants)
+        seen["end"] += _assert_close(to_arrays(t.server, "server"), _mean_by_hand(copies, sizes))
+
+    def spy_pull(agents: list[str], blocks: tuple[str, ...] = ("client",)) -> dict:
+        states = pull(agents, blocks)
+        if len(agents) == 3:
+            pulled.update(states)
+        return states
+
+    def spy_completions(selected: list[str], global_client: Arrays, *, fresh: bool) -> None:
+        if t.round > 0:  # after the push: every agent holds the average, no optimiser state
+            for agent, worker in t.engine.workers.items():
+                assert worker._optimizers == {}, agent
+                state = pull([agent])[agent]
+                assert all(np.array_equal(state[k], t.global_client[k]) for k in state)
+            seen["pushed"] += 1
+        completions(selected, global_client, fresh=fresh)
+
+    method.begin_round, method.end_round = spy_begin, spy_end  # type: ignore[method-assign]
+    t.pull = spy_pull  # type: ignore[method-assign]
+    t.completions.begin_round = spy_completions  # type: ignore[method-assign]
+    for round_ in range(2):
+        pulled: dict[str, Arrays] = {}
+        t.round = round_
+        method.run_round(sorted(sizes))
+        seen["clients"] += _assert_close(t.global_client, _mean_by_hand(pulled, sizes))
+    assert seen["begin"] == 2 and seen["pushed"] == 1
+    assert seen["end"] > 20 and seen["clients"] > 20
+
+
+def _sherl_fedavg_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[dict, dict, Arrays]]:
+    calls: list[tuple[dict, dict, Arrays]] = []
+
+    def recording(states: dict, weights: dict) -> Arrays:
+        out = fedavg(states, weights)
+        calls.append((dict(states), dict(weights), out))
+        return out
+
+    monkeypatch.setattr(sherl, "fedavg", recording)
+    return calls
+
+
+def test_sherl_cloud_average_weights_each_edge_by_the_data_behind_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Edges of unequal size (e0 serves a0 and a2, e1 serves a1 alone): τ1 averages each
+    edge's clients with |D_k|, τ2 averages the edges' client blocks with Σ|D_k| behind each
+    edge, so the global client block is the flat |D_k|-weighted mean of all three clients
+    (an edge weighted 1:1 would count a1 twice as much as each of a0 and a2)."""
+    calls = _sherl_fedavg_calls(monkeypatch)
+    settings = Settings(algorithm="sherl", rounds=1, local_steps=1, batch=24, lr=0.05,
+                        edges={"e0": ["a0", "a2"], "e1": ["a1"]})
+    simulate(settings, model="mobilenetv3-small", split=2, dataset="digits", clients=3,
+             partition_scheme="dirichlet:0.5", out_dir=tmp_path / "run")
+    by_keys = {tuple(sorted(states)): (states, weights, out) for states, weights, out in calls}
+    client_states, client_sizes = {}, {}
+    for agents in (("a0", "a2"), ("a1",)):
+        states, weights, _ = by_keys[agents]
+        client_states.update(states)
+        client_sizes.update(weights)
+    assert len(set(client_sizes.values())) == 3  # dirichlet: three different |D_k|
+    edges_states, edge_weights, merged = next(
+        (s, w, o) for s, w, o in calls if set(s) == {"e0", "e1"} and any(
+            k.startswith("client/") for k in o))
+    assert edge_weights == {"e0": client_sizes["a0"] + client_sizes["a2"],
+                            "e1": client_sizes["a1"]}
+    # two averages, two casts to float32: within 2 ulps of the flat float64 mean
+    assert _assert_close(merged, _mean_by_hand(client_states, client_sizes), ulps=2) > 10
+    cloud_edge = [w for s, w, o in calls if set(s) == {"e0", "e1"} and any(
+        k.startswith("edge/") for k in o)]
+    assert cloud_edge == [edge_weights]  # the edge blocks: the same Σ|D_k| weights
+
+
+# ---------------------------------------------------------------- server losses by hand
+
+
+def _toy(sizes: tuple[int, ...] = (2, 3, 4), dim: int = 3, classes: int = 3
+         ) -> tuple[nn.Linear, list[torch.Tensor], list[torch.Tensor]]:
+    gen = torch.Generator().manual_seed(0)
+    server = nn.Linear(dim, classes)
+    with torch.no_grad():
+        server.weight.copy_(torch.randn(classes, dim, generator=gen))
+        server.bias.copy_(torch.randn(classes, generator=gen))
+    acts = [torch.randn(n, dim, generator=gen) for n in sizes]
+    labels = [torch.tensor([0, 1, 2, 0][:n]) for n in sizes]
+    return server, acts, labels
+
+
+def _by_hand(server: nn.Linear, acts: list[torch.Tensor], labels: list[torch.Tensor],
+             server_loss: Any, client_loss: Any, lr: float
+             ) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
+    """Plain SGD on `server_loss(logits per client)`; client i's gradient of
+    `client_loss(i, its logits)` at the pre-update weights."""
+    ref = copy.deepcopy(server)
+    leaves = [a.clone().requires_grad_(True) for a in acts]
+    logits = [ref(x) for x in leaves]
+    grads = [torch.autograd.grad(client_loss(i, lg), leaf, retain_graph=True)[0]
+             for i, (lg, leaf) in enumerate(zip(logits, leaves, strict=True))]
+    params = list(ref.parameters())
+    step = torch.autograd.grad(server_loss(logits), params)
+    after = {n: (p - lr * g).detach() for (n, p), g in zip(ref.named_parameters(), step,
+                                                             strict=True)}
+    return after, grads
+
+
+def _psl_like(cls: type, server: nn.Module, lr: float, reduction: str, **extra: Any) -> Any:
+    method = cls.__new__(cls)
+    method.trainer = SimpleNamespace(
+        server=server, optimizer=torch.optim.SGD(server.parameters(), lr=lr), round=0,
+        settings=SimpleNamespace(psl_reduction=reduction, local_steps=1, rounds=1,
+                                 k_min=0.2, k_max=0.8, eta=1.0, lam=5e-4), **extra)
+    return method
+
+
+def _check(server: nn.Module, after: dict[str, torch.Tensor], got: dict[str, torch.Tensor],
+           want: dict[str, torch.Tensor]) -> None:
+    for name, p in server.named_parameters():
+        torch.testing.assert_close(p.detach(), after[name], rtol=0, atol=1e-6)
+    assert list(got) == list(want)
+    for agent, g in want.items():
+        torch.testing.assert_close(got[agent], g, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+def test_psl_server_steps_on_the_sum_of_each_clients_mean_loss(reduction: str) -> None:
+    """L = Σ_i L_i, L_i client i's mean CE (gapsl.txt eq. 8; `mean` divides by 3). Batches
+    of 2, 3 and 4 rows: the mean over the 9 concatenated rows would weigh them otherwise.
+    Client i gets ∂L_i/∂A_i; the reported loss is the mean of the L_i."""
+    server, acts, labels = _toy()
+    ce = nn.functional.cross_entropy
+    div = 3 if reduction == "mean" else 1
+    after, grads = _by_hand(
+        server, acts, labels,
+        lambda lg: sum(ce(x, y) for x, y in zip(lg, labels, strict=True)) / div,
+        lambda i, lg: ce(lg, labels[i]), lr=0.1)
+    with torch.no_grad():
+        losses = [float(ce(server(x), y)) for x, y in zip(acts, labels, strict=True)]
+    method = _psl_like(PSL, server, 0.1, reduction)
+    loss, got = method.server_update(["a0", "a1", "a2"], acts, labels)
+    assert loss == pytest.approx(sum(losses) / 3, abs=1e-6)
+    _check(server, after, got, dict(zip(["a0", "a1", "a2"], grads, strict=True)))
+
+
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+def test_gapsl_server_steps_only_on_the_selected_clients(
+        monkeypatch: pytest.MonkeyPatch, reduction: str) -> None:
+    """With Ŝ = {0, 2}: the server steps on L_0 + L_2 (divided by |Ŝ| = 2 for `mean`, not by
+    3), the λ term adds nothing to the gradient, and only a0 and a2 get a gradient."""
+    selection = SimpleNamespace(selected=torch.tensor([0, 2]), scores=torch.zeros(3),
+                                alignment_penalty=torch.tensor([0.3, 0.7]))
+    monkeypatch.setattr(gapsl_math, "select_clients", lambda *a, **k: selection)
+    server, acts, labels = _toy()
+    ce = nn.functional.cross_entropy
+    div = 2 if reduction == "mean" else 1
+    after, grads = _by_hand(server, acts, labels,
+                            lambda lg: (ce(lg[0], labels[0]) + ce(lg[2], labels[2])) / div,
+                            lambda i, lg: ce(lg, labels[i]), lr=0.1)
+    method = _psl_like(GAPSL, server, 0.1, reduction)
+    method.tracker, method.step = gapsl_math.NuTracker(), 0
+    _, got = method.server_update(["a0", "a1", "a2"], acts, labels)
+    _check(server, after, got, {"a0": grads[0], "a2": grads[2]})
+
+
+def test_scala_server_uses_the_batch_prior_and_each_client_its_registered_prior() -> None:
+    """Server: CE(s + log P_s, Y), P_s the concatenated batch's label shares (4/9, 3/9, 2/9
+    here), mean over all rows. Client k: its own mean CE(s_k + log P_k, Y_k)
+    with P_k the prior it registered — chosen unlike its batch's labels and unlike the
+    other clients', so using the batch's prior, P_s, or another agent's prior all fail."""
+    server, acts, labels = _toy()
+    priors = {"a0": torch.tensor([0.7, 0.2, 0.1]), "a1": torch.tensor([0.1, 0.1, 0.8]),
+              "a2": torch.tensor([0.3, 0.6, 0.1])}
+    y = torch.cat(labels)
+    p_s = torch.bincount(y, minlength=3).double() / len(y)
+    ce = nn.functional.cross_entropy
+    agents = ["a0", "a1", "a2"]
+    after, grads = _by_hand(
+        server, acts, labels,
+        lambda lg: ce(torch.cat(lg) + torch.log(p_s).float(), y),
+        lambda i, lg: ce(lg + torch.log(priors[agents[i]]), labels[i]), lr=0.1)
+    method = _psl_like(SCALA, server, 0.1, "sum", label_prior=priors.__getitem__)
+    method.num_classes = 3
+    _, got = method.server_update(agents, acts, labels)
+    _check(server, after, got, dict(zip(agents, grads, strict=True)))
+
+
+# ---------------------------------------------------------------- partitioners' shapes
+
+
+LABELS = np.repeat(np.arange(5), 6)  # 5 classes × 6 samples
+
+
+def test_iid_and_ampere_quotas_are_array_split_sizes() -> None:
+    """30 samples over 4 clients: 8, 8, 7, 7 each, every sample once; Ampere's quotas are
+    the same N/K split whatever the class vectors."""
+    for scheme in ("iid", "ampere:0.33", "ampere:0.05"):
+        parts = partition(LABELS, 4, scheme, seed=1)
+        assert [p.size for p in parts] == [8, 8, 7, 7], scheme
+        assert sorted(np.concatenate(parts).tolist()) == list(range(30)), scheme
+
+
+def test_quantity_gives_each_client_alpha_classes_split_evenly_among_holders() -> None:
+    """#C=2 over 5 clients: client i holds class i and one more; each class's 6 samples are
+    split into equal parts (array_split) among the clients holding it."""
+    parts = partition(LABELS, 5, "quantity:2", seed=2)
+    held = [sorted(set(LABELS[p].tolist())) for p in parts]
+    assert all(len(h) == 2 and i in h for i, h in enumerate(held))
+    for c in range(5):
+        holders = [i for i, h in enumerate(held) if c in h]
+        shares = [int(np.sum(LABELS[parts[i]] == c)) for i in holders]
+        want = [len(s) for s in np.array_split(np.arange(6), len(holders))]
+        assert shares == want, c
+    assert sum(p.size for p in parts) == 30  # every class has a holder (client c holds c)
+
+
+def test_dirichlet_covers_everything_with_at_least_two_each() -> None:
+    parts = partition(LABELS, 6, "dirichlet:0.05", seed=0)
+    assert sorted(np.concatenate(parts).tolist()) == list(range(30))
+    assert min(p.size for p in parts) >= 2 and len({p.size for p in parts}) > 1
