@@ -462,7 +462,7 @@ def check_device(device: Device, stages: Stages, logs: Path, broker: str, port: 
         for i, (a, b) in enumerate(zip(arm_losses, native_losses, strict=True)):
             print(f"   round {i + 1}: {a:.4f} | {b:.4f}")
     if "tests" not in args.skip:
-        with stages.stage("tests: device_torch and device_pure on torch 1.13.1"):
+        with stages.stage("tests: device_torch (and the CLI's parsing) on torch 1.13.1"):
             device.run([f"{VENV}/bin/python", "-m", "pip", "install", "--quiet", "pytest>=7",
                         "pytest-timeout>=2.1", "hypothesis>=6.90"], log=logs / "tests.log")
             files = device_test_files()
@@ -484,14 +484,17 @@ def check_device(device: Device, stages: Stages, logs: Path, broker: str, port: 
             print("   " + (logs / "container.log").read_text().strip().splitlines()[-1])
 
 
+# The torch-free device tests run natively on CPython 3.8 and 3.9 (.ci/python3*-tests.sh);
+# of those, only the CLI's parsing is repeated here, on the device's own interpreter.
+ON_DEVICE_PURE = ("tests/test_device_cli.py",)
+
+
 def device_test_files() -> list[str]:
-    """Test files marked device_torch or device_pure, relative to the checkout."""
-    files = []
-    for path in sorted((REPO / "tests").glob("test_*.py")):
-        text = path.read_text()
-        if "pytest.mark.device_torch" in text or "pytest.mark.device_pure" in text:
-            files.append(f"tests/{path.name}")
-    return files
+    """Test files marked device_torch (torch on the device), relative to the checkout, and
+    ON_DEVICE_PURE."""
+    files = [f"tests/{path.name}" for path in sorted((REPO / "tests").glob("test_*.py"))
+             if "pytestmark = pytest.mark.device_torch" in path.read_text()]
+    return files + list(ON_DEVICE_PURE)
 
 
 if __name__ == "__main__":
