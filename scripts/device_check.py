@@ -475,9 +475,9 @@ def check_device(device: Device, stages: Stages, logs: Path, broker: str, port: 
                 raise CheckFailed(f"device tests failed: {summary} (see tests.log)")
     if "container" not in args.skip:
         with stages.stage("container: Dockerfile.jetson's install script in the userland"):
+            # The image's python3 with its torch: the userland's, through a venv that sees
+            # its site-packages (the script upgrades pip first, as in the image).
             device.run(["python3", "-m", "venv", "--system-site-packages", "/opt/image"])
-            device.run(["/opt/image/bin/python", "-m", "pip", "install", "--quiet",
-                        "--upgrade", "pip"], log=logs / "container.log")
             device.run(["bash", "scripts/container-install.sh"], cwd=CHECKOUT,
                        env={"PATH": "/opt/image/bin:/usr/bin:/bin"},
                        log=logs / "container.log")
