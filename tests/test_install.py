@@ -39,7 +39,8 @@ def test_dry_run_lists_every_step_and_changes_nothing(capsys: pytest.CaptureFixt
     assert cli(["agent", "install", *FLAGS, "--dry-run"]) == 0
     out = capsys.readouterr().out
     steps = [line for line in out.splitlines() if line.startswith("[")]
-    expected = ["venv /opt/jetsplit/venv", "pip install", "onnxruntime",
+    expected = ["venv /opt/jetsplit/venv", "upgrade pip inside the venv", "pip install",
+                "onnxruntime",
                 "profiles to /opt/jetsplit/profiles",
                 "user jetsplit", "/var/lib/jetsplit", "create /etc/jetsplit ",
                 "/etc/jetsplit/agent.toml (agent orin-07, fleet lab", "/etc/jetsplit/agent.env",
@@ -338,6 +339,11 @@ def test_dockerfile_jetson_builds_on_l4t_pytorch_from_what_exists() -> None:
     assert base.startswith("nvcr.io/nvidia/l4t-pytorch:r35") and "FROM ${BASE}" in text
     sources = [line.split()[1] for line in text.splitlines() if line.startswith("COPY ")]
     assert sources and all((ROOT / s).exists() for s in sources), sources
-    assert "python3 edge_agent/jetpack.py constraints" in text
-    assert text.count("--constraint /tmp/constraints.txt") == 2
-    assert 'python3 -c "import onnxruntime"' in text  # CPU onnxruntime only as a fallback
+    assert "RUN PIP_NO_CACHE_DIR=1 bash scripts/container-install.sh" in text
+    script = (ROOT / "scripts/container-install.sh").read_text()  # also run by device-check
+    assert script.index("pip install --upgrade pip") < script.index('".[agent]"')
+    assert 'python3 edge_agent/jetpack.py constraints > "$constraints"' in script
+    assert script.count('--constraint "$constraints"') == 2
+    assert 'python3 -c "import onnxruntime"' in script  # CPU onnxruntime only as a fallback
+    # the import check runs from a neutral folder: the source folder would shadow the install
+    assert script.index("\ncd /\n") < script.index("import torch, jetsplit.edge_agent")
