@@ -36,7 +36,13 @@ def test_every_benchmark_has_a_smoke_run() -> None:
     assert scripts == set(EXPECTED), "add the new benchmark's smoke run here"
 
 
-@pytest.mark.parametrize("script", sorted(EXPECTED))
+# Their smoke runs are whole emulated trials (minutes each on 2 cores): in the slow tier,
+# so that `make test` stays near 20 minutes.
+SLOW_SMOKE = ("bench_hetero.py", "bench_scale.py")
+
+
+@pytest.mark.parametrize("script", [
+    pytest.param(s, marks=pytest.mark.slow) if s in SLOW_SMOKE else s for s in sorted(EXPECTED)])
 def test_benchmark_smoke_run(script: str, tmp_path: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--smoke"],
