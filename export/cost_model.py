@@ -53,7 +53,7 @@ FP32 = 4
 # Optimizer state as a multiple of the trainable parameter bytes.
 OPTIMIZER_STATE: dict[str, int] = {"sgd": 0, "momentum": 1, "adam": 2}
 # Runtime context a training process holds besides tensors, by profile device kind, in MiB.
-# jetson/gpu: the CUDA context + cuDNN/cuBLAS handles (FIELD-NOTES: "hundreds of MB"); cpu:
+# jetson/gpu: the CUDA context + cuDNN/cuBLAS handles (hundreds of MB); cpu:
 # measured RSS of `import torch` plus a first conv/backward, torch 2.13 on x86 (~226 MiB).
 # Estimates: override with --context-mb once measured on the device.
 RUNTIME_CONTEXT_MB: dict[str, float] = {"jetson": 300.0, "gpu": 300.0, "cpu": 250.0}

@@ -1,7 +1,7 @@
 """Brokers started by jetsplit itself: an embedded amqtt broker for zero-setup runs, and a
 private Mosquitto process (own config, loopback, free port) for tests and field trials.
 
-Both bind to 127.0.0.1 explicitly: amqtt's default is 0.0.0.0:1883 (FIELD-NOTES.md).
+Both bind to 127.0.0.1 explicitly: amqtt's default is 0.0.0.0:1883.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ class ModelSection(BaseModel):
 
 
 class TrainSection(BaseModel):
-    """How to train (names as in DESIGN.md: T local iterations, fraction r, total batch B)."""
+    """How to train (names as in docs/methods.md: T local iterations, fraction r, total batch B)."""
 
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 

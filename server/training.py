@@ -52,7 +52,7 @@ class RoundFailed(JetsplitError):
 
 @dataclass(frozen=True)
 class Settings:
-    """How to train; names follow DESIGN.md (T local iterations, fraction r, total batch B)."""
+    """How to train; names as in docs/methods.md (T local steps, fraction r, total batch B)."""
 
     algorithm: str = "psl"
     rounds: int = 10

@@ -17,6 +17,19 @@ from jetsplit.server.brokers import MosquittoProcess
 
 
 @pytest.fixture()
+def one_torch_thread() -> Iterator[None]:
+    """One torch thread while a test runs: agents and server share the process, and on 2
+    busy cores two threads per conv only contend (torch imported here, not at the top:
+    the torch-free device tests load this file too)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture()
 def mosquitto() -> Iterator[MosquittoProcess]:
     with MosquittoProcess() as broker:
         yield broker

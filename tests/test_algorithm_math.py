@@ -356,7 +356,7 @@ def test_leader_fraction_by_hand() -> None:
     assert leader_fraction(0, 10, 0.3, 0.1, 0.5) == pytest.approx(0.2, abs=1e-12)
     assert leader_fraction(10, 10, 0.1, 0.1, 0.5) == pytest.approx(0.8, abs=1e-12)
     assert leader_fraction(10, 10, 0.5, 0.1, 0.5) == pytest.approx(0.2, abs=1e-12)
-    # ν_max = ν_min: the ratio is 1 (DESIGN.md)
+    # ν_max = ν_min: the ratio is 1 (our choice, docs/methods.md)
     assert leader_fraction(5, 10, 0.4, 0.4, 0.4) == pytest.approx(0.5, abs=1e-12)
     assert leader_fraction(3, 4, 0.4, 0.4, 0.4, 0.1, 0.5) == pytest.approx(0.4, abs=1e-12)
     with pytest.raises(ValueError):

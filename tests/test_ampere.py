@@ -37,13 +37,8 @@ SHAPE = (16, 4, 4)  # mobilenetv3-small's activation at split 2 for 8×8 inputs
 
 
 @pytest.fixture(autouse=True)
-def one_thread() -> Any:
-    """Agents and server share this process; on a busy machine two torch threads per
-    process are many times slower than one."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _one_thread(one_torch_thread: None) -> None:
+    """Agents and server share this process: one torch thread each (conftest)."""
 
 
 @pytest.fixture(scope="module")

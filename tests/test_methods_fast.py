@@ -36,12 +36,8 @@ CUT = 3
 
 
 @pytest.fixture(autouse=True)
-def one_thread() -> Any:
-    """One torch thread: on 2 busy cores, two threads per conv only contend."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _one_thread(one_torch_thread: None) -> None:
+    """Agents and server share this process: one torch thread each (conftest)."""
 
 
 # ---------------------------------------------------------------- in-process rounds

@@ -1,5 +1,5 @@
 """`jetsplit simulate` and the methods end to end in one process: every method runs, the
-report has what DESIGN.md promises, and 100 simulated clients share one copy of the data."""
+report has what the README promises, and 100 simulated clients share one copy of the data."""
 
 from __future__ import annotations
 

@@ -108,7 +108,7 @@ def leader_fraction(t: int, total: int, nu: float, nu_min: float, nu_max: float,
 
     This is exactly the paper's form, T being the scheduled total number of training
     rounds (iterations), t the current one (1-based in the paper). The stability ratio is
-    1 when ν_max = ν_min (DESIGN.md; the paper leaves 0/0 undefined). t/T and the ratio
+    1 when ν_max = ν_min (our choice: the paper leaves 0/0 undefined). t/T and the ratio
     are clamped into [0, 1] (the paper: the ratio "maps ... into a normalized range
     [0, 1]"), so K^t always lies in [K_min, K_max].
     """
@@ -189,7 +189,7 @@ def select_clients(grads: torch.Tensor, t: int, total: int, tracker: NuTracker,
     g_lead, θ_lead, θ_th and the selected clients with their alignment penalties.
 
     `eta` has no value in the paper; the default 0 puts θ_th at the mean angle (set it from
-    the run's config). If no client passes θ_th, the leader set is used (DESIGN.md; the
+    the run's config). If no client passes θ_th, the leader set is used (our choice; the
     paper does not say what happens then).
     """
     _check_grads(grads)
@@ -216,7 +216,7 @@ def gapsl_server_loss(losses: list[torch.Tensor], selection: GapslSelection,
 
     `losses` holds every client's L_i in the same order as the rows of the gradients. The
     cosines are constants (the paper's first-order implementation, footnote 6, and
-    DESIGN.md), so the penalty changes the VALUE of L_g but adds nothing to its gradient:
+    docs/methods.md), so the penalty changes the VALUE of L_g but adds nothing to its gradient:
     ∇L_g = Σ_selected ∇L_i. The exact double-backprop variant is not implemented here.
     """
     s = selection.scores.shape[0]
