@@ -20,8 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from jetsplit.server.settings import Settings
 from jetsplit.server.simulate import simulate
-from jetsplit.server.training import Settings
 
 METHODS = ["fedavg", "splitfed-v1", "splitfed-v2", "psl", "scala", "ca-sfl", "lla-sfl",
            "gapsl"]

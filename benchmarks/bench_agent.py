@@ -22,10 +22,11 @@ from pathlib import Path
 
 from jetsplit.data import load_dataset_split
 from jetsplit.server.brokers import MosquittoProcess
+from jetsplit.server.bundle_shipping import prepare_bundle
 from jetsplit.server.config import ModelSection, ServerConfig
-from jetsplit.server.coordinator import prepare_bundle
 from jetsplit.server.mqtt_engine import MqttEngine
-from jetsplit.server.training import Settings, run_training
+from jetsplit.server.round_loop import run_training
+from jetsplit.server.settings import Settings
 
 MB = 1 << 20
 

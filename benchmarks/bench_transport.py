@@ -4,7 +4,7 @@
    fp32, fp16, bf16 and int8, each with no compression, lz4 and zstd, on AlexNet-size
    activations, with the encoded size relative to raw fp32. Best of N with perf_counter.
 2. Per-step overhead of the MQTT engine over the in-process engine: one PSL iteration
-   (`server.algorithms.methods.PSL.iterate`) with real agent processes (`jetsplit agent
+   (`server.algorithms.psl.PSL.iterate`) with real agent processes (`jetsplit agent
    run`, one torch thread each) behind a private Mosquitto,
    against the same agents as in-process `AgentWorker`s, steps interleaved in one run (goal:
    MQTT / in-process <= 1.15). Both engines start from the same bundle, data shards and
@@ -53,12 +53,13 @@ from jetsplit.edge_agent.config import AgentConfig, DataSection
 from jetsplit.edge_agent.setup import build_worker
 from jetsplit.export.bundle_writer import write_bundle
 from jetsplit.models import ModelSpec, build_model, split
-from jetsplit.server.algorithms.methods import PSL
+from jetsplit.server.algorithms.psl import PSL
 from jetsplit.server.brokers import EmbeddedBroker, MosquittoProcess
-from jetsplit.server.coordinator import BundleShipper
+from jetsplit.server.bundle_shipping import BundleShipper
 from jetsplit.server.engine import Command, InProcessEngine, Outcome
 from jetsplit.server.mqtt_engine import MqttEngine
-from jetsplit.server.training import Settings, Trainer
+from jetsplit.server.settings import Settings
+from jetsplit.server.trainer import Trainer
 from jetsplit.transport.mqtt import EndpointOptions, MqttEndpoint
 from jetsplit.wire import CODECS, COMPRESSIONS, Message, MessageType, decode_message, encode_message
 

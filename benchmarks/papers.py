@@ -60,14 +60,18 @@ import jetsplit.edge_agent.edge  # noqa: F401 - loaded up front: a long run must
 import jetsplit.edge_agent.worker  # noqa: F401 - code that changed on disk since it started
 import jetsplit.export.planner  # noqa: F401
 import jetsplit.profiles  # noqa: F401
-import jetsplit.server.algorithms.methods  # noqa: F401
 import jetsplit.server.engine  # noqa: F401
 import jetsplit.server.optim  # noqa: F401
+from jetsplit.catalog import NAMES
 from jetsplit.data import load_dataset_split
 from jetsplit.export.bundle_writer import write_bundle
 from jetsplit.models import ModelSpec
+from jetsplit.server.algorithms import method_class
+from jetsplit.server.settings import Settings
 from jetsplit.server.simulate import sherl_topology, simulate
-from jetsplit.server.training import Settings
+
+for _name in NAMES:  # every method's module, loaded up front as the modules above
+    method_class(_name)
 
 SCALA_METHODS = ("scala", "ca-sfl", "lla-sfl", "splitfed-v1", "splitfed-v2")
 GAPSL_METHODS = ("gapsl", "psl")

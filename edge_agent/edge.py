@@ -12,7 +12,7 @@ cloud but aggregated models (`edge_load`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -22,7 +22,9 @@ from jetsplit.bundle import Bundle
 from jetsplit.data import ArrayDataset
 from jetsplit.edge_agent.emulation import DeviceClock
 from jetsplit.edge_agent.peers import PeerInbox, PeerSend
+from jetsplit.edge_agent.result import Result, Tensors
 from jetsplit.models.weights import from_arrays, load_strict
+from jetsplit.optimizers import build_optimizer
 from jetsplit.protocol import (
     EdgeLoadArgs,
     EdgeStepArgs,
@@ -32,10 +34,6 @@ from jetsplit.protocol import (
 )
 from jetsplit.tiers import contrastive_loss
 
-if TYPE_CHECKING:
-    from jetsplit.edge_agent.worker import Result
-
-Tensors = Dict[str, np.ndarray]
 MAX_EDGE_BATCH = 1 << 16  # samples per edge step (the sum of its clients' batches)
 
 
@@ -53,9 +51,8 @@ class EdgeTier:
         self.block = block.to(device)
         self.input_shape = input_shape
         self.device = device
-        from jetsplit.edge_agent.worker import make_optimizer
-
-        self.optimizer = make_optimizer(list(self.block.parameters()), optimizer)
+        self.optimizer = build_optimizer(self.block.parameters(), optimizer.name, optimizer.lr,
+                                         optimizer.momentum, optimizer.weight_decay)
 
     def inputs(self, smashed: Dict[str, Tensors]) -> Tuple[torch.Tensor, torch.Tensor, List[int]]:
         """Each client's activations and labels, checked (peers are untrusted), then
@@ -133,8 +130,6 @@ class EdgeRole:
         layers [:layers]; the edge never holds the classifier) with the weights sent
         (edge/… names), and a fresh optimizer; from now on take smashed data from the
         clients named, for this run and round only."""
-        from jetsplit.edge_agent.worker import Result
-
         bundle = self._edge_bundle()
         if any(not name.startswith("edge/") for name in tensors):
             raise ProtocolError("edge_load: tensors must all be named edge/…")
@@ -153,8 +148,6 @@ class EdgeRole:
                       ) -> Result:
         """Train on what the listed clients sent for this step (those in within `wait_s`),
         send each its gradient slice, and answer with who was served and the embeddings."""
-        from jetsplit.edge_agent.worker import Result
-
         tier = self._edge()
         if len(set(args.clients)) != len(args.clients):
             raise ProtocolError("edge_step: a client is listed twice")

@@ -17,9 +17,8 @@ import shutil
 import tempfile
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
@@ -40,10 +39,12 @@ from jetsplit.edge_agent.edge import EdgeRole, EdgeTier
 from jetsplit.edge_agent.emulation import DeviceClock
 from jetsplit.edge_agent.file_cache import FileCache, missing_files
 from jetsplit.edge_agent.peers import PeerInbox, PeerSend
+from jetsplit.edge_agent.result import Result, Tensors
 from jetsplit.errors import BundleError, JetsplitError
 from jetsplit.models import ZOO_VERSION
 from jetsplit.models.split import eval_mode
 from jetsplit.models.weights import from_arrays, load_strict, to_arrays
+from jetsplit.optimizers import build_optimizer
 from jetsplit.protocol import (
     BackwardArgs,
     BundleArgs,
@@ -63,20 +64,7 @@ from jetsplit.wire import Message, MessageType, accounted_bound
 
 log = logging.getLogger("jetsplit.agent")
 
-Tensors = Dict[str, np.ndarray]
 MAX_PENDING_FORWARDS = 16  # activations kept for a backward that may never come
-
-
-@dataclass
-class Result:
-    """What a command returns: small values in `meta`, arrays in `tensors`, and direct
-    messages to peers (`peers`, sent with the same codec) that its caller delivers."""
-
-    meta: Dict[str, Any] = field(default_factory=dict)
-    tensors: Tensors = field(default_factory=dict)
-    codec: str = "fp32"
-    compression: str = "none"
-    peers: List[PeerSend] = field(default_factory=list)
 
 
 class BatchSampler:
@@ -122,10 +110,7 @@ def warm_up(block: nn.Module, batch_shape: Tuple[int, ...], device: torch.device
 
 def make_optimizer(params: List[nn.Parameter], opt: OptimizerArgs) -> torch.optim.Optimizer:
     """The optimiser the coordinator asked for (`OptimizerArgs`: SGD or Adam)."""
-    if opt.name == "adam":
-        return torch.optim.Adam(params, lr=opt.lr, weight_decay=opt.weight_decay)
-    return torch.optim.SGD(params, lr=opt.lr, momentum=opt.momentum,
-                           weight_decay=opt.weight_decay)
+    return build_optimizer(params, opt.name, opt.lr, opt.momentum, opt.weight_decay)
 
 
 class AgentWorker(EdgeRole):

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
+from jetsplit.catalog import DEFAULT_METHOD
 from jetsplit.export.planner import ALGORITHMS, NOT_PLANNED, OBJECTIVES, FleetPlan, PlanSettings
 
 _ALGO_HELP = (" | ".join(ALGORITHMS) + ". The split methods get a cut per device (the "
@@ -24,7 +25,7 @@ def plan(
     model: Annotated[str, typer.Option("--model", help="Zoo model id, e.g. resnet18.")],
     profile: Annotated[list[str], typer.Option(
         "--profile", help="Device profile (path or bundled name); repeat for a fleet.")],
-    algorithm: Annotated[str, typer.Option("--algorithm", help=_ALGO_HELP)] = "scala",
+    algorithm: Annotated[str, typer.Option("--algorithm", help=_ALGO_HELP)] = DEFAULT_METHOD,
     batch: Annotated[int, typer.Option("--batch", help="Batch size per device.")] = 32,
     local_steps: Annotated[int, typer.Option(
         "--local-steps", help="T: iterations per round (Ampere: per epoch).")] = 10,

@@ -33,6 +33,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+from jetsplit.catalog import METHODS, REFERENCE_SPLIT_METHOD
+from jetsplit.catalog import MethodEntry as Algorithm
 from jetsplit.errors import ConfigError, JetsplitError
 from jetsplit.export.cost_model import (
     CODEC_BYTES,
@@ -64,36 +66,15 @@ class InfeasiblePlan(JetsplitError):
     """No split candidate fits in the memory of every device that needs it."""
 
 
-@dataclass(frozen=True)
-class Algorithm:
-    """What an algorithm moves and trains, as far as cost is concerned."""
-
-    name: str
-    summary: str
-    splits: bool = True  # False: the whole model trains on the device (FedAvg)
-    per_iteration_exchange: bool = True  # activations up, gradients down every iteration
-    aggregates_clients: bool = True  # client blocks FedAvg-ed: model exchange every round
-    shares_server_block: bool = True  # one server block trained on every device's activations
-    aux_head: bool = False  # Ampere: client block trained with a local auxiliary head
-    one_shot_activations: bool = False  # Ampere phase 2: upload every activation once
-
-
-ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
-    Algorithm("splitfed-v1", "per-client server copies; client+server FedAvg each round"),
-    Algorithm("splitfed-v2", "one server block, clients in turn; client FedAvg each round"),
-    Algorithm("psl", "one server block; client blocks never aggregated",
-              aggregates_clients=False),
-    Algorithm("scala", "concatenated activations, logit adjustment; client FedAvg"),
-    Algorithm("gapsl", "PSL with gradient-agreement selection; no client aggregation",
-              aggregates_clients=False),
-    Algorithm("fedavg", "whole model on the device; model exchange only", splits=False,
-              per_iteration_exchange=False, shares_server_block=False),
-    Algorithm("ampere", "client block + aux head trained locally, FedAvg per epoch; "
-              "activations uploaded once", per_iteration_exchange=False, aux_head=True,
-              one_shot_activations=True),
-)}
-NOT_PLANNED = {"sherl": "sherl is planned over three tiers (client, edge, cloud) by the "
-                        "coordinator, from its agents' profiles; this plans two"}
+#: What the two-tier planner costs: every catalog method that is not costed as a sibling
+#: (`planner_proxy`) and trains over two tiers. A method's traffic facts live in its catalog
+#: entry (jetsplit/catalog.py): `splits`, `per_iteration_exchange`, `aggregates_clients`,
+#: `shares_server_block`, `aux_head`, `one_shot_activations`.
+ALGORITHMS: dict[str, Algorithm] = {e.name: e for e in METHODS.values()
+                                    if e.planner_proxy is None and e.tiers == 2}
+NOT_PLANNED = {e.name: f"{e.name} is planned over three tiers (client, edge, cloud) by the "
+                       f"coordinator, from its agents' profiles; this plans two"
+               for e in METHODS.values() if e.tiers == 3}
 
 
 def requires_common_split(algorithm: Algorithm) -> bool:
@@ -104,7 +85,7 @@ def requires_common_split(algorithm: Algorithm) -> bool:
     (server/hetero.py); Ampere's device k trains layers 1..p_k with an aux head built for
     p_k, layers are averaged over the devices that hold them, and the coordinator carries a
     shallow device's one-shot upload to the deepest cut through the global layers."""
-    return not algorithm.splits
+    return algorithm.common_cut
 
 
 def get_algorithm(name: str) -> Algorithm:
@@ -119,7 +100,7 @@ def get_algorithm(name: str) -> Algorithm:
 class PlanSettings:
     """Everything a plan depends on besides the model costs and the profiles."""
 
-    algorithm: str = "splitfed-v1"
+    algorithm: str = REFERENCE_SPLIT_METHOD
     batch: int = 32
     local_steps: int = 10  # T: iterations per round (Ampere: per epoch, unless dataset_size)
     dataset_size: int | None = None  # samples per device; Ampere's epoch and one-shot upload

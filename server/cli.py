@@ -65,8 +65,8 @@ def run(
     from jetsplit.data import load_dataset_split
     from jetsplit.devices import resolve_device
     from jetsplit.errors import ConfigError
+    from jetsplit.server.bundle_shipping import prepare_bundle
     from jetsplit.server.config import ServerConfig, TrainSection, load_server_config
-    from jetsplit.server.coordinator import prepare_bundle
     from jetsplit.server.fleet_books import FleetBooks
     from jetsplit.server.mqtt_engine import MqttEngine
     from jetsplit.server.preflight import (
@@ -76,8 +76,8 @@ def run(
         validate_options,
     )
     from jetsplit.server.prometheus import round_callback
+    from jetsplit.server.round_loop import run_training
     from jetsplit.server.tracking import Trackers, chain
-    from jetsplit.server.training import run_training
 
     check_port(metrics_port, "--metrics-port")
     if resume is not None and auto_resume:

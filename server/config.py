@@ -8,8 +8,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from jetsplit import catalog
 from jetsplit.config_io import load_toml_model
-from jetsplit.server.training import Settings
+from jetsplit.server.settings import Settings
 from jetsplit.transport.settings import MqttSection
 
 _Id = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
@@ -37,9 +38,7 @@ class TrainSection(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
-    algorithm: Literal["fedavg", "splitfed-v1", "splitfed-v2", "splitfed-v2-interleaved",
-                       "psl", "scala", "ca-sfl", "lla-sfl", "lla-sfl-shared", "gapsl",
-                       "ampere", "ampere-noconsolidation", "sherl"] = "scala"
+    algorithm: str = catalog.DEFAULT_METHOD  # a name in jetsplit/catalog.py
     rounds: Annotated[int, Field(ge=1, le=100_000)] = 10
     local_steps: Annotated[int, Field(ge=1, le=1_000_000)] = 10
     batch: Annotated[int, Field(ge=1, le=1 << 20)] = 64  # B over all selected agents
@@ -78,6 +77,18 @@ class TrainSection(BaseModel):
     client_batch: Annotated[int, Field(ge=1, le=65536)] | None = None  # B(d); GAPSL 128
     server_batch: Annotated[int, Field(ge=2, le=1 << 20)] | None = None  # Ampere's B(s)
     server_epochs: Annotated[int, Field(ge=1, le=100_000)] | None = None  # Ampere's N_s
+
+    @model_validator(mode="after")
+    def _method(self) -> TrainSection:
+        """A known method, and none of another method's own options set."""
+        if self.algorithm not in catalog.METHODS:
+            raise ValueError(f"unknown algorithm {self.algorithm!r}; choose one of "
+                             f"{catalog.CHOICES}")
+        foreign = catalog.foreign_options(self.algorithm, self.model_fields_set)
+        if foreign:
+            raise ValueError(f"{', '.join(foreign)} belong to another method, not "
+                             f"{self.algorithm}")
+        return self
 
 
 class DataSection(BaseModel):

@@ -14,11 +14,16 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from jetsplit.catalog import METHODS
 from jetsplit.errors import JetsplitError
 from jetsplit.server.optim import reduction, tier_optimizer
 
 GROWTH = 10.0  # × max(ln C, first loss): beyond this a loss has diverged
-SUMMED = ("psl", "gapsl")  # methods whose server loss is a sum over clients (gapsl.txt eq. 8)
+
+
+def _sums_clients(algorithm: str) -> bool:
+    entry = METHODS.get(algorithm)
+    return entry is not None and entry.reduces_server_loss
 
 
 class Diverged(JetsplitError):
@@ -29,7 +34,7 @@ def likely_cause(settings: Any, tier: str) -> str:
     """What most likely made `tier`'s steps too large under `settings`."""
     opt = tier_optimizer(settings, tier if tier != "device" else "client")
     momentum = f" with momentum {opt.momentum:g}" if opt.momentum else ""
-    if tier == "server" and settings.algorithm in SUMMED and reduction(settings) == "sum":
+    if tier == "server" and _sums_clients(settings.algorithm) and reduction(settings) == "sum":
         return (f"the server block steps on the sum of the clients' losses "
                 f"(psl_reduction 'sum'), |S| times a mean's step, at lr {opt.lr:g}{momentum}: "
                 f"use psl_reduction 'mean' or a smaller server lr")

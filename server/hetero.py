@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from jetsplit import catalog
 from jetsplit.errors import ConfigError
 from jetsplit.models.split import eval_mode
 from jetsplit.models.weights import from_arrays, load_strict, to_arrays
@@ -185,9 +186,13 @@ class Completions:
         return out
 
 
-# Planner's proxies for methods it costs by a sibling with the same traffic.
-PLANNER_PROXY = {"ca-sfl": "scala", "lla-sfl": "splitfed-v1", "lla-sfl-shared": "scala",
-                 "splitfed-v2-interleaved": "splitfed-v2", "ampere-noconsolidation": "ampere"}
+def _planned_as(algorithm: str) -> tuple[str, bool]:
+    """What the two-tier planner costs `algorithm` as, and whether it trains three tiers
+    (SHeRL-FL: one common client cut, costed as the SplitFed reference)."""
+    entry = catalog.method(algorithm)
+    if entry.tiers == 3:
+        return catalog.REFERENCE_SPLIT_METHOD, True
+    return entry.planned_as, False
 
 
 def plan_cuts(algorithm: str, model: str, input_shape: tuple[int, int, int], classes: int,
@@ -204,13 +209,10 @@ def plan_cuts(algorithm: str, model: str, input_shape: tuple[int, int, int], cla
     from jetsplit.export.planner import ALGORITHMS, PlanSettings, check_feasible, plan_fleet
     from jetsplit.profiles import resolve_profile
 
-    planned = PLANNER_PROXY.get(algorithm, algorithm)
-    if planned not in ALGORITHMS:
-        planned = "splitfed-v1"
+    planned, three_tiers = _planned_as(algorithm)
     settings = PlanSettings(algorithm=planned, batch=batch, local_steps=local_steps,
                             rounds=rounds, dataset_size=dataset_size, codec=codec,
-                            common_split=common_split or split is not None
-                            or algorithm in ("sherl",))
+                            common_split=common_split or split is not None or three_tiers)
     costs = get_costs(model, input_shape, classes)
     resolved = {p: resolve_profile(p) for p in sorted(set(agent_profiles.values()))}
     name = {p: r.name for p, r in resolved.items()}  # a path's profile goes by its name
@@ -324,10 +326,10 @@ def fleet_cuts(cfg: Any, registrations: Mapping[str, Mapping[str, Any]], *, batc
     n = costs.num_layers
     profiles = {a: registered_profile(r) for a, r in sorted(registrations.items())}
     names = {a: (p.name if p is not None else None) for a, p in profiles.items()}
-    planned = PLANNER_PROXY.get(algorithm, algorithm)
-    settings = PlanSettings(algorithm=planned if planned in ALGORITHMS else "splitfed-v1",
+    planned, three_tiers = _planned_as(algorithm)
+    settings = PlanSettings(algorithm=planned,
                             batch=batch, local_steps=local_steps, rounds=rounds, codec=codec,
-                            common_split=planned not in ALGORITHMS,
+                            common_split=three_tiers,
                             dataset_size=mean_dataset_size(registrations))
     server = resolve_profile("x86-cpu")
     if model.split == "auto":

@@ -7,7 +7,8 @@ the methods read per-client batches and reductions; all of them resolve a settin
 way:
 
     the tier's own setting ([train] client_lr, server_lr, …)
-    > the method's value in the chosen preset ([train] preset: `default` or `paper`)
+    > the method's value in the chosen preset ([train] preset: `default` or `paper`; the
+      presets live in the method catalog, jetsplit/catalog.py)
     > the general setting ([train] lr, optimizer, momentum).
 """
 
@@ -19,34 +20,11 @@ from typing import Any
 import torch
 from torch import nn
 
-TIERS = ("client", "server", "edge", "cloud")
-OPTIMIZERS = ("sgd", "adam")
-REDUCTIONS = ("mean", "sum")
+from jetsplit.catalog import METHODS, PRESETS
+from jetsplit.optimizers import build_optimizer
 
-#: What each paper trains with, where it says so (`preset = "paper"`). GAPSL (gapsl.txt
-#: §IV-A, VGG-16 on CIFAR-10): SGD with momentum 0.9, client lr 0.005, server lr 0.01, batch
-#: 128 per client, and L_g a sum over clients (eq. 8), as PSL's L. SHeRL-FL (sherl-fl.txt,
-#: Experiments): Adam on every tier; the paper's learning-rate value is lost in its text,
-#: 1e-3 is Adam's customary default. The other papers' settings are for their own models and
-#: data (SCALA: ResNet/CIFAR; Ampere: per-model tables) and are left to the general settings.
-PAPER: dict[str, dict[str, Any]] = {
-    "psl": {"psl_reduction": "sum"},
-    "gapsl": {"optimizer": "sgd", "momentum": 0.9, "client_lr": 0.005, "server_lr": 0.01,
-              "client_batch": 128, "psl_reduction": "sum"},
-    "sherl": {"optimizer": "adam", "momentum": 0.0, "client_lr": 1e-3, "edge_lr": 1e-3,
-              "cloud_lr": 1e-3},
-}
-#: What each method trains with by default: settings that train the shipped models on the
-#: shipped data. PSL and GAPSL step their server block on the clients' mean loss, so its
-#: step does not grow with the number of clients (the paper's sum with momentum 0.9 diverged
-#: in round 1 on AlexNet/MNIST at 5 clients), and GAPSL trains like PSL (plain SGD at `lr`,
-#: B_k ∝ |D_k|) so the two differ in the method alone. SHeRL-FL keeps its paper's Adam.
-DEFAULT: dict[str, dict[str, Any]] = {
-    "psl": {"psl_reduction": "mean"},
-    "gapsl": {"psl_reduction": "mean"},
-    "sherl": PAPER["sherl"],
-}
-PRESETS: dict[str, dict[str, dict[str, Any]]] = {"default": DEFAULT, "paper": PAPER}
+TIERS = ("client", "server", "edge", "cloud")
+REDUCTIONS = ("mean", "sum")
 
 
 @dataclass(frozen=True)
@@ -59,11 +37,7 @@ class TierOptimizer:
     weight_decay: float = 0.0
 
     def build(self, params: Any) -> torch.optim.Optimizer:
-        params = list(params)
-        if self.name == "adam":
-            return torch.optim.Adam(params, lr=self.lr, weight_decay=self.weight_decay)
-        return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum,
-                               weight_decay=self.weight_decay)
+        return build_optimizer(params, self.name, self.lr, self.momentum, self.weight_decay)
 
     def for_module(self, module: nn.Module) -> torch.optim.Optimizer:
         return self.build(module.parameters())
@@ -78,10 +52,11 @@ def _setting(settings: Any, name: str, fallback: Any) -> Any:
     own = getattr(settings, name, None)
     if own is not None:
         return own
-    preset = PRESETS.get(getattr(settings, "preset", None) or "default")
-    if preset is None:
-        raise ValueError(f"unknown preset {settings.preset!r}; one of {', '.join(PRESETS)}")
-    return preset.get(getattr(settings, "algorithm", ""), {}).get(name, fallback)
+    preset = getattr(settings, "preset", None) or "default"
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; one of {', '.join(PRESETS)}")
+    entry = METHODS.get(getattr(settings, "algorithm", ""))
+    return fallback if entry is None else entry.preset(preset).get(name, fallback)
 
 
 def tier_optimizer(settings: Any, tier: str) -> TierOptimizer:

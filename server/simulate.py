@@ -17,10 +17,8 @@ from typing import Annotated, Any
 
 import typer
 
-from jetsplit.server.training import Settings
-
-ALGORITHMS = ("fedavg, splitfed-v1, splitfed-v2, splitfed-v2-interleaved, psl, scala, "
-              "ca-sfl, lla-sfl, lla-sfl-shared, gapsl, ampere, ampere-noconsolidation, sherl")
+from jetsplit import catalog
+from jetsplit.server.settings import Settings
 
 
 def simulate(
@@ -58,7 +56,7 @@ def simulate(
     from jetsplit.export.bundle_writer import write_bundle
     from jetsplit.models import ModelSpec
     from jetsplit.server.engine import InProcessEngine
-    from jetsplit.server.training import run_training
+    from jetsplit.server.round_loop import run_training
 
     device = resolve_device(settings.device, "--device")
     train, test = load_dataset_split(dataset, test_fraction, settings.seed)
@@ -147,12 +145,12 @@ def sherl_topology(algorithm: str, edges: int, clients: int) -> dict[str, list[s
     from jetsplit.errors import ConfigError
     from jetsplit.server.topology import round_robin
 
-    if algorithm != "sherl":
+    if not catalog.three_tier(algorithm):
         if edges:
-            raise ConfigError(f"--edges is for --algorithm sherl, not {algorithm}")
+            raise ConfigError(f"--edges is for a three-tier method, not {algorithm}")
         return {}
     if not 1 <= edges <= clients:
-        raise ConfigError(f"--algorithm sherl needs 1..{clients} --edges (each edge serves "
+        raise ConfigError(f"--algorithm {algorithm} needs 1..{clients} --edges (each edge serves "
                           f"at least one client), got {edges}")
     return round_robin([edge_name(j) for j in range(edges)],
                        [agent_name(i) for i in range(clients)])
@@ -165,7 +163,8 @@ def peak_rss_mb() -> float:
 
 
 def simulate_command(
-    algorithm: Annotated[str, typer.Option("--algorithm", help=ALGORITHMS)] = "scala",
+    algorithm: Annotated[str, typer.Option(
+        "--algorithm", help=catalog.CHOICES)] = catalog.DEFAULT_METHOD,
     model: Annotated[str, typer.Option("--model", help="Zoo model id.")] = "alexnet",
     split: Annotated[int, typer.Option("--split", help="Layers on the device.")] = 2,
     dataset: Annotated[str, typer.Option(

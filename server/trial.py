@@ -30,6 +30,7 @@ from typing import Annotated, Any
 
 import typer
 
+from jetsplit import catalog
 from jetsplit.edge_agent.emulation import EmulationSection
 from jetsplit.errors import ConfigError, JetsplitError
 from jetsplit.server.preflight import (
@@ -52,7 +53,7 @@ SPEC_FILE = "trial.json"
 class TrialSpec:
     """Everything a trial depends on; saved as trial.json so `--resume` needs nothing else."""
 
-    algorithm: str = "scala"
+    algorithm: str = catalog.DEFAULT_METHOD
     agents: int = 4
     rounds: int = 10
     profiles: list[str] = field(default_factory=lambda: list(DEFAULT_PROFILES))
@@ -270,6 +271,7 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
     from jetsplit.devices import resolve_device
     from jetsplit.profiles import resolve_profile
     from jetsplit.server.brokers import EmbeddedBroker
+    from jetsplit.server.bundle_shipping import prepare_bundle
     from jetsplit.server.config import (
         ModelSection,
         ServerConfig,
@@ -277,13 +279,13 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
         TopologySection,
         TrainSection,
     )
-    from jetsplit.server.coordinator import prepare_bundle
     from jetsplit.server.fleet_books import FleetBooks
     from jetsplit.server.mqtt_engine import MqttEngine
     from jetsplit.server.progress import TrialProgress
     from jetsplit.server.prometheus import MetricsExporter, round_callback
     from jetsplit.server.report import write_report
-    from jetsplit.server.training import Settings, run_training
+    from jetsplit.server.round_loop import run_training
+    from jetsplit.server.settings import Settings
     from jetsplit.transport.mqtt import EndpointOptions
 
     # Every option is checked before anything expensive (benchmark, broker, agents).
@@ -455,7 +457,8 @@ def load_spec(run_dir: Path) -> TrialSpec:
 
 
 def trial_command(
-    algorithm: Annotated[str, typer.Option("--algorithm", help="Training method.")] = "scala",
+    algorithm: Annotated[str, typer.Option(
+        "--algorithm", help=catalog.CHOICES)] = catalog.DEFAULT_METHOD,
     agents: Annotated[int, typer.Option("--agents", help="Agents to start.")] = 4,
     agents_per_process: Annotated[int, typer.Option(
         "--agents-per-process", help="Clients per process (>1: `jetsplit agent host` "

@@ -24,12 +24,13 @@ from jetsplit.models.split import eval_mode
 from jetsplit.models.weights import from_arrays, load_strict, to_arrays
 from jetsplit.protocol import Kind
 from jetsplit.server.activation_store import ActivationStore, StoreError
+from jetsplit.server.algorithms import build_method
 from jetsplit.server.algorithms.ampere import Ampere
-from jetsplit.server.algorithms.methods import build_method
 from jetsplit.server.brokers import MosquittoProcess
 from jetsplit.server.engine import Command, InProcessEngine
+from jetsplit.server.settings import Settings
 from jetsplit.server.simulate import simulate
-from jetsplit.server.training import Settings, Trainer
+from jetsplit.server.trainer import Trainer
 
 SPEC = ModelSpec("mobilenetv3-small", (1, 8, 8), 10)
 SPLIT = 2
@@ -268,7 +269,7 @@ def test_resume_after_the_upload_round_equals_the_uninterrupted_run(archive: Pat
     """`run_training` checkpoints after every round; a coordinator that dies after the
     upload round resumes with the store it left (nobody uploads again) and ends with the
     uninterrupted run's weights, bit for bit. Its temp work folder is gone at the end."""
-    from jetsplit.server.training import run_training
+    from jetsplit.server.round_loop import run_training
 
     _, test = load_dataset_split("digits", 0.2, 0)
     settings = Settings(algorithm="ampere", rounds=4, batch=48, lr=0.1, device_epochs=1)

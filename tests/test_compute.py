@@ -24,7 +24,9 @@ from jetsplit.models import ModelSpec
 from jetsplit.server.compute import to_device, to_host
 from jetsplit.server.config import load_server_config
 from jetsplit.server.engine import InProcessEngine
-from jetsplit.server.training import Settings, Trainer, run_training
+from jetsplit.server.round_loop import run_training
+from jetsplit.server.settings import Settings
+from jetsplit.server.trainer import Trainer
 
 SPEC = ModelSpec("mobilenetv3-small", (1, 8, 8), 10)
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")

@@ -14,7 +14,8 @@ from jetsplit.export.bundle_writer import write_bundle
 from jetsplit.models import ModelSpec
 from jetsplit.server.divergence import Diverged, DivergenceGuard
 from jetsplit.server.engine import InProcessEngine
-from jetsplit.server.training import Settings, run_training
+from jetsplit.server.round_loop import run_training
+from jetsplit.server.settings import Settings
 
 SPEC = ModelSpec("mobilenetv3-small", (1, 8, 8), 10)
 

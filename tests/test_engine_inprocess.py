@@ -16,10 +16,11 @@ from jetsplit.export.bundle_writer import write_bundle
 from jetsplit.models import ModelSpec, build_model
 from jetsplit.models.weights import from_arrays
 from jetsplit.protocol import Kind
-from jetsplit.server.algorithms.methods import build_method
-from jetsplit.server.coordinator import BundleShipper
+from jetsplit.server.algorithms import build_method
+from jetsplit.server.bundle_shipping import BundleShipper
 from jetsplit.server.engine import Command, InProcessEngine
-from jetsplit.server.training import Settings, Trainer
+from jetsplit.server.settings import Settings
+from jetsplit.server.trainer import Trainer
 
 SPEC = ModelSpec("mobilenetv3-small", (1, 8, 8), 10)
 SPLIT = 2

@@ -17,10 +17,11 @@ from safetensors.numpy import load_file
 
 from jetsplit.data import load_dataset_split
 from jetsplit.server.brokers import MosquittoProcess
+from jetsplit.server.bundle_shipping import prepare_bundle
 from jetsplit.server.config import ModelSection, ServerConfig
-from jetsplit.server.coordinator import prepare_bundle
 from jetsplit.server.mqtt_engine import MqttEngine
-from jetsplit.server.training import Settings, run_training
+from jetsplit.server.round_loop import run_training
+from jetsplit.server.settings import Settings
 
 
 def _weights(run_dir: Path) -> dict[str, np.ndarray]:

@@ -16,10 +16,11 @@ from jetsplit.errors import ConfigError
 from jetsplit.export.bundle_writer import write_bundle
 from jetsplit.models import ModelSpec, build_model
 from jetsplit.models.weights import to_arrays
-from jetsplit.server.algorithms.methods import build_method
+from jetsplit.server.algorithms import build_method
 from jetsplit.server.engine import InProcessEngine
 from jetsplit.server.hetero import check_cuts
-from jetsplit.server.training import Settings, Trainer
+from jetsplit.server.settings import Settings
+from jetsplit.server.trainer import Trainer
 
 SPEC = ModelSpec("mobilenetv3-small", (1, 8, 8), 10)
 SERVER_CUT = 3

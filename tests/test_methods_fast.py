@@ -22,11 +22,14 @@ from jetsplit.export.bundle_writer import write_bundle
 from jetsplit.models import ModelSpec
 from jetsplit.models.weights import to_arrays
 from jetsplit.server.aggregation import fedavg
-from jetsplit.server.algorithms import gapsl_math, sherl
-from jetsplit.server.algorithms.methods import GAPSL, PSL, SCALA, build_method
+from jetsplit.server.algorithms import build_method, gapsl_math, sherl
+from jetsplit.server.algorithms.gapsl import GAPSL
+from jetsplit.server.algorithms.psl import PSL
+from jetsplit.server.algorithms.scala import SCALA
 from jetsplit.server.engine import InProcessEngine
+from jetsplit.server.settings import Settings
 from jetsplit.server.simulate import simulate
-from jetsplit.server.training import Settings, Trainer
+from jetsplit.server.trainer import Trainer
 
 pytestmark = pytest.mark.fast
 
@@ -284,7 +287,8 @@ def test_scala_server_uses_the_batch_prior_and_each_client_its_registered_prior(
         server, acts, labels,
         lambda lg: ce(torch.cat(lg) + torch.log(p_s).float(), y),
         lambda i, lg: ce(lg + torch.log(priors[agents[i]]), labels[i]), lr=0.1)
-    method = _psl_like(SCALA, server, 0.1, "sum", label_prior=priors.__getitem__)
+    method = _psl_like(SCALA, server, 0.1, "sum")
+    method.label_prior = priors.__getitem__
     method.num_classes = 3
     _, got = method.server_update(agents, acts, labels)
     _check(server, after, got, dict(zip(agents, grads, strict=True)))

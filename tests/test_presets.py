@@ -9,10 +9,11 @@ import pytest
 import torch
 from torch import nn
 
+from jetsplit.server.algorithms.gapsl import GAPSL
 from jetsplit.server.algorithms.gapsl_math import NuTracker
-from jetsplit.server.algorithms.methods import GAPSL, PSL
+from jetsplit.server.algorithms.psl import PSL
 from jetsplit.server.optim import client_batch, reduction, tier_optimizer
-from jetsplit.server.training import Settings
+from jetsplit.server.settings import Settings
 
 
 class _Trainer:

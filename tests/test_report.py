@@ -209,8 +209,8 @@ def test_progress_live_display_on_a_terminal() -> None:
 
 
 def test_report_of_a_real_simulation(tmp_path: Path) -> None:
+    from jetsplit.server.settings import Settings
     from jetsplit.server.simulate import simulate
-    from jetsplit.server.training import Settings
 
     run = tmp_path / "sim"
     simulate(Settings(algorithm="splitfed-v1", rounds=2, local_steps=2, batch=16),

@@ -15,8 +15,8 @@ from jetsplit.data import load_dataset_split
 from jetsplit.edge_agent.daemon import AgentDaemon
 from jetsplit.edge_agent.worker import AgentWorker
 from jetsplit.server.brokers import EmbeddedBroker, MosquittoProcess, free_port
+from jetsplit.server.bundle_shipping import BundleShipper, prepare_bundle
 from jetsplit.server.config import ServerConfig
-from jetsplit.server.coordinator import BundleShipper, prepare_bundle
 from jetsplit.server.engine import Command
 from jetsplit.server.mqtt_engine import MqttEngine
 from jetsplit.transport.mqtt import EndpointOptions

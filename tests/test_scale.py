@@ -20,10 +20,10 @@ from jetsplit.data import load_dataset_split
 from jetsplit.edge_agent.config import load_agent_config
 from jetsplit.edge_agent.host import FleetHost, hosted_indices
 from jetsplit.server.brokers import MosquittoProcess
+from jetsplit.server.bundle_shipping import prepare_bundle
 from jetsplit.server.config import load_server_config
-from jetsplit.server.coordinator import prepare_bundle
 from jetsplit.server.mqtt_engine import MqttEngine
-from jetsplit.server.training import run_training
+from jetsplit.server.round_loop import run_training
 
 
 def _agent_toml(root: Path, url: str, fleet: str, clients: int) -> Path:

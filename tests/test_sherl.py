@@ -23,9 +23,9 @@ from jetsplit.models import MODEL_NAMES, activation_shape, build_aux_head, build
 from jetsplit.protocol import Kind
 from jetsplit.server.brokers import MosquittoProcess
 from jetsplit.server.registry import FleetRegistry
+from jetsplit.server.settings import Settings
 from jetsplit.server.simulate import sherl_topology, simulate
 from jetsplit.server.topology import check_shape, resolve, round_robin
-from jetsplit.server.training import Settings
 from jetsplit.tiers import carve, contrastive_loss, pair_distances
 
 # ---------------------------------------------------------------- contrastive loss
@@ -230,7 +230,7 @@ def bundle_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _install(workers: list[AgentWorker], archive: Path, edge_layers: int) -> None:
-    from jetsplit.server.coordinator import BundleShipper
+    from jetsplit.server.bundle_shipping import BundleShipper
     from jetsplit.server.engine import InProcessEngine
 
     engine = InProcessEngine({w.agent_id: w for w in workers})
@@ -580,7 +580,7 @@ def test_a_bad_edge_is_a_recorded_miss_and_training_goes_on(
     from jetsplit.export.bundle_writer import write_bundle
     from jetsplit.models import ModelSpec
     from jetsplit.server.engine import InProcessEngine
-    from jetsplit.server.training import run_training
+    from jetsplit.server.round_loop import run_training
 
     train, test = load_dataset_split("digits", 0.2, 0)
     shards = partition(train.y, 2, "iid", 0, 10)

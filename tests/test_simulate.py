@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from jetsplit.catalog import METHODS
 from jetsplit.cli import main
-from jetsplit.server.algorithms.methods import METHODS
+from jetsplit.server.settings import Settings
 from jetsplit.server.simulate import sherl_topology, simulate
-from jetsplit.server.training import Settings
 
 ROUND_KEYS = {"round", "algorithm", "selected", "missed", "train_loss", "accuracy",
               "balanced_accuracy", "per_class_accuracy", "test_loss", "bytes_up", "bytes_down",

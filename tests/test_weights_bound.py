@@ -19,7 +19,9 @@ from jetsplit.models import ModelSpec
 from jetsplit.models.weights import to_arrays
 from jetsplit.protocol import Kind
 from jetsplit.server.engine import Command, InProcessEngine, command_message
-from jetsplit.server.training import RoundFailed, Settings, Trainer, run_training
+from jetsplit.server.round_loop import run_training
+from jetsplit.server.settings import Settings
+from jetsplit.server.trainer import RoundFailed, Trainer
 from jetsplit.wire import (
     Limits,
     Message,

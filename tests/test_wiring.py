@@ -25,10 +25,12 @@ from jetsplit.models import ModelSpec
 from jetsplit.models.weights import to_arrays
 from jetsplit.protocol import Kind
 from jetsplit.server.aggregation import fedavg
-from jetsplit.server.algorithms import gapsl_math, methods, scala_math
+from jetsplit.server.algorithms import build_method, gapsl_math, scala_math
+from jetsplit.server.algorithms.splitfed import SplitFedV1
 from jetsplit.server.engine import InProcessEngine
+from jetsplit.server.settings import Settings
 from jetsplit.server.simulate import simulate
-from jetsplit.server.training import Settings, Trainer
+from jetsplit.server.trainer import Trainer
 
 SPEC = ModelSpec("mobilenetv3-small", (1, 8, 8), 10)
 SIZES = (60, 240, 30)  # unequal |D_k|: |D_k| weights and uniform ones differ
@@ -112,7 +114,7 @@ def test_fedavg_weighs_each_agent_by_its_dataset_size(archive: Path, digits: Any
     engine = skewed_engine(digits)
     record = Recorder(engine)
     trainer = trainer_for(engine, archive, digits[1], algorithm="fedavg")
-    methods.build_method("fedavg", trainer).run_round(engine.online())
+    build_method("fedavg", trainer).run_round(engine.online())
     states = weights_of(record)
     clients = {a: {k: v for k, v in s.items() if k.startswith("client/")}
                for a, s in states.items()}
@@ -124,7 +126,7 @@ def test_splitfed_v1_averages_client_blocks_and_server_copies_by_size(archive: P
     engine = skewed_engine(digits)
     record = Recorder(engine)
     trainer = trainer_for(engine, archive, digits[1], algorithm="splitfed-v1")
-    method = methods.build_method("splitfed-v1", trainer)
+    method = build_method("splitfed-v1", trainer)
     copies: dict[str, Any] = {}
     end_round = method.end_round
 
@@ -146,7 +148,7 @@ def test_splitfed_v2_runs_each_clients_whole_pass_before_the_next(archive: Path,
     engine = skewed_engine(digits)
     record = Recorder(engine)
     trainer = trainer_for(engine, archive, digits[1], algorithm="splitfed-v2", local_steps=3)
-    methods.build_method("splitfed-v2", trainer).run_round(engine.online())
+    build_method("splitfed-v2", trainer).run_round(engine.online())
     forwards = [(e[1][0], e[2]) for e in record.of(Kind.FORWARD.value)]
     assert all(len(e[1]) == 1 for e in record.of(Kind.FORWARD.value))
     agents = [a for a, _ in forwards]
@@ -161,7 +163,7 @@ def test_splitfed_v2_interleaved_variant_serves_one_step_per_client(archive: Pat
     engine = skewed_engine(digits)
     record = Recorder(engine)
     trainer = trainer_for(engine, archive, digits[1], local_steps=2)
-    methods.build_method("splitfed-v2-interleaved", trainer).run_round(engine.online())
+    build_method("splitfed-v2-interleaved", trainer).run_round(engine.online())
     steps = [e[2] for e in record.of(Kind.FORWARD.value)]
     assert steps == [0, 0, 0, 1, 1, 1]
 
@@ -176,7 +178,7 @@ def test_scala_adjusts_client_gradients_with_the_registered_label_distribution(
     trainer = trainer_for(engine, archive, digits[1], algorithm="scala", local_steps=1,
                           batch=12)
     server0 = copy.deepcopy(trainer.server)
-    methods.build_method("scala", trainer).run_round(engine.online())
+    build_method("scala", trainer).run_round(engine.online())
     fwd = record.of(Kind.FORWARD.value)[0][4]
     agents = fwd.agents
     acts = [torch.from_numpy(np.array(fwd[a].tensors["activations"])) for a in agents]
@@ -207,9 +209,9 @@ def test_lla_sfl_is_splitfed_v1_with_local_adjustment_averaged_every_t(
     for name in ("splitfed-v1", "lla-sfl", "lla-sfl-shared"):
         engine = skewed_engine(digits)
         trainer = trainer_for(engine, archive, digits[1], algorithm=name, local_steps=2)
-        method = methods.build_method(name, trainer)
+        method = build_method(name, trainer)
         copies: dict[str, Any] = {}
-        if isinstance(method, methods.SplitFedV1):
+        if isinstance(method, SplitFedV1):
             end_round = method.end_round
 
             def keep(participants: list[str], m: Any = method, e: Any = end_round,
@@ -240,7 +242,7 @@ def test_psl_server_steps_on_the_mean_or_the_papers_sum(archive: Path, digits: A
     trainer = trainer_for(engine, archive, digits[1], algorithm="psl", local_steps=1,
                           preset=preset)
     server0 = copy.deepcopy(trainer.server)
-    methods.build_method("psl", trainer).run_round(engine.online())
+    build_method("psl", trainer).run_round(engine.online())
     fwd = record.of(Kind.FORWARD.value)[0][4]
     acts = [torch.from_numpy(np.array(fwd[a].tensors["activations"])) for a in fwd.agents]
     labels = [torch.from_numpy(np.array(fwd[a].tensors["labels"], np.int64))
@@ -274,7 +276,7 @@ def test_gapsl_k_advances_per_iteration_and_selection_withholds_gradients(
     record = Recorder(engine)
     trainer = trainer_for(engine, archive, digits[1], algorithm="gapsl", rounds=2,
                           local_steps=3)
-    method = methods.build_method("gapsl", trainer)
+    method = build_method("gapsl", trainer)
     for r in range(2):
         trainer.round = r
         method.run_round(engine.online())
@@ -317,7 +319,7 @@ def test_ampere_device_epoch_is_one_pass_over_each_agents_data(archive: Path,
     engine = skewed_engine(digits)
     record = Recorder(engine)
     trainer = trainer_for(engine, archive, digits[1], algorithm="ampere", rounds=3)
-    methods.build_method("ampere", trainer).run_round(engine.online())
+    build_method("ampere", trainer).run_round(engine.online())
     train = record.of(Kind.TRAIN.value)[0][3]
     sizes = trainer.sizes(sorted(train))
     for agent, command in train.items():

@@ -1,5 +1,25 @@
-"""Training methods written against the transport-neutral engine, and their pure math."""
+"""The training methods, one file each, written against the trainer (server/trainer.py):
+base.py holds the base classes, each method's file its class and `*_math.py` its pure math.
+Which class implements a method is the catalog's to say (jetsplit/catalog.py)."""
 
-# The registry (methods.py) imports the methods defined in other modules, which subclass its
-# `Method`; loading it first keeps that cycle in one order, whichever module is asked for.
-from jetsplit.server.algorithms import methods as _methods  # noqa: E402, F401
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+from jetsplit import catalog
+
+if TYPE_CHECKING:
+    from jetsplit.server.algorithms.base import Method
+    from jetsplit.server.trainer import Trainer
+
+
+def method_class(name: str) -> type[Method]:
+    """The class the catalog names for method `name` (one-line ConfigError if unknown)."""
+    module, _, cls = catalog.method(name).implementation.partition(":")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), cls)
+
+
+def build_method(name: str, trainer: Trainer) -> Method:
+    """The method called `name` (the names used in configs, the CLI and reports)."""
+    return method_class(name)(trainer)

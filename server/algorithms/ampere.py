@@ -73,13 +73,13 @@ from jetsplit.models.weights import from_arrays, load_strict, to_arrays
 from jetsplit.protocol import Kind
 from jetsplit.server.activation_store import ActivationStore, StoreError
 from jetsplit.server.aggregation import fedavg, layerwise_fedavg
-from jetsplit.server.algorithms.methods import Method, _save_arrays
-from jetsplit.server.checkpoint import CheckpointError, strip, subset
-from jetsplit.server.coordinator import BundleShipper
+from jetsplit.server.algorithms.base import Method
+from jetsplit.server.bundle_shipping import BundleShipper
+from jetsplit.server.checkpoint import CheckpointError, save_arrays, strip, subset
 from jetsplit.server.engine import Command, Outcome
 from jetsplit.server.evaluation import evaluate
 from jetsplit.server.hetero import registered_size
-from jetsplit.server.training import Arrays, Trainer
+from jetsplit.server.trainer import Arrays, Trainer
 
 log = logging.getLogger("jetsplit.coordinator")
 
@@ -418,7 +418,7 @@ class Ampere(Method):
         cut = t.cut(agent)
         if cut >= t.bundle.split:
             return acts  # the store checks it at p*
-        problem = t._activation_problem({"activations": acts, "labels": labels}, limit, agent)
+        problem = t.activation_problem({"activations": acts, "labels": labels}, limit, agent)
         if problem is not None:
             raise StoreError(f"upload from {agent} refused: {problem}")
         return t.completions.carry(cut, t.global_client, acts)
@@ -481,7 +481,7 @@ class Ampere(Method):
     def save(self, out_dir: Path) -> None:
         """Final weights (the aux head too); a temp work folder of ours goes away."""
         super().save(out_dir)
-        _save_arrays(self._flat(self.aux), out_dir / "aux.safetensors")
+        save_arrays(self._flat(self.aux), out_dir / "aux.safetensors")
         if self.own_workdir and self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -503,7 +503,7 @@ class Ampere(Method):
         aux, best_aux = self._unflat(arrays), self._unflat(best)
         for what, problem in (
                 ("aux head", self._aux_problem(aux)),
-                ("best blocks", t._weights_problem(subset(best, "client"), ("client",))
+                ("best blocks", t.weights_problem(subset(best, "client"), ("client",))
                  or self._aux_problem(best_aux))):
             if problem is not None:
                 raise CheckpointError(f"checkpoint {what}: {problem}")
@@ -531,7 +531,7 @@ class Ampere(Method):
         """Why these aux heads (one per cut, untrusted) cannot be loaded, or None."""
         t = self.trainer
         for cut, arrays in aux.items():
-            problem = t._weights_problem(arrays, ("aux",), cut=cut)
+            problem = t.weights_problem(arrays, ("aux",), cut=cut)
             if problem is not None:
                 return problem if cut == t.bundle.split else f"cut {cut}: {problem}"
         return None

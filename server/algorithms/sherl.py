@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,13 +55,13 @@ from jetsplit.models.split import eval_mode
 from jetsplit.models.weights import from_arrays, load_strict, to_arrays
 from jetsplit.protocol import Kind
 from jetsplit.server.aggregation import fedavg
-from jetsplit.server.algorithms.methods import Method
+from jetsplit.server.algorithms.base import Method
 from jetsplit.server.checkpoint import CheckpointError
 from jetsplit.server.compute import autocast, to_device
 from jetsplit.server.engine import Command, Outcome, Reply
 from jetsplit.server.optim import tier_optimizer
 from jetsplit.server.topology import Topology, resolve
-from jetsplit.server.training import Arrays, Settings, Trainer
+from jetsplit.server.trainer import Arrays, Settings, Trainer
 from jetsplit.tiers import carve, check_edge_layers
 
 log = logging.getLogger("jetsplit.coordinator")
@@ -312,7 +311,7 @@ class SHeRL(Method):
                                 "edge": self.topology.edge_of(c)})
                     for c, b in batches.items()}
         with t.timed("forward"):
-            out = t.note(self._checked(t.engine.send_and_receive(
+            out = t.note(t.checked(t.engine.send_and_receive(
                 commands, round=t.round, step=step, deadline_s=s.deadline_s),
                 lambda c, r: None if _count(r.meta.get("samples"), batches[c])
                 else f"samples {r.meta.get('samples')!r}, expected 1..{batches[c]}"))
@@ -341,7 +340,7 @@ class SHeRL(Method):
                                 "compression": s.compression, "wait_s": wait_s})
                     for e, cs in members.items()}
         with t.timed("edge"):
-            out = t.note(self._checked(
+            out = t.note(t.checked(
                 t.engine.send_and_receive(commands, round=t.round, step=step,
                                           deadline_s=s.deadline_s),
                 lambda e, r: self._step_problem(r, members[e], samples)))
@@ -362,17 +361,6 @@ class SHeRL(Method):
                                             deadline_s=s.deadline_s))
         for client in out.replies:
             t.bwd_samples[client] += samples[client]
-        return out
-
-    def _checked(self, out: Outcome, problem: Callable[[str, Reply], str | None]) -> Outcome:
-        """Replies that fail `problem` become misses with the reason (replies are
-        untrusted)."""
-        for agent in list(out.replies):
-            reason = problem(agent, out.replies[agent])
-            if reason is not None:
-                log.warning("dropped %s's reply: %s", agent, reason)
-                del out.replies[agent]
-                out.missed[agent] = f"error: bad reply: {reason}"
         return out
 
     def _cloud_step(self, embeddings: dict[str, np.ndarray], labels: dict[str, np.ndarray]
@@ -442,10 +430,10 @@ class SHeRL(Method):
         t = self.trainer
         command = Command(Kind.GET_WEIGHTS.value, {"blocks": ["edge"]})
         with t.timed("collect"):
-            out = t.note(t._checked(
+            out = t.note(t.checked(
                 t.engine.broadcast(command, t.live(edges), round=t.round,
                                    deadline_s=t.settings.deadline_s),
-                lambda e, x: self._edge_weights_problem(x)))
+                lambda e, r: self._edge_weights_problem(r.tensors)))
         return {e: r.tensors for e, r in out.replies.items()}
 
     # ------------------------------------------------------------------ validation

@@ -45,11 +45,6 @@ log = logging.getLogger("jetsplit.coordinator")
 PIECE_BYTES = 1 << 20  # one part of a file per command (the unit a retry re-sends)
 RETRY_LINK_FACTOR = 2.0  # first retry of a part: at least this × its time on the downlink
 OFFER_ROUNDS = 3  # offer → parts → offer cycles per ensure() before giving up till later
-# What each method runs on a client device: the client block, with the aux head, or the
-# whole model. Methods not listed run the client block only.
-CLIENT_CONTENT = {"fedavg": "full", "ampere": "aux", "ampere-noconsolidation": "aux"}
-
-
 def prepare_bundle(cfg: ServerConfig, workdir: Path) -> Path:
     """The full bundle archive (the coordinator's): the configured one (verified), or a
     fresh export."""

@@ -1,23 +1,19 @@
-"""The training driver: rounds of a method over any engine, with evaluation and metrics.
+"""The trainer: the shared machinery every method trains through.
 
-Per round it selects a seeded fraction of eligible agents, makes sure they hold the bundle,
-lets the method run its T local iterations, evaluates on the held-out test split (which
-never leaves the coordinator) and writes one JSON line: top-1 and balanced accuracy,
-per-class accuracy, loss, bytes up/down per message kind (training and evaluation apart),
-device GFLOPs per agent (from the cost model and the samples each agent processed) and wall
-time per phase.
+Exchanges with the fleet (forward, backward, push and pull of weights, release), the books
+(bytes, phases, samples and FLOPs per agent), public checks on untrusted replies
+(`activation_problem`, `weights_problem`, `checked`), per-device cuts and their
+completions, seeded selection and size-proportional batches. The round loop
+(server/round_loop.py) drives it; the methods (server/algorithms/) call it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -25,18 +21,21 @@ import numpy as np
 import torch
 from torch import nn
 
+from jetsplit import catalog
 from jetsplit.bundle import Bundle, load_bundle
 from jetsplit.data import ArrayDataset
-from jetsplit.devices import resolve_device, torch_threads
+from jetsplit.devices import resolve_device
 from jetsplit.errors import JetsplitError
 from jetsplit.models import ZOO_VERSION
 from jetsplit.models.split import eval_mode
 from jetsplit.models.weights import from_arrays, load_strict, to_arrays
 from jetsplit.protocol import Kind
+from jetsplit.server.bundle_shipping import BundleShipper
 from jetsplit.server.compute import autocast, to_device, to_host
 from jetsplit.server.divergence import DivergenceGuard
-from jetsplit.server.engine import Command, Engine, Outcome
+from jetsplit.server.engine import Command, Engine, Outcome, Reply
 from jetsplit.server.evaluation import Evaluation, evaluate, summarize
+from jetsplit.server.settings import Settings
 from jetsplit.wire import accounted_bound
 
 log = logging.getLogger("jetsplit.coordinator")
@@ -50,73 +49,11 @@ class RoundFailed(JetsplitError):
     reporting it as done would train nothing while looking like a completed run."""
 
 
-@dataclass(frozen=True)
-class Settings:
-    """How to train; names as in docs/methods.md (T local steps, fraction r, total batch B)."""
-
-    algorithm: str = "psl"
-    rounds: int = 10
-    local_steps: int = 10
-    fraction: float = 1.0
-    batch: int = 64  # B: per iteration over all selected agents, B_k ∝ |D_k|
-    lr: float = 0.01
-    seed: int = 0
-    deadline_s: float = 60.0
-    bundle_deadline_s: float = 300.0
-    retry_s: float = 30.0  # MQTT: silence before a command is re-sent (then backs off)
-    codec: str = "fp32"
-    compression: str = "none"
-    # GAPSL (gapsl.txt §III): selection-ratio bounds, alignment weight λ, threshold width η.
-    k_min: float = 0.2
-    k_max: float = 0.8
-    lam: float = 5e-4
-    eta: float = 1.0
-    # PSL's L and GAPSL's L_g: "mean" over the clients or their "sum" (eq. 8); unset: the
-    # preset's (server/optim.py). `preset`: "default" (what trains the shipped models) or
-    # "paper" (the papers' own settings, for their models).
-    psl_reduction: str | None = None
-    preset: str = "default"
-    # Ampere (ampere.txt §3.3): phase 1 ends after `patience` epochs without a better
-    # validation accuracy of client+aux, or after N_d = `device_epochs`; the validation part
-    # is carved from the coordinator's held-out split. Phase 2 uploads activations in
-    # replies of at most `upload_mb` into a store bounded by `activation_gb`, kept in
-    # `activation_dir` (default: a folder per run in the system temp dir, removed at the end).
-    patience: int = 5
-    device_epochs: int = 100
-    validation_fraction: float = 0.2
-    upload_mb: float = 8.0
-    activation_dir: str | None = None
-    activation_gb: float = 64.0
-    # SHeRL-FL (sherl-fl.txt): edges FedAvg their clients every `tau1` iterations and the
-    # cloud FedAvg-s the edge tier every `tau2` (None: once per round, after iteration T);
-    # `margin` m of the edge's contrastive loss; `edges` maps edge → clients (empty:
-    # round-robin over the registered edges); `edge_split` k2 is the first cloud layer
-    # (None: the planner picks it from the agents' profiles).
-    tau1: int | None = None
-    tau2: int | None = None
-    margin: float = 0.5
-    cloud_lr: float | None = None  # SHeRL-FL's cloud head (paper: Adam, 1e-3)
-    # Per-tier training (server/optim.py): unset = the method's paper default, else the
-    # general `lr` / plain SGD. `client_batch` fixes every client's batch (GAPSL's 128,
-    # Ampere's B(d)) instead of B_k ∝ |D_k|; `server_batch` is Ampere's B(s) (default B);
-    # `server_epochs` is Ampere's N_s (default: every round left after phase 1).
-    optimizer: str | None = None
-    momentum: float | None = None
-    weight_decay: float = 0.0
-    client_lr: float | None = None
-    server_lr: float | None = None
-    edge_lr: float | None = None
-    client_batch: int | None = None
-    server_batch: int | None = None
-    server_epochs: int | None = None
-    edges: dict[str, list[str]] = field(default_factory=dict)
-    edge_split: int | None = None
-    # Where the coordinator computes ([server] in server.toml): device auto|cpu|cuda for the
-    # server blocks and evaluation; autocast off|bf16|fp16 on the server block's steps;
-    # intra-op torch threads for the coordinator's compute (0: the process's setting).
-    device: str = "auto"
-    autocast: str = "off"
-    threads: int = 0
+def _client_content(algorithm: str) -> str:
+    """What the method's client devices run (a name the catalog lacks: the client block;
+    the method factory is where an unknown name fails)."""
+    entry = catalog.METHODS.get(algorithm)
+    return catalog.CLIENT_BLOCK if entry is None else entry.client_content
 
 
 class Trainer:
@@ -127,7 +64,6 @@ class Trainer:
                  ) -> None:
         """`archive` is the whole model split at the server cut c*; `cuts` gives agents
         that train at a shallower cut theirs (the rest train at c*; see server/hetero.py)."""
-        from jetsplit.server.coordinator import CLIENT_CONTENT, BundleShipper
         from jetsplit.server.hetero import Completions, check_cuts
 
         self.engine, self.settings, self.test = engine, settings, test
@@ -141,7 +77,7 @@ class Trainer:
         self.shipper = BundleShipper(engine, archive, lr=self.client_optimizer.lr,
                                      deadline_s=settings.bundle_deadline_s,
                                      optimizer=self.client_optimizer.wire(),
-                                     content=CLIENT_CONTENT.get(settings.algorithm, "client"),
+                                     content=_client_content(settings.algorithm),
                                      seed=settings.seed, bundle=self.bundle)
         self.cuts: dict[str, int] = check_cuts(cuts or {}, self.bundle.split,
                                                self.bundle.spec.name)
@@ -172,7 +108,7 @@ class Trainer:
         self.missed_kind: dict[str, str] = {}  # what each agent in `missed` missed
         self.guard = DivergenceGuard(settings, self.bundle.spec.num_classes)
         self.round = 0
-        self._last_pool = 0
+        self.last_pool = 0
         self._flops: dict[int, dict[str, float]] = {}
 
     # ------------------------------------------------------------------ cuts
@@ -292,19 +228,6 @@ class Trainer:
         """|D_k| as each agent registered it (FedAvg weights, batch shares)."""
         return {a: int(self.engine.registry.registration(a)["dataset"]["size"]) for a in agents}
 
-    def label_prior(self, agent: str) -> torch.Tensor:
-        """P_k: the agent's local label distribution from the histogram it registered
-        (SCALA eq. 15); uniform, with a warning, if that histogram is unusable."""
-        from jetsplit.server.algorithms.scala_math import prior_from_counts
-
-        classes = self.bundle.spec.num_classes
-        dataset = self.engine.registry.registration(agent).get("dataset") or {}
-        try:
-            return prior_from_counts(dataset.get("label_histogram") or [], classes)
-        except ValueError as exc:
-            log.warning("agent %s: unusable label histogram (%s); uniform prior", agent, exc)
-            return torch.full((classes,), 1.0 / classes)
-
     def batches(self, agents: list[str]) -> dict[str, int]:
         """B_k = B·|D_k| / Σ_j |D_j| (at least 2: BatchNorm in training mode needs more
         than one value per channel, and SplitFed V2 serves one client's batch alone): SCALA's
@@ -336,9 +259,9 @@ class Trainer:
             log.warning("no eligible agent online; waiting up to %.0fs",
                         self.settings.deadline_s)
             registry.wait_for(1, self.settings.deadline_s)
-            registry.wait_for(self._last_pool, REJOIN_GRACE_S)
+            registry.wait_for(self.last_pool, REJOIN_GRACE_S)
             pool = registry.eligible(zoo_version=ZOO_VERSION)
-        self._last_pool = len(pool)
+        self.last_pool = len(pool)
         if not pool:
             return []
         count = max(1, min(len(pool), round(self.settings.fraction * len(pool))))
@@ -352,14 +275,14 @@ class Trainer:
                                                     "compression": s.compression})
                     for a, b in batches.items()}
         with self.timed("forward"):
-            out = self.note(self._checked(self.engine.send_and_receive(
+            out = self.note(self.checked(self.engine.send_and_receive(
                 commands, round=self.round, step=step, deadline_s=s.deadline_s),
-                lambda agent, t: self._activation_problem(t, batches[agent], agent)))
+                lambda agent, r: self.activation_problem(r.tensors, batches[agent], agent)))
         for agent, reply in out.replies.items():
             self.fwd_samples[agent] += int(len(reply.tensors["labels"]))
         return out
 
-    def _activation_problem(self, tensors: Arrays, batch: int, agent: str = "") -> str | None:
+    def activation_problem(self, tensors: Arrays, batch: int, agent: str = "") -> str | None:
         """Why a forward reply cannot be trained on, or None (replies are untrusted)."""
         shape = self.activation_shape_at(self.cut(agent))
         acts, labels = tensors.get("activations"), tensors.get("labels")
@@ -377,7 +300,7 @@ class Trainer:
             return "activations contain NaN or infinity"
         return None
 
-    def _expected_weights(self, blocks: tuple[str, ...], agent: str | None = None, *,
+    def expected_weights(self, blocks: tuple[str, ...], agent: str | None = None, *,
                           cut: int | None = None) -> Arrays:
         """The tensors `blocks` of a device at `cut` hold (default: the agent's cut, or the
         server cut's whole template): names, shapes and dtypes to check replies against."""
@@ -397,14 +320,14 @@ class Trainer:
     def weights_bytes(self, blocks: tuple[str, ...], agents: list[str]) -> int:
         """The most raw bytes `blocks` of any of `agents` hold: what a weights reply is
         accounted for (`accounted_bound`), whatever the model's size."""
-        return max((sum(v.nbytes for v in self._expected_weights(blocks, a).values())
+        return max((sum(v.nbytes for v in self.expected_weights(blocks, a).values())
                     for a in agents), default=0)
 
-    def _weights_problem(self, tensors: Arrays, blocks: tuple[str, ...],
+    def weights_problem(self, tensors: Arrays, blocks: tuple[str, ...],
                          agent: str | None = None, *, cut: int | None = None) -> str | None:
         """Why `tensors` (untrusted) are not `blocks` of a device at `cut` (default: the
         agent's cut, or the server cut's whole template), or None."""
-        expected = self._expected_weights(blocks, agent, cut=cut)
+        expected = self.expected_weights(blocks, agent, cut=cut)
         if set(tensors) != set(expected):
             return "weights do not match the model's tensors"
         for name, want in expected.items():
@@ -415,10 +338,11 @@ class Trainer:
                 return f"tensor {name} contains NaN or infinity"
         return None
 
-    def _checked(self, out: Outcome, problem: Callable[[str, Arrays], str | None]) -> Outcome:
-        """Move replies that fail validation to the misses, with the reason, and log it."""
+    def checked(self, out: Outcome, problem: Callable[[str, Reply], str | None]) -> Outcome:
+        """Move replies that fail `problem` (agent, reply → reason or None) to the misses,
+        with the reason, and log it: every method's one check on untrusted replies."""
         for agent in list(out.replies):
-            reason = problem(agent, out.replies[agent].tensors)
+            reason = problem(agent, out.replies[agent])
             if reason is not None:
                 log.warning("dropped %s's reply: %s", agent, reason)
                 del out.replies[agent]
@@ -452,11 +376,11 @@ class Trainer:
             return {}
         with self.timed("collect"):
             bound = accounted_bound(self.weights_bytes(blocks, agents))
-            out = self.note(self._checked(self.engine.broadcast(
+            out = self.note(self.checked(self.engine.broadcast(
                 Command(Kind.GET_WEIGHTS.value, {"blocks": list(blocks)}, reply_bytes=bound),
                 agents,
                 round=self.round, deadline_s=self.settings.deadline_s),
-                lambda agent, t: self._weights_problem(t, blocks, agent)))
+                lambda agent, r: self.weights_problem(r.tensors, blocks, agent)))
         return {a: r.tensors for a, r in out.replies.items()}
 
     def release(self, agents: list[str]) -> None:
@@ -485,215 +409,3 @@ class Trainer:
         if not results:  # nobody reachable to evaluate: say so rather than guess
             return {"accuracy": None, "balanced_accuracy": None}
         return summarize(results)
-
-
-def run_training(
-    engine: Engine,
-    archive: Path,
-    settings: Settings,
-    test: ArrayDataset,
-    out_dir: Path,
-    *,
-    on_round: Callable[[dict[str, Any]], None] | None = None,
-    bundle: Bundle | None = None,
-    checkpoint: bool = True,
-    resume: bool = False,
-    row_extras: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-    cuts: Mapping[str, int] | None = None,
-) -> dict[str, Any]:
-    """Train `settings.algorithm` for `settings.rounds` rounds; returns the summary.
-
-    With `checkpoint`, the state after every round goes to `out_dir/checkpoint`; with
-    `resume`, training continues after the last checkpointed round (its bundle is shipped,
-    its metrics rows are kept) and ends exactly where an uninterrupted run would.
-    `row_extras(row)` may add fields to each metrics row before it is written. The
-    coordinator's compute runs with `settings.threads` intra-op threads (0: as it is).
-    `cuts` trains a fleet of per-device cuts (see Trainer and server/hetero.py)."""
-    with torch_threads(settings.threads):
-        return _train(engine, archive, settings, test, out_dir, on_round=on_round,
-                      bundle=bundle, checkpoint=checkpoint, resume=resume,
-                      row_extras=row_extras, cuts=cuts)
-
-
-def _train(engine: Engine, archive: Path, settings: Settings, test: ArrayDataset,
-           out_dir: Path, *, on_round: Callable[[dict[str, Any]], None] | None,
-           bundle: Bundle | None, checkpoint: bool, resume: bool,
-           row_extras: Callable[[dict[str, Any]], dict[str, Any]] | None,
-           cuts: Mapping[str, int] | None) -> dict[str, Any]:
-    from jetsplit.server.algorithms.methods import build_method
-    from jetsplit.server.checkpoint import load_checkpoint
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(settings.seed)
-    saved = load_checkpoint(out_dir / "checkpoint") if resume else None
-    if saved is not None:
-        archive, bundle = saved.bundle, None
-    trainer = Trainer(engine, archive, settings, test, bundle=bundle, cuts=cuts)
-    method = build_method(settings.algorithm, trainer)
-    started = time.perf_counter()
-    rows: list[dict[str, Any]] = []
-    first = 0
-    if saved is not None:
-        _restore(saved, settings, trainer, method)
-        rows = _kept_rows(out_dir / "metrics.jsonl", saved.round + 1)
-        first = saved.round + 1
-        log.info("resuming %s after round %d of %d from %s", settings.algorithm,
-                 first, settings.rounds, out_dir / "checkpoint")
-    with (out_dir / "metrics.jsonl").open("w") as metrics:
-        metrics.writelines(json.dumps(r) + "\n" for r in rows)
-        for round_ in range(first, settings.rounds):
-            trainer.round = round_
-            trainer.phases.clear()
-            trainer.fwd_samples.clear()
-            trainer.bwd_samples.clear()
-            trainer.full_samples.clear()
-            trainer.missed, trainer.missed_kind = {}, {}
-            round_started = time.perf_counter()
-            before = engine.counters.by_kind()
-            selected = trainer.select()
-            loss = method.run_round(selected)
-            trainer.guard.check(loss, round_, method.loss_tier)
-            train_bytes = _delta(engine.counters.by_kind(), before)
-            # Installing the bundle is setup, not training: reported apart.
-            setup_bytes = sum(train_bytes[d].pop(kind, 0) for d in ("up", "down")
-                              for kind in (Kind.BUNDLE.value, Kind.BUNDLE_PART.value))
-            with trainer.timed("evaluate"):
-                before_eval = engine.counters.by_kind()
-                scores = method.evaluate()
-                eval_bytes = _delta(engine.counters.by_kind(), before_eval)
-            row = {
-                "round": round_, "algorithm": settings.algorithm, "selected": selected,
-                "missed": dict(sorted(trainer.missed.items())), "train_loss": loss, **scores,
-                "bytes_up": sum(train_bytes["up"].values()),
-                "bytes_down": sum(train_bytes["down"].values()),
-                "bytes_by_kind": train_bytes, "eval_bytes": eval_bytes,
-                "bundle_bytes": setup_bytes,
-                "bytes_up_total": engine.counters.total("up"),
-                "bytes_down_total": engine.counters.total("down"),
-                "device_gflops": trainer.device_gflops(),
-                "phases_s": {k: round(v, 4) for k, v in sorted(trainer.phases.items())},
-                "seconds": time.perf_counter() - round_started,
-                "cuts": trainer.cuts_of(selected),
-                **getattr(method, "extra_metrics", {}),  # a method's own (sherl: tier_bytes)
-            }
-            if row_extras is not None:  # e.g. a trial's per-agent time and telemetry
-                row.update(row_extras(row))
-            rows.append(row)
-            metrics.write(json.dumps(row) + "\n")
-            metrics.flush()
-            log.info("round %d/%d %s: accuracy %.4f (balanced %.4f), train loss %.4f, "
-                     "%d agents, up %.2f MB, down %.2f MB", round_ + 1, settings.rounds,
-                     settings.algorithm, _or_nan(row["accuracy"]),
-                     _or_nan(row["balanced_accuracy"]),
-                     float("nan") if loss is None else loss, len(selected),
-                     row["bytes_up"] / 1e6, row["bytes_down"] / 1e6)
-            if checkpoint:
-                with trainer.timed("checkpoint"):
-                    _save(out_dir / "checkpoint", round_, settings, trainer, method, archive)
-            if on_round is not None:
-                on_round(row)
-    if not rows:
-        raise JetsplitError(f"nothing to train: the checkpoint already covers all "
-                            f"{settings.rounds} rounds")
-    last = rows[-1]
-    gflops: dict[str, float] = defaultdict(float)
-    for row in rows:
-        for agent, value in row["device_gflops"].items():
-            gflops[agent] += value
-    summary = {
-        "algorithm": settings.algorithm, "rounds": settings.rounds, "run": engine.run_id,
-        "final_accuracy": last["accuracy"], "balanced_accuracy": last["balanced_accuracy"],
-        "final_accuracy_std": last.get("accuracy_std"),
-        "bytes_up": sum(r["bytes_up"] for r in rows),
-        "bytes_down": sum(r["bytes_down"] for r in rows),
-        "bundle_bytes": sum(r["bundle_bytes"] for r in rows),
-        "device_gflops": float(sum(gflops.values())),
-        "device_gflops_per_agent": dict(sorted(gflops.items())),
-        "seconds": time.perf_counter() - started,
-        "bundle_sha256": trainer.shipper.sha256,
-        "settings": settings.__dict__,
-        "agents": engine.registry.snapshot(),
-        "missed": [m.__dict__ for m in engine.registry.missed],
-        "bytes": engine.counters.snapshot(),
-    }
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    method.save(out_dir)
-    return summary
-
-
-def _or_nan(value: float | None) -> float:
-    return math.nan if value is None else value
-
-
-def _delta(after: dict[str, dict[str, int]], before: dict[str, dict[str, int]]
-           ) -> dict[str, dict[str, int]]:
-    return {d: {k: v - before[d].get(k, 0) for k, v in sorted(after[d].items())
-                if v - before[d].get(k, 0)} for d in ("up", "down")}
-
-
-# Settings a resumed run may change: how long to wait, how far to go and where the
-# coordinator computes, not what to train.
-RESUMABLE_CHANGES = {"rounds", "deadline_s", "bundle_deadline_s", "retry_s", "device", "threads"}
-
-
-def _save(directory: Path, round_: int, settings: Settings, trainer: Trainer,
-          method: Any, archive: Path) -> None:
-    """Round `round_`'s checkpoint: the method's state, the RNGs, the fleet's books."""
-    from jetsplit.server.checkpoint import save_checkpoint
-
-    arrays, method_meta = method.checkpoint()
-    arrays = {**arrays, "trainer/torch_rng": torch.get_rng_state().numpy()}
-    engine = trainer.engine
-    meta = {
-        "settings": settings.__dict__, "bundle_sha256": trainer.shipper.sha256,
-        "numpy_rng": trainer.rng.bit_generator.state, "last_pool": trainer._last_pool,
-        "method": method_meta, "bytes": engine.counters.snapshot(),
-        "missed": [m.__dict__ for m in engine.registry.missed],
-    }
-    save_checkpoint(directory, round_, meta, arrays, archive)
-
-
-def _restore(saved: Any, settings: Settings, trainer: Trainer, method: Any) -> None:
-    """Put a fresh trainer and method back into the checkpointed state."""
-    from jetsplit.server.checkpoint import CheckpointError
-    from jetsplit.server.registry import MissedStep
-
-    meta = saved.meta
-    before = meta.get("settings") or {}
-    defaults = {f.name: f.default for f in fields(Settings)}  # keys older runs lack
-    changed = sorted(k for k, v in settings.__dict__.items()
-                     if k not in RESUMABLE_CHANGES and before.get(k, defaults[k]) != v)
-    if changed:
-        raise CheckpointError(f"cannot resume: setting {changed[0]!r} was "
-                              f"{before.get(changed[0])!r}, now {getattr(settings, changed[0])!r}")
-    if meta.get("bundle_sha256") != trainer.shipper.sha256:
-        raise CheckpointError("cannot resume: the checkpoint's bundle does not match its hash")
-    try:
-        trainer.rng.bit_generator.state = meta["numpy_rng"]
-        torch.set_rng_state(torch.from_numpy(np.array(saved.arrays["trainer/torch_rng"])))
-        trainer._last_pool = int(meta.get("last_pool", 0))
-        engine = trainer.engine
-        engine.counters.load(meta.get("bytes", {}))
-        for miss in meta.get("missed", []):
-            engine.registry.missed.append(MissedStep(**miss))
-    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
-        raise CheckpointError(f"checkpoint state is damaged: {exc}") from None
-    method.restore({k: v for k, v in saved.arrays.items() if not k.startswith("trainer/")},
-                   meta.get("method", {}))
-
-
-def _kept_rows(path: Path, count: int) -> list[dict[str, Any]]:
-    """The metrics rows of the checkpointed rounds (later ones, if any, are discarded)."""
-    rows: list[dict[str, Any]] = []
-    if path.is_file():
-        with path.open() as fh:
-            for line in fh:
-                if len(rows) == count:
-                    break
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError:
-                    break  # a row cut short by the kill
-    if len(rows) < count:
-        log.warning("metrics.jsonl holds %d of the %d checkpointed rounds", len(rows), count)
-    return rows
