@@ -18,7 +18,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from jetsplit.wire import fuzz
+# The fuzzer is test code, not part of the installed package: the checkout's testing/ folder.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testing"))
+import wire_fuzz as fuzz  # noqa: E402
 
 _PROBE = """
 import sys

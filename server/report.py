@@ -158,20 +158,18 @@ class AgentTotals:
     max_temperature_c: float | None = None
     gflops: float | None = None
     cut: int | None = None  # the last layer its device trains (per-device cuts)
-    predicted_compute_s: float | None = None  # the planner's, summed over rounds
-    predicted_transfer_s: float | None = None
+    compute_rounds: int = 0  # rounds that reported compute_s (for per-round means)
+    transfer_rounds: int = 0
 
     def add_round(self, info: dict[str, Any]) -> None:
         if isinstance(info.get("profile"), str):
             self.profile = info["profile"]
-        if isinstance(info.get("cut"), int):
+        if isinstance(info.get("cut"), int) and not isinstance(info.get("cut"), bool):
             self.cut = info["cut"]
-        self.predicted_compute_s = _add(self.predicted_compute_s,
-                                        info.get("predicted_compute_s"))
-        self.predicted_transfer_s = _add(self.predicted_transfer_s,
-                                         info.get("predicted_transfer_s"))
         if isinstance(info.get("state"), str):
             self.state = info["state"]
+        self.compute_rounds += finite(info.get("compute_s")) is not None
+        self.transfer_rounds += finite(info.get("transfer_s")) is not None
         self.compute_s = _add(self.compute_s, info.get("compute_s"))
         self.transfer_s = _add(self.transfer_s, info.get("transfer_s"))
         self.wait_s = _add(self.wait_s, info.get("wait_s"))
@@ -618,9 +616,7 @@ def agents_table(run: RunData) -> list[str]:
         ("max °C", lambda a: _fmt(a.max_temperature_c, ".1f")),
         ("samples", lambda a: _fmt(facts.get(a.agent, {}).get("dataset_size"))),
         ("offline events", lambda a: _fmt(facts.get(a.agent, {}).get("offline_events"))),
-        ("cut", lambda a: _fmt(a.cut)),
-        ("predicted compute s", lambda a: _fmt(a.predicted_compute_s, ".2f")),
-        ("predicted transfer s", lambda a: _fmt(a.predicted_transfer_s, ".2f")),
+        ("cut", lambda a: _fmt(a.cut)),  # the plan's prediction at it: "Split plan"
     ]
     columns: list[tuple[str, Callable[[AgentTotals], str]]] = [
         ("agent", lambda a: _fmt(a.agent)), ("profile", lambda a: _fmt(a.profile)),
@@ -705,30 +701,34 @@ def render_plan(value: Any, name: str = "", depth: int = 0) -> list[str]:
     return [f"**{name or 'plan'}**: {_cell(value)}", ""]
 
 
-def _plan_section(plan: Any) -> list[str]:
-    """The plan per device at the split the run used, the fleet's cost at every split
-    point, and the emulation settings; the raw plan stays in plan.json."""
-    from jetsplit.server.report_views import emulation_note, plan_table
+def _trial_spec(run: RunData) -> dict[str, Any]:
+    """trial.json's settings (which cuts were set by hand), or {}."""
+    for name, _, text in run.configs:
+        if name == "trial.json":
+            try:
+                spec = json.loads(text)
+            except json.JSONDecodeError:
+                return {}
+            return spec if isinstance(spec, dict) else {}
+    return {}
 
+
+def _plan_section(run: RunData) -> list[str]:
+    """Each device at the cut it trained at: the planner's per-round prediction there
+    beside what it measured, the choice in words, the fleet's cost at every common cut and
+    the emulation settings; the raw plan stays in plan.json."""
+    from jetsplit.server.report_plan import devices, fleet_cost_table, plan_section
+    from jetsplit.server.report_views import emulation_note
+
+    plan = run.plan
     lines = ["## Split plan", ""]
     if plan is None:
         return [*lines, "_No plan.json in this run folder._", ""]
-    table = plan_table(plan)
-    if not table:  # not a planner's output: show it generically
+    agents = agent_totals(run.rows)
+    body = plan_section(plan, agents, run.rows, _trial_spec(run))
+    if not body:  # not a planner's output: show it generically
         return lines + (render_plan(plan) or ["_plan.json is empty._", ""])
-    used = plan.get("used_split", plan.get("chosen_k"))
-    lines += [f"Split used: k = {used} (planner's choice: {plan.get('chosen_k')}, planned as "
-              f"{plan.get('planned_as') or plan.get('algorithm')}). Per device at that split:",
-              "", *table]
-    fleet = [f for f in plan.get("fleet", []) if isinstance(f, dict)]
-    if fleet:
-        lines += ["Cost against split point (fleet, predicted ms per iteration):", "",
-                  "| k | " + " | ".join(str(f.get("k")) for f in fleet) + " |",
-                  "|---|" + "---|" * len(fleet),
-                  "| ms | " + " | ".join(
-                      ("**" if f.get("k") == used else "") + _fmt(finite(f.get("value")), ".0f")
-                      + ("**" if f.get("k") == used else "") + ("" if f.get("fits") else " ✗")
-                      for f in fleet) + " |", ""]
+    lines += [*body, *fleet_cost_table(plan, devices(plan, agents))]
     note = emulation_note(plan)
     if note:
         lines += [note, ""]
@@ -758,13 +758,13 @@ def write_report(run_dir: Path, *, title: str | None = None) -> Path:
     name = title or f"jetsplit run {run.summary.get('run') or run.run_dir.resolve().name}"
     from jetsplit.server.report_views import headline
 
-    profiles = [a.profile for a in agent_totals(run.rows).values()]
-    lines = [f"# {name}", "", *headline(run.rows, run.summary, run.plan, profiles),
+    lines = [f"# {name}", "", *headline(run.rows, run.summary, run.plan,
+                                        agent_totals(run.rows)),
              summary_paragraph(run), "",
              *_plots_section(run),
              "## Rounds", "", *rounds_table(run.rows), *_per_class_line(run.rows),
              "## Agents", "", *agents_table(run),
-             *_plan_section(run.plan), *_config_section(run)]
+             *_plan_section(run), *_config_section(run)]
     path = run.run_dir / "report.md"
     path.write_text("\n".join(lines).rstrip() + "\n")
     return path

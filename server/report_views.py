@@ -1,7 +1,7 @@
 """The parts of a run report a person reads first: the headline numbers against the plan's
-prediction, the plan as one row per device, and the plots that answer "how fast did it
-learn for the bytes and the time it cost" (loss, accuracy vs cumulative MB and vs wall
-time, per-round time by phase), plus `--compare` overlays of several runs.
+prediction (at the cut each device trained at: report_plan.py), and the plots that answer
+"how fast did it learn for the bytes and the time it cost" (loss, accuracy vs cumulative MB
+and vs wall time, per-round time by phase), plus `--compare` overlays of several runs.
 
 Units: MB (10^6 bytes) for traffic everywhere, GiB for memory.
 """
@@ -9,7 +9,7 @@ Units: MB (10^6 bytes) for traffic everywhere, GiB for memory.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +67,8 @@ def emulation_note(plan: Any) -> str | None:
 
 
 def plan_rows(plan: Any) -> list[dict[str, Any]]:
-    """Per device profile, the planner's row for the split the run used."""
+    """Per device profile, the planner's row at the server cut (the agent-memory plot reads
+    its budget, the same at every cut; each device's own cut: report_plan.py)."""
     if not isinstance(plan, dict) or not isinstance(plan.get("devices"), list):
         return []
     used = plan.get("used_split", plan.get("chosen_k"))
@@ -81,50 +82,20 @@ def plan_rows(plan: Any) -> list[dict[str, Any]]:
     return out
 
 
-def plan_table(plan: Any) -> list[str]:
-    """The plan as a table: one line per device profile at the split the run used."""
-    rows = plan_rows(plan)
-    if not rows:
-        return []
-    lines = ["| device | cut (k) | device GFLOPs / iter | memory used / budget (GiB) | fits | "
-             "MB / round | predicted ms / iter |", "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        memory = r.get("memory") if isinstance(r.get("memory"), dict) else {}
-        used = finite(memory.get("total"))
-        budget = finite(r.get("budget_bytes"))
-        mem = (f"{used / GIB:.2f} / {budget / GIB:.2f}" if used is not None and budget
-               else "—")
-        lines.append(f"| {r.get('profile')} | {r.get('cut')} ({r.get('k')}) | "
-                     f"{_num(r.get('device_gflops')):.3f} | {mem} | "
-                     f"{'yes' if r.get('fits') else 'NO'} | "
-                     f"{_num(r.get('bytes_round')) / MB:.2f} | {_num(r.get('total_ms')):.1f} |")
-    return lines + [""]
+def predicted(plan: Any, agents: Mapping[str, Any]) -> dict[str, float] | None:
+    """The plan's prediction for the whole run at the cut each device trained at: training
+    MB (each device's MB per round at its cut, summed, × rounds) and seconds (the fleet's
+    ms per iteration for those cuts × iterations × rounds). `agents`: AgentTotals by id."""
+    from jetsplit.server.report_plan import predicted_run
 
-
-def predicted(plan: Any, profiles: Sequence[str | None]) -> dict[str, float] | None:
-    """The plan's prediction for the whole run: training MB (per-device MB per round × rounds,
-    over the agents) and seconds (the fleet's ms per iteration × T × rounds)."""
-    if not isinstance(plan, dict):
-        return None
-    settings = plan.get("settings") if isinstance(plan.get("settings"), dict) else {}
-    rounds, steps = _num(settings.get("rounds")), _num(settings.get("local_steps"))
-    by_profile = {r.get("profile"): r for r in plan_rows(plan)}
-    if not by_profile or not rounds:
-        return None
-    used = plan.get("used_split", plan.get("chosen_k"))
-    fleet = [f for f in plan.get("fleet", []) if isinstance(f, dict) and f.get("k") == used]
-    per_iter_ms = (_num(fleet[0].get("value")) if fleet
-                   else max(_num(r.get("total_ms")) for r in by_profile.values()))
-    known = [by_profile[p] for p in profiles if p in by_profile]
-    return {"mb": sum(_num(r.get("bytes_round")) for r in known) * rounds / MB,
-            "seconds": per_iter_ms * steps * rounds / 1e3}
+    return predicted_run(plan, agents)
 
 
 # ---------------------------------------------------------------------- headline
 
 
 def headline(rows: Sequence[Row], summary: dict[str, Any], plan: Any,
-             profiles: Sequence[str | None]) -> list[str]:
+             agents: Mapping[str, Any]) -> list[str]:
     """The numbers first: accuracy, bytes, wall time, each beside the plan's prediction."""
     last_acc = next((finite(r.get("accuracy")) for r in reversed(rows)
                      if finite(r.get("accuracy")) is not None), None)
@@ -134,7 +105,7 @@ def headline(rows: Sequence[Row], summary: dict[str, Any], plan: Any,
     seconds = finite(summary.get("seconds"))
     if seconds is None:
         seconds = sum(_num(r.get("seconds")) for r in rows)
-    guess = predicted(plan, profiles)
+    guess = predicted(plan, agents)
     dilation = None
     if isinstance(plan, dict) and isinstance(plan.get("emulation"), dict):
         dilation = finite(plan["emulation"].get("compute_dilation"))

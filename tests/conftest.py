@@ -15,6 +15,13 @@ import pytest
 
 from jetsplit.server.brokers import MosquittoProcess
 
+# Test helpers that are not part of the installed package (the wire fuzzer): importable as
+# top-level modules from the checkout's testing/ folder (that folder, not the checkout root:
+# `server`, `export` must never import under their bare names).
+TESTING = str(Path(__file__).resolve().parents[1] / "testing")
+if TESTING not in sys.path:
+    sys.path.insert(0, TESTING)
+
 
 @pytest.fixture()
 def one_torch_thread() -> Iterator[None]:

@@ -79,12 +79,25 @@ def _train(archive: Path, out: Path, autocast: str) -> dict[str, np.ndarray]:
     return weights
 
 
-def test_device_choices_resolve_the_same_everywhere() -> None:
+@pytest.mark.parametrize("cuda", [False, True], ids=["no-cuda", "cuda"])
+def test_device_choices_resolve_by_what_torch_sees(cuda: bool,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """"auto" follows torch.cuda.is_available (patched both ways, so both branches run on
+    any machine), "cpu" never does, and "cuda" without CUDA is one line naming the option."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    assert resolve_device("auto", "--device") == ("cuda" if cuda else "cpu")
     assert resolve_device("cpu", "--device") == "cpu"
-    assert resolve_device("auto", "--device") == ("cuda" if torch.cuda.is_available()
-                                                  else "cpu")
-    with pytest.raises(ConfigError, match="auto, cpu or cuda"):
-        resolve_device("tpu", "--device")
+    if cuda:
+        assert resolve_device("cuda", "server.device") == "cuda"
+    else:
+        with pytest.raises(BackendUnavailable) as caught:
+            resolve_device("cuda", "server.device")
+        message = str(caught.value)
+        assert message.startswith("server.device = cuda, but torch sees no CUDA device")
+        assert message.endswith("use cpu or auto)") and "\n" not in message
+    for bad in ("tpu", "CUDA", "", "cuda:0"):
+        with pytest.raises(ConfigError, match=r"^--device must be auto, cpu or cuda, got "):
+            resolve_device(bad, "--device")
 
 
 @NO_CUDA
@@ -146,12 +159,18 @@ def test_one_transfer_each_way_keeps_every_value() -> None:
     assert to_device([], np.float32, device) == [] and to_host([]) == []
 
 
-def test_auto_places_the_server_block_where_torch_sees_a_device(archive: Path) -> None:
+def test_auto_places_the_server_block_where_torch_sees_a_device(
+        archive: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _, test = load_dataset_split("digits", 0.2, 0)
+    want = "cuda" if torch.cuda.is_available() else "cpu"  # this machine, said independently
     trainer = Trainer(InProcessEngine({}), archive, Settings(device="auto"), test)
-    want = resolve_device("auto", "device")
     assert trainer.device.type == want
     assert {p.device.type for p in trainer.server.parameters()} == {want}
+    # a GPU machine whose torch cannot see CUDA puts it on the CPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    trainer = Trainer(InProcessEngine({}), archive, Settings(device="auto"), test)
+    assert trainer.device.type == "cpu"
+    assert {p.device.type for p in trainer.server.parameters()} == {"cpu"}
 
 
 def test_runs_do_not_depend_on_this_process_thread_count(runs: Runs) -> None:

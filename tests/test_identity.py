@@ -54,7 +54,8 @@ def test_a_thousand_fuzzed_device_signed_frames_raise_only_typed_errors() -> Non
     """The wire fuzzer (tests/test_wire_hostile.py) with per-device signatures: mutated
     frames are re-signed, so the header and codec checks behind the signature get fuzzed."""
     from jetsplit.identity import KeyRing, Signer
-    from jetsplit.wire import fuzz
+
+    import wire_fuzz as fuzz  # testing/ (see conftest.py)
 
     signer = Signer.generate("s")
     counts = fuzz.run(1_000, 11, key=signer, keyring=KeyRing({"s": signer.public_key()}))

@@ -258,7 +258,14 @@ def test_report_reads_in_a_minute(tmp_path: Path) -> None:
     assert "| training traffic | 8.00 MB | 16.00 MB |" in head
     assert "20.1 s at the profiles' speed (compute ×68.8 here)" in head
     assert "all traffic (with bundle 5.00 MB" in head
-    assert "| jetson-nano-4gb | layer2 (2) | 0.200 | 0.29 / 2.40 | yes | 2.00 | 302.0 |" in text
+    # a common cut: every device at the plan's k = 2, memory and MB from its row there
+    plan = text.split("## Split plan")[1]
+    assert "Every device at k = 2 (after layer2); planned as psl" in plan
+    assert ("| a1 | jetson-nano-4gb | layer2 (2) | — | 1.65 | — | 0.40 | 0.29 | 0.91 | 2.40 | "
+            "yes | 2.00 |") in plan
+    assert ("- every device (a0, a1): k = 2 (after layer2) — the plan's cut: the fleet's "
+            "predicted time per iteration") in plan and "the least is k = 1 at 501 ms" in plan
+    assert "| ms | 501 | **502** | 503 |" in plan
     assert "budget_bytes" not in text and "memory.context" not in text
     assert "compute runs ×68.8 slower" in text and "50/50 Mbit/s" in text
     pngs = sorted(run.glob("*.png"))
@@ -280,3 +287,126 @@ def test_report_compare_overlays_runs(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, [str(a), "--compare", str(b)])
     assert result.exit_code == 0, result.output
     assert float(imread(a / "compare.png")[..., :3].std()) > 0.02
+
+
+# A fleet planned with a cut per device (numbers chosen so the fleet's choice differs from
+# one device's own best): per profile and cut k, compute / transfer / server ms per
+# iteration. Nano: k = 1 is its own best, k = 3 does not fit. Orin: its own best is k = 2,
+# but at k = 3 it stays under the Nano's pace (78 < 80 ms) and saves the server 5 ms, so
+# the planner puts it at 3: 80 + 300 + 245 = 625 ms per iteration against 630 at (1, 2).
+PER_DEVICE_MS = {
+    "jetson-nano-4gb": {1: (20.0, 60.0, 300.0), 2: (200.0, 40.0, 250.0),
+                        3: (500.0, 30.0, 200.0)},
+    "orin-nx-16gb": {1: (5.0, 60.0, 300.0), 2: (30.0, 40.0, 250.0), 3: (48.0, 30.0, 245.0)},
+}
+PER_DEVICE_AGENTS = {"a0": ("jetson-nano-4gb", 1), "a1": ("orin-nx-16gb", 3),
+                     "a2": ("jetson-nano-4gb", 1)}
+
+
+def _per_device_plan() -> dict[str, Any]:
+    budgets = {"jetson-nano-4gb": 2_576_980_377, "orin-nx-16gb": 12_884_901_888}
+    devices = []
+    for profile, by_k in PER_DEVICE_MS.items():
+        rows = [{"k": k, "cut": f"conv{k}", "compute_ms": c, "transfer_ms": t, "server_ms": s,
+                 "total_ms": c + t + s, "budget_bytes": budgets[profile],
+                 "memory": {"total": 300 * 2**20 + k * 2**20},
+                 "fits": not (profile == "jetson-nano-4gb" and k == 3),
+                 "bytes_round": 4_000_000 / k, "bytes_amortised": 4_000_000 / k,
+                 "device_gflops": 0.1 * k}
+                for k, (c, t, s) in by_k.items()]
+        best = {"jetson-nano-4gb": 1, "orin-nx-16gb": 2}[profile]
+        devices.append({"profile": profile, "time_source": "peak", "best_k": best, "rows": rows})
+    return {
+        "model": "alexnet", "algorithm": "scala", "objective": "time", "planned_as": "scala",
+        "settings": {"algorithm": "scala", "batch": 16, "local_steps": 10, "rounds": 4,
+                     "dataset_size": 1000},
+        "common_split": False, "chosen": {"jetson-nano-4gb": 1, "orin-nx-16gb": 3},
+        "chosen_k": None, "server_cut": 3, "used_split": 3, "value": 625.0,
+        "best_common_k": 1, "best_common_value": 680.0, "devices": devices,
+        "fleet": [{"k": 1, "value": 680.0, "fits": True}, {"k": 2, "value": 740.0, "fits": True},
+                  {"k": 3, "value": 975.0, "fits": False}],
+        "agents": {a: {"profile": p, "cut": k} for a, (p, k) in PER_DEVICE_AGENTS.items()},
+        "emulation": {"compute_dilation": 50.0, "profiles": {}}}
+
+
+def _per_device_run(root: Path, *, trial: dict[str, Any] | None = None) -> Path:
+    """A trial whose devices trained at different cuts (Nanos at 1, the Orin at 3; the
+    server cut is 3), as `jetsplit trial` records it."""
+    rows = []
+    for r in range(4):
+        row = _row(r, agents=False, accuracy=0.4 + 0.1 * r)
+        row["selected"] = list(PER_DEVICE_AGENTS)
+        row["missed"] = {}
+        row["cuts"] = {a: k for a, (_, k) in PER_DEVICE_AGENTS.items()}
+        row["agents"] = {a: {"profile": p, "cut": k, "state": "online",
+                             "compute_s": 2.0 if k == 1 else 0.5 + 0.1 * r,
+                             "transfer_s": 0.7, "wait_s": 1.0, "rss_mb": 512.0 + 100 * (k == 3)}
+                         for a, (p, k) in PER_DEVICE_AGENTS.items()}
+        rows.append(row)
+    root.mkdir(parents=True)
+    (root / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (root / "summary.json").write_text(json.dumps({"algorithm": "scala", "rounds": 4,
+                                                   "seconds": 30.0}))
+    (root / "plan.json").write_text(json.dumps(_per_device_plan()))
+    if trial is not None:
+        (root / "trial.json").write_text(json.dumps(trial))
+    return root
+
+
+def _section(text: str) -> str:
+    return text.split("## Split plan")[1].split("## Configuration")[0]
+
+
+def test_plan_section_shows_each_device_at_its_own_cut(tmp_path: Path) -> None:
+    """Per agent: the cut it trained at (not the server cut), the planner's per-round
+    prediction from its own profile's row at that cut beside the measured means, and the
+    choice in words (the device's own best, or the fleet's when that differs)."""
+    text = write_report(_per_device_run(tmp_path / "run"), title="t").read_text()
+    plan = _section(text)
+    assert ("the coordinator completes the shallower ones to the server cut k = 3: a0, a2 "
+            "(jetson-nano-4gb) at k = 1 (after conv1); a1 (orin-nx-16gb) at k = 3 "
+            "(after conv3)") in plan
+    # the Nanos trained at 1: 20 and 60 ms/iteration × 10 iterations, measured 2.00 and
+    # 0.70 s per round; memory 301 MiB predicted against 512 MiB RSS; 4 MB per round
+    assert ("| a0 | jetson-nano-4gb | conv1 (1) | 0.20 | 2.00 | 0.60 | 0.70 | 0.29 | 0.50 | "
+            "2.40 | yes | 4.00 |") in plan
+    assert plan.count("| conv1 (1) |") == 2
+    # the Orin at 3: 48 and 30 ms; measured compute 0.5, 0.6, 0.7, 0.8 → 0.65 s per round
+    assert ("| a1 | orin-nx-16gb | conv3 (3) | 0.48 | 0.65 | 0.30 | 0.70 | 0.30 | 0.60 | "
+            "12.00 | yes | 1.33 |") in plan
+    assert "Split used" not in text and "planner's choice: None" not in text
+    assert ("- a0, a2 (jetson-nano-4gb): k = 1 (after conv1) — the planner chose the "
+            "shallowest cut because it minimised this device's predicted round time: 3.80 s "
+            "per round") in plan
+    assert "against 4.90 s at k = 2, the next best; k = 3 would not fit its 2.40 GiB." in plan
+    assert ("- a1 (orin-nx-16gb): k = 3 (after conv3) — the planner chose the deepest cut, "
+            "deeper than its own fastest k = 2: its compute + transfer goes from 70 to 78 ms "
+            "per iteration and the server's work for it from 250 to 245 ms, so the fleet's "
+            "iteration takes 625 ms against 630 ms with this device at k = 2") in plan
+    assert ("625 ms per iteration (the slowest device's compute + transfer plus the server's "
+            "work for every device), 6.25 s per round of 10 iterations, against 680 ms "
+            "(6.80 s) with every device at the best common cut k = 1") in plan
+    # the common cuts' costs, the best common one in bold, the one that does not fit marked
+    assert "| ms | **680** | 740 | 975 ✗ |" in plan
+    # headline: each device's MB per round at its own cut (4 + 1.33 + 4) × 4 rounds, and
+    # the fleet's 625 ms × 10 iterations × 4 rounds
+    head = text.split("## Plots")[0]
+    assert "| training traffic | 8.00 MB | 37.33 MB |" in head
+    assert "25.0 s at the profiles' speed" in head
+
+
+def test_plan_section_names_cuts_set_by_hand_and_reasons_the_plan_gives(tmp_path: Path
+                                                                        ) -> None:
+    text = write_report(_per_device_run(tmp_path / "hand", trial={"cuts": {"a1": 3}})
+                        ).read_text()
+    assert ("- a1 (orin-nx-16gb): k = 3 (after conv3) — set by hand (--cut a1=3), which is "
+            "also the planner's choice: the deepest cut, deeper than its own fastest") in text
+    run = _per_device_run(tmp_path / "why")
+    plan = json.loads((run / "plan.json").read_text())
+    plan["chosen"]["orin-nx-16gb"] = 2  # the run's cut is no longer the planner's
+    plan["agents"]["a0"]["reason"] = "the smallest activation that fits the uplink"
+    (run / "plan.json").write_text(json.dumps(plan))
+    text = _section(write_report(run).read_text())
+    assert "- a1 (orin-nx-16gb): k = 3 (after conv3) — not the planner's choice (k = 2)." in text
+    assert ("- a0, a2 (jetson-nano-4gb): k = 1 (after conv1) — the smallest activation that "
+            "fits the uplink.") in text

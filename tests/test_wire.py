@@ -26,7 +26,8 @@ from jetsplit.wire import (
     encode_message,
 )
 from jetsplit.wire import errors as wire_errors
-from jetsplit.wire.fuzz import mutate_bytes
+
+from wire_fuzz import mutate_bytes  # testing/ (see conftest.py)
 
 # torch-free device side: `.ci/run` also runs this on Python 3.9
 pytestmark = pytest.mark.device_pure

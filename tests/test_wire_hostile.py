@@ -19,10 +19,11 @@ from jetsplit.wire import (
     chunk_message,
     decode_message,
     encode_message,
-    fuzz,
 )
 from jetsplit.wire import errors as wire_errors
 from jetsplit.wire.envelope import DEFAULT_MAX_MESSAGE_BYTES
+
+import wire_fuzz as fuzz  # testing/ (see conftest.py)
 
 # torch-free device side: `.ci/run` also runs this on Python 3.9
 pytestmark = pytest.mark.device_pure

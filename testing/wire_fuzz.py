@@ -1,7 +1,12 @@
 """A seeded mutator for the wire decoder, and the decompression bombs it must refuse.
 
 Used by the test suite (a fast and a slow run) and by `benchmarks/fuzz_wire.py`, which also
-measures peak memory. Nothing here runs on a device; it builds hostile frames on purpose.
+measures peak memory. It builds hostile frames on purpose, so it is not part of the
+installed package: it lives in the checkout's `testing/` folder, which tests/conftest.py
+and the benchmark put on `sys.path` (that folder only, never the checkout root, so
+`server`/`export` never import under bare names). It stays Python 3.8 code, like the wire it
+fuzzes: the torch-free device tests (.ci/device-pure-tests.sh) import it on 3.8 and 3.9.
+
 Frames are rebuilt with correct lengths, CRC and (when a key is given) the fleet HMAC or the
 sender's Ed25519 signature (`key` a `jetsplit.identity.Signer`), so mutated
 headers reach the header parser, the size checks and the codecs instead of stopping at the
