@@ -17,7 +17,7 @@ from jetsplit.edge_agent.emulation import DeviceClock, EmulationSection
 from jetsplit.profiles import resolve_profile
 from jetsplit.server.trial import TrialSpec, agent_config, emulations
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PNG = b"\x89PNG\r\n\x1a\n"
 
 

@@ -126,7 +126,7 @@ def test_example_configs_stay_valid() -> None:
     from jetsplit.edge_agent.config import load_agent_config
     from jetsplit.server.config import load_server_config
 
-    root = Path(__file__).resolve().parents[1] / "systemd"
+    root = Path(__file__).resolve().parents[2] / "systemd"
     agent = load_agent_config(root / "agent.toml")
     server = load_server_config(root / "server.toml")
     assert agent.mqtt.address().tls and agent.mqtt.address().username == "nano-01"
