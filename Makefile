@@ -61,7 +61,7 @@ lint: setup
 
 # The device side (all `jetsplit agent run` imports) must run on JetPack 5's Python 3.8.
 DEVICE_SIDE := jetsplit edge_agent
-# `jetsplit profile` runs on the device too (tests/test_py38_compat.py PROFILE_PATH).
+# `jetsplit profile` runs on the device too (tests/core/test_py38_compat.py PROFILE_PATH).
 PROFILE_PATH := export/__init__.py export/profile_cli.py export/profiler.py \
 	export/cost_model.py export/flop_count.py export/torch_compat.py export/onnx_export.py
 vermin: setup

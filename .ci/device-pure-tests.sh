@@ -41,7 +41,8 @@ if "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   echo "error: $VENV has torch; the device_pure tests must run without it" >&2
   exit 1
 fi
-mapfile -t FILES < <(grep -l "^pytestmark = pytest.mark.device_pure" tests/test_*.py)
+mapfile -t FILES < <(grep -rl --include="test_*.py" "^pytestmark = pytest.mark.device_pure" tests \
+  | sort)
 "$VENV/bin/python" --version
 # The pytest script, not `python -m pytest`: the latter would put this checkout's jetsplit/
 # folder ahead of the installed package.

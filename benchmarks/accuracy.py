@@ -45,7 +45,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true",
                         help="2 methods, 1 seed, 2 rounds on UCI digits (a smoke run)")
     parser.add_argument("--smoke", action="store_true",
-                        help="tiny sizes, seconds (tests/test_benchmarks_smoke.py)")
+                        help="tiny sizes, seconds (tests/benchmarks/test_benchmarks_smoke.py)")
     args = parser.parse_args()
     if args.smoke:  # 1 method x 1 round x 1 step on 2 digits clients, into a temp dir
         args.methods, args.seeds, args.rounds, args.local_steps = ["psl"], [0], 1, 1

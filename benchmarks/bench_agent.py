@@ -107,7 +107,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40, help="local iterations (batch 32)")
     parser.add_argument("--smoke", action="store_true",
-                        help="tiny sizes, seconds (tests/test_benchmarks_smoke.py)")
+                        help="tiny sizes, seconds (tests/benchmarks/test_benchmarks_smoke.py)")
     args = parser.parse_args()
     # --smoke: 2 steps of mobilenetv3-small on UCI digits (no MNIST download)
     dataset, model, shape = (("digits", "mobilenetv3-small", [1, 8, 8]) if args.smoke

@@ -31,7 +31,7 @@ def main() -> None:
     parser.add_argument("--model", default="alexnet")
     parser.add_argument("--dataset", default="mnist")
     parser.add_argument("--smoke", action="store_true",
-                        help="tiny sizes, seconds (tests/test_benchmarks_smoke.py)")
+                        help="tiny sizes, seconds (tests/benchmarks/test_benchmarks_smoke.py)")
     args = parser.parse_args()
     if args.smoke:  # round 1 installs the bundle and is left out: 2 rounds, 1 step each
         args.rounds, args.local_steps = 2, 1

@@ -66,7 +66,7 @@ def main() -> None:
     parser.add_argument("--model", default="alexnet")
     parser.add_argument("--dataset", default="mnist")
     parser.add_argument("--smoke", action="store_true",
-                        help="tiny sizes, seconds (tests/test_benchmarks_smoke.py)")
+                        help="tiny sizes, seconds (tests/benchmarks/test_benchmarks_smoke.py)")
     args = parser.parse_args()
     if args.smoke:  # one 3-agent fleet, one seed, 2 rounds x 1 step (round 1 is left out)
         args.fleet, args.seeds, args.rounds, args.local_steps = "nano-clocks", [0], 2, 1

@@ -106,7 +106,7 @@ def main() -> None:
                         help="models whose per-layer times are predicted and measured")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--smoke", action="store_true",
-                        help="tiny sizes, seconds (tests/test_benchmarks_smoke.py)")
+                        help="tiny sizes, seconds (tests/benchmarks/test_benchmarks_smoke.py)")
     args = parser.parse_args()
     if args.smoke:  # one small model on each side, 2 repeats
         args.models = args.calibrate = args.cost_models = "mobilenetv3-small"

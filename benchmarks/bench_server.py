@@ -64,7 +64,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0,
                         help="CPU intra-op threads (0: torch's default here)")
     parser.add_argument("--smoke", action="store_true",
-                        help="tiny sizes, seconds (tests/test_benchmarks_smoke.py)")
+                        help="tiny sizes, seconds (tests/benchmarks/test_benchmarks_smoke.py)")
     args = parser.parse_args()
     if args.smoke:  # 2 clients x 4 samples, 2 timed steps
         args.clients, args.samples, args.repeats, args.warmup = 2, 4, 2, 1

@@ -24,7 +24,7 @@ The PSL step trains: lr 0.002 on the mean of the agents' losses. PSL's own sum o
 at lr 0.01 (an effective 0.08 on AlexNet without normalisation) blew up to NaN at step 6.
 
 Run: `.venv/bin/python benchmarks/bench_transport.py [--steps 20] [--agents 8] [--quick]`
-(`--smoke`: 2 agents, tiny sizes, seconds; tests/test_benchmarks_smoke.py runs it)
+(`--smoke`: 2 agents, tiny sizes, seconds; tests/benchmarks/test_benchmarks_smoke.py runs it)
 """
 
 from __future__ import annotations

@@ -71,7 +71,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="5 rounds, 10 clients")
     parser.add_argument("--json", type=Path, default=None, help="also write results here")
     parser.add_argument("--smoke", action="store_true",
-                        help="tiny sizes, seconds (tests/test_benchmarks_smoke.py)")
+                        help="tiny sizes, seconds (tests/benchmarks/test_benchmarks_smoke.py)")
     args = parser.parse_args()
     if args.smoke:  # the baseline and one tiered method, 2 rounds x 1 step, 4 digits clients
         args.methods = ["splitfed-v1", "sherl"]  # Ampere's device epoch alone takes minutes

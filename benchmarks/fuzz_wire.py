@@ -62,7 +62,7 @@ def main() -> int:
     parser.add_argument("--bombs", action="store_true")
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--smoke", action="store_true",
-                        help="tiny sizes, seconds (tests/test_benchmarks_smoke.py)")
+                        help="tiny sizes, seconds (tests/benchmarks/test_benchmarks_smoke.py)")
     args = parser.parse_args()
     if args.smoke:  # 200 frames per mode, then every bomb
         args.frames, args.bombs = args.frames or 200, True

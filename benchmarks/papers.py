@@ -333,7 +333,7 @@ def main() -> None:
     parser.add_argument("--merge", type=Path, nargs="+", default=None,
                         help="print the tables over these --json reports instead of running")
     parser.add_argument("--smoke", action="store_true",
-                        help="tiny sizes, seconds (tests/test_benchmarks_smoke.py)")
+                        help="tiny sizes, seconds (tests/benchmarks/test_benchmarks_smoke.py)")
     args = parser.parse_args()
     if args.smoke:  # two tables (4 runs) on digits, 1 seed, a tenth of an epoch, PNGs to a
         # temp dir: all four tables took 330 s on a busy 2-core machine

@@ -486,13 +486,14 @@ def check_device(device: Device, stages: Stages, logs: Path, broker: str, port: 
 
 # The torch-free device tests run natively on CPython 3.8 and 3.9 (.ci/python3*-tests.sh);
 # of those, only the CLI's parsing is repeated here, on the device's own interpreter.
-ON_DEVICE_PURE = ("tests/test_device_cli.py",)
+ON_DEVICE_PURE = ("tests/agent/test_device_cli.py",)
 
 
 def device_test_files() -> list[str]:
     """Test files marked device_torch (torch on the device), relative to the checkout, and
     ON_DEVICE_PURE."""
-    files = [f"tests/{path.name}" for path in sorted((REPO / "tests").glob("test_*.py"))
+    files = [path.relative_to(REPO).as_posix()
+             for path in sorted((REPO / "tests").rglob("test_*.py"))
              if "pytestmark = pytest.mark.device_torch" in path.read_text()]
     return files + list(ON_DEVICE_PURE)
 

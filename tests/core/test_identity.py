@@ -51,7 +51,7 @@ def _msg(sender: str, **kw: object) -> Message:
 
 
 def test_a_thousand_fuzzed_device_signed_frames_raise_only_typed_errors() -> None:
-    """The wire fuzzer (tests/test_wire_hostile.py) with per-device signatures: mutated
+    """The wire fuzzer (tests/wire/test_wire_hostile.py) with per-device signatures: mutated
     frames are re-signed, so the header and codec checks behind the signature get fuzzed."""
     from jetsplit.identity import KeyRing, Signer
 

@@ -1,5 +1,6 @@
-"""`jetsplit agent run` / `jetsplit server run` user errors, the embedded 3.1.1 broker, and
-fleet keys: a peer with the wrong key is rejected and the process keeps running."""
+"""An agent daemon and the MQTT engine across a broker: the embedded 3.1.1 broker runs a
+fleet; a peer with the wrong fleet key is rejected both ways and the daemon keeps serving; a
+slow agent misses the step at its deadline; a broadcast to some agents reaches only them."""
 
 from __future__ import annotations
 
@@ -10,50 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from jetsplit.cli import main
 from jetsplit.data import load_dataset_split
 from jetsplit.edge_agent.daemon import AgentDaemon
 from jetsplit.edge_agent.worker import AgentWorker
-from jetsplit.server.brokers import EmbeddedBroker, MosquittoProcess, free_port
+from jetsplit.server.brokers import EmbeddedBroker, MosquittoProcess
 from jetsplit.server.bundle_shipping import BundleShipper, prepare_bundle
 from jetsplit.server.config import ServerConfig
 from jetsplit.server.engine import Command
 from jetsplit.server.mqtt_engine import MqttEngine
 from jetsplit.transport.mqtt import EndpointOptions
 from jetsplit.wire import Message, MessageType
-
-
-def _one_error_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err
-    return err
-
-
-def test_config_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    err = _one_error_line(capsys, ["server", "run", "--config", str(tmp_path / "nope.toml")])
-    assert "server config" in err and "file not found" in err
-    agent = tmp_path / "agent.toml"
-    agent.write_text('agent = "bad id!"\n')
-    assert "agent:" in _one_error_line(capsys, ["agent", "run", "--config", str(agent)])
-    agent.write_text('agent = "a0"\n[mqtt]\nbroker = "http://x"\n')
-    assert "mqtt://" in _one_error_line(capsys, ["agent", "run", "--config", str(agent)])
-    agent.write_text('agent = "a0"\n[data]\nclients = 2\nindex = 2\n')
-    assert "data.index" in _one_error_line(capsys, ["agent", "run", "--config", str(agent)])
-    agent.write_text('agent = "a0"\n[mqtt]\nkeepalive = 5\n')
-    assert "keepalive_s" in _one_error_line(capsys, ["agent", "run", "--config", str(agent)])
-
-
-def test_server_reports_unreachable_broker_and_missing_agents(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], mosquitto: MosquittoProcess) -> None:
-    config = tmp_path / "server.toml"
-    config.write_text("agents = 2\nwait_s = 1\n[mqtt]\nconnect_wait_s = 2\n")
-    dead = f"mqtt://127.0.0.1:{free_port()}"
-    err = _one_error_line(capsys, ["server", "run", "--config", str(config), "--broker", dead])
-    assert "unreachable" in err
-    live = f"mqtt://127.0.0.1:{mosquitto.port}"
-    err = _one_error_line(capsys, ["server", "run", "--config", str(config), "--broker", live])
-    assert "only 0 of 2 agents registered" in err
 
 
 @pytest.fixture()
@@ -120,17 +87,6 @@ def test_wrong_fleet_key_is_rejected_both_ways(worker: AgentWorker,
             assert out.agents == ["solo"]
         finally:
             engine.close()
-
-
-def test_example_configs_stay_valid() -> None:
-    from jetsplit.edge_agent.config import load_agent_config
-    from jetsplit.server.config import load_server_config
-
-    root = Path(__file__).resolve().parents[1] / "systemd"
-    agent = load_agent_config(root / "agent.toml")
-    server = load_server_config(root / "server.toml")
-    assert agent.mqtt.address().tls and agent.mqtt.address().username == "nano-01"
-    assert server.fleet == agent.fleet and server.train.deadline_s == 60
 
 
 def test_a_slow_agent_misses_the_step_at_its_deadline(worker: AgentWorker,
@@ -201,24 +157,3 @@ def test_a_broadcast_to_some_agents_reaches_only_them(mosquitto: MosquittoProces
     # (a retransmission could repeat a topic, so compare which topics reached whom)
     assert {a: set(topics) for a, topics in seen.items()} == {
         "b0": {"b0", "all"}, "b1": {"b1", "all"}, "b2": {"all"}}
-
-
-def test_reply_cache_is_bounded_by_entries_and_bytes() -> None:
-    import numpy as np
-
-    from jetsplit.edge_agent.daemon import ReplyCache
-
-    def reply(n: int) -> Message:
-        return Message(MessageType.REPLY, run="r", sender="a", seq=n,
-                       tensors={"x": np.zeros(n, np.uint8)})
-
-    cache = ReplyCache(entries=3, max_bytes=100)
-    for i in range(5):
-        cache.put(("r", i), reply(10), "fp32", "none")
-    assert [cache.get(("r", i)) is not None for i in range(5)] == [False, False, True, True,
-                                                                     True]
-    cache.put(("r", 9), reply(90), "fp32", "none")  # 10 + 10 + 90 > 100: oldest go first
-    assert cache.get(("r", 3)) is None and cache.get(("r", 4)) is not None
-    cache.put(("r", 9), reply(5), "fp32", "none")  # replacing an entry frees its bytes
-    cache.put(("r", 10), reply(80), "fp32", "none")
-    assert cache.get(("r", 4)) is not None and cache.get(("r", 10)) is not None

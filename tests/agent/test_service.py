@@ -15,7 +15,7 @@ import pytest
 from jetsplit.edge_agent.service import SystemdNotifier
 from jetsplit.server.brokers import MosquittoProcess
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 UNITS = ["jetsplit-agent.service", "jetsplit-coordinator.service"]
 
 

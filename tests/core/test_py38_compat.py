@@ -17,7 +17,7 @@ import pytest
 # torch-free device side: `.ci/run` also runs this on Python 3.9
 pytestmark = pytest.mark.device_pure
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEVICE_DIRS = ("jetsplit", "edge_agent")
 # `jetsplit profile` runs on the device: its CLI module and what it imports on that path.
 PROFILE_PATH = ("export/__init__.py", "export/profile_cli.py", "export/profiler.py",

@@ -24,7 +24,7 @@ from jetsplit.server.checkpoint import (
     save_checkpoint,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _simulate(*args: str) -> list[str]:

@@ -23,7 +23,7 @@ from jetsplit.export.planner import (
 from jetsplit.models import MODEL_NAMES
 from jetsplit.profiles import DeviceProfile, list_profiles, load_profile, profile_from_dict
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PROFILES = list_profiles(REPO / "profiles")
 OPT_STATE = {"sgd": 0, "momentum": 1, "adam": 2}
 CONTEXT_MB = {"jetson": 300, "gpu": 300, "cpu": 250}

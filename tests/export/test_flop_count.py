@@ -23,7 +23,7 @@ from jetsplit.export.flop_count import FlopCounter
 from jetsplit.export.torch_compat import storage_of
 from jetsplit.models import MODEL_NAMES, build_model
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _grouped_conv_backward_flop(grad_out_shape: Any, x_shape: Any, w_shape: Any, bias: Any,

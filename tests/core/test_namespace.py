@@ -8,7 +8,7 @@ from pathlib import Path
 
 from jetsplit.config_io import tomllib
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MAPPED = {"jetsplit": "jetsplit", "jetsplit.server": "server", "jetsplit.export": "export",
           "jetsplit.edge_agent": "edge_agent", "jetsplit.bundled_profiles": "profiles"}
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from jetsplit.cli import DEVICE_COMMANDS, build_app, main
+from jetsplit.cli import DEVICE_COMMANDS, build_app, coordinator_refusal, device_only, main
 
 pytestmark = pytest.mark.device_pure
 
@@ -106,3 +106,22 @@ def test_coordinator_commands_are_refused_in_one_line(capsys: pytest.CaptureFixt
     assert err.strip().splitlines() == [
         f"error: `jetsplit server` needs Python 3.10+ (this is {sys.version_info[0]}."
         f"{sys.version_info[1]}); here only the device commands run: agent, doctor, profile"]
+
+
+def test_device_commands_mount_alone(capsys: pytest.CaptureFixture[str]) -> None:
+    """typer evaluates command annotations when it builds the command: on the device's
+    interpreter this is where a 3.10-only annotation would fail."""
+    assert main(["agent", "run", "--help"]) == 0
+    assert "agent run" in capsys.readouterr().out
+    assert main(["doctor", "--help"]) == 0
+    assert device_only(["agent", "run"], (3, 12)) and device_only(["trial"], (3, 8))
+    assert not device_only(["trial"], (3, 10))
+
+
+def test_coordinator_commands_on_an_old_python_are_one_line() -> None:
+    line = coordinator_refusal(["server", "run"], (3, 8, 10))
+    assert line is not None and "Python 3.10+" in line and "3.8" in line
+    assert all(name in line for name in DEVICE_COMMANDS)
+    assert coordinator_refusal(["server", "run"], (3, 10)) is None
+    assert coordinator_refusal(["agent", "run"], (3, 8)) is None
+    assert coordinator_refusal(["--version"], (3, 8)) is None

@@ -34,7 +34,7 @@ from jetsplit.export.cost_model import (
 from jetsplit.models import MODEL_NAMES, ZOO_VERSION, build_aux_head, build_model, split
 from jetsplit.profiles import resolve_profile
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ from jetsplit.cli import main as cli
 from jetsplit.edge_agent import install as inst
 from jetsplit.edge_agent.config import load_agent_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FLAGS = ["--agent", "orin-07", "--broker", "mqtts://orin-07:s3cret@broker.lab:8883",
          "--fleet", "lab"]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: script → lines (substrings) its smoke run must print: its table header and its ratios.
 EXPECTED: dict[str, tuple[str, ...]] = {
     "bench_transport.py": ("# 1. codecs", "ratio MQTT / in-process per step: mean",
