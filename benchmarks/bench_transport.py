@@ -50,7 +50,7 @@ import numpy as np
 import torch
 
 from jetsplit.edge_agent.config import AgentConfig, DataSection
-from jetsplit.edge_agent.setup import build_worker
+from jetsplit.edge_agent.worker_factory import build_worker
 from jetsplit.export.bundle_writer import write_bundle
 from jetsplit.models import ModelSpec, build_model, split
 from jetsplit.server.algorithms.psl import PSL

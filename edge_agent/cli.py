@@ -30,7 +30,7 @@ def run(
 
     cfg = load_agent_config(config)  # a bad file is one line before torch is even imported
     from jetsplit.edge_agent.daemon import AgentDaemon
-    from jetsplit.edge_agent.setup import build_worker
+    from jetsplit.edge_agent.worker_factory import build_worker
 
     updates = {k: v for k, v in {"fleet": fleet, "agent": agent, "state_dir": state_dir}.items()
                if v is not None}

@@ -28,8 +28,8 @@ from jetsplit.edge_agent.daemon import AgentDaemon, ReplyCache
 from jetsplit.edge_agent.edge import no_data
 from jetsplit.edge_agent.emulation import DeviceClock
 from jetsplit.edge_agent.service import SystemdNotifier
-from jetsplit.edge_agent.setup import pick_device
 from jetsplit.edge_agent.worker import AgentWorker
+from jetsplit.edge_agent.worker_factory import pick_device
 from jetsplit.errors import ConfigError
 from jetsplit.profiles import resolve_profile
 

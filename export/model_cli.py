@@ -71,8 +71,8 @@ def predict(
     import numpy as np
 
     from jetsplit.data import load_dataset, load_dataset_split
+    from jetsplit.data.checks import check_data_options
     from jetsplit.runtimes.onnx_runtime import OnnxBlock
-    from jetsplit.server.preflight import check_data_options
 
     if split not in ("test", "all"):
         raise ConfigError(f"--split: expected test or all, got {split!r}")

@@ -86,10 +86,10 @@ def build_app(device: bool = False) -> typer.Typer:
         return app
     from jetsplit.export.cli import app as export_app
     from jetsplit.server.broker_cli import broker
-    from jetsplit.server.cli import app as server_app
     from jetsplit.server.fleet_cli import app as fleet_app
     from jetsplit.server.provision import provision_command
     from jetsplit.server.report import report_command
+    from jetsplit.server.run_cli import app as server_app
     from jetsplit.server.simulate import simulate_command
     from jetsplit.server.trial import trial_command
 

@@ -38,7 +38,7 @@ def fedavg(states: Mapping[str, Arrays], weights: Mapping[str, float]) -> Arrays
 
 def layerwise_fedavg(states: Mapping[str, Arrays], weights: Mapping[str, float]) -> Arrays:
     """FedAvg of each tensor over the agents that hold it: devices at different cuts hold
-    different layers (server/hetero.py), so layer l averages over the devices with c_k ≥ l.
+    different layers (server/completions.py), so layer l averages over the devices with c_k ≥ l.
     Where every agent holds every tensor this is `fedavg`, bit for bit."""
     agents = sorted(states)
     names: dict[str, None] = {}  # first-seen order, agents in id order

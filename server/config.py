@@ -24,7 +24,7 @@ class ModelSection(BaseModel):
         default_factory=lambda: [1, 28, 28], min_length=3, max_length=3)
     classes: Annotated[int, Field(ge=2, le=100_000)] = 10
     # A common cut, or "auto": the fleet planner picks a cut per device from the profiles
-    # the agents registered with (the split methods; see server/hetero.py).
+    # the agents registered with (the split methods; see server/cut_planning.py).
     split: Annotated[int, Field(ge=1)] | Literal["auto"] = 2
     # Per-device cuts by agent id or by profile name (agent ids first), e.g.
     # [model.cuts] jetson-nano-4gb = 2, a3 = 5.

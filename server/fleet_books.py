@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from jetsplit.server.engine import Command, Engine
-from jetsplit.server.values import finite
+from jetsplit.server.finite import finite
 
 STATUS_DEADLINE_S = 15.0
 

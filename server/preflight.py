@@ -38,22 +38,6 @@ def check_port(port: int | None, flag: str) -> None:
         raise ConfigError(f"{flag}: {port} is not a TCP port (0-65535)")
 
 
-def check_data_options(dataset: str, partition: str | None = None) -> None:
-    """Dataset spec and partition scheme parse (cheap: nothing is loaded)."""
-    from jetsplit.data.datasets import _parse_spec
-    from jetsplit.data.partition import parse_scheme
-
-    try:
-        _parse_spec(dataset)
-    except ConfigError as exc:
-        raise ConfigError(f"--dataset: {exc}") from None
-    if partition is not None:
-        try:
-            parse_scheme(partition)
-        except ConfigError as exc:
-            raise ConfigError(f"--partition: {exc}") from None
-
-
 def check_split(model: str, input_shape: tuple[int, ...], classes: int,
                 split: int | None, flag: str = "--split") -> int:
     """A split index must leave at least one layer on each side; returns the layer count."""

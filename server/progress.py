@@ -20,7 +20,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from jetsplit.server.values import finite
+from jetsplit.server.finite import finite
 
 STATE_STYLES = {"online": "green", "busy": "yellow", "offline": "red"}
 AGENT_FIELDS = (("compute s", "compute_s", ".2f"), ("transfer s", "transfer_s", ".2f"),

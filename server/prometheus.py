@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
 from jetsplit.errors import ConfigError
-from jetsplit.server.values import finite
+from jetsplit.server.finite import finite
 
 if TYPE_CHECKING:
     from jetsplit.server.engine import Engine

@@ -20,7 +20,7 @@ from typing import Annotated, Any
 
 import typer
 
-from jetsplit.server.values import finite
+from jetsplit.server.finite import finite
 
 Row = dict[str, Any]
 MB = 1e6

@@ -2,7 +2,7 @@
 prediction for that device at that cut beside what the run measured, and the planner's
 choice in words.
 
-plan.json (written by `jetsplit trial`, see `plan_cuts` in server/hetero.py) holds, per
+plan.json (written by `jetsplit trial`, see `plan_cuts` in server/cut_planning.py) holds, per
 device profile, the planner's row for every candidate cut (`devices[].rows`: compute,
 transfer and server ms per iteration, memory, bytes per round), its choice (`chosen`,
 profile → cut), and per agent the profile and cut (`agents`). The metrics rows say which
@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from jetsplit.server.values import finite
+from jetsplit.server.finite import finite
 
 MB = 1e6
 GIB = float(1 << 30)

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from jetsplit.server.values import finite
+from jetsplit.server.finite import finite
 
 MB = 1e6
 GIB = float(1 << 30)

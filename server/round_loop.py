@@ -59,7 +59,7 @@ def run_training(
     its metrics rows are kept) and ends exactly where an uninterrupted run would.
     `row_extras(row)` may add fields to each metrics row before it is written. The
     coordinator's compute runs with `settings.threads` intra-op threads (0: as it is).
-    `cuts` trains a fleet of per-device cuts (see Trainer and server/hetero.py)."""
+    `cuts` trains a fleet of per-device cuts (see Trainer and server/completions.py)."""
     with torch_threads(settings.threads):
         return _train(engine, archive, settings, test, out_dir, on_round=on_round,
                       bundle=bundle, checkpoint=checkpoint, resume=resume,

@@ -75,7 +75,7 @@ def simulate(
     cuts: dict[str, int] | None = None
     if profiles:
         from jetsplit.profiles import resolve_profile
-        from jetsplit.server.hetero import plan_cuts
+        from jetsplit.server.cut_planning import plan_cuts
 
         by_agent = {agent_name(i): profiles[i % len(profiles)] for i in range(clients)}
         for agent, name in by_agent.items():

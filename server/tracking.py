@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from jetsplit.errors import ConfigError
-from jetsplit.server.values import finite
+from jetsplit.server.finite import finite
 
 log = logging.getLogger(__name__)
 

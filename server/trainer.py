@@ -63,8 +63,8 @@ class Trainer:
                  *, bundle: Bundle | None = None, cuts: Mapping[str, int] | None = None
                  ) -> None:
         """`archive` is the whole model split at the server cut c*; `cuts` gives agents
-        that train at a shallower cut theirs (the rest train at c*; see server/hetero.py)."""
-        from jetsplit.server.hetero import Completions, check_cuts
+        that train at a shallower cut theirs (the rest train at c*; see server/completions.py)."""
+        from jetsplit.server.completions import Completions, check_cuts
 
         self.engine, self.settings, self.test = engine, settings, test
         self.bundle = bundle or load_bundle(archive)
@@ -124,7 +124,7 @@ class Trainer:
         return bool(self.shipper.needs(agent, self.cuts.get(agent)))
 
     def client_names(self, cut: int) -> list[str]:
-        from jetsplit.server.hetero import block_names
+        from jetsplit.server.completions import block_names
 
         return block_names(self.completions.template, cut)
 

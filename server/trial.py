@@ -31,10 +31,10 @@ from typing import Annotated, Any
 import typer
 
 from jetsplit import catalog
+from jetsplit.data.checks import check_data_options
 from jetsplit.edge_agent.emulation import EmulationSection
 from jetsplit.errors import ConfigError, JetsplitError
 from jetsplit.server.preflight import (
-    check_data_options,
     check_port,
     check_split,
     validate_options,
@@ -151,7 +151,7 @@ def plan_split(spec: TrialSpec, input_shape: tuple[int, int, int], classes: int,
     """The planner's cuts for this fleet: (server cut, cut per agent, plan). The split
     methods get a cut per device unless `--split` or `--common-split`; `cuts` by hand are
     checked against each device's memory."""
-    from jetsplit.server.hetero import check_cut_fits, plan_cuts
+    from jetsplit.server.cut_planning import check_cut_fits, plan_cuts
 
     agent_profiles = {a: p for a, p in spec.device_profiles().items() if a.startswith("a")}
     server_cut, cuts, plan = plan_cuts(

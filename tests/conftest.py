@@ -145,7 +145,7 @@ def run_in_process(fleet: AgentFleet, config: Path, out: Path, *, threads: int =
 
     from jetsplit.data import load_dataset_split
     from jetsplit.edge_agent.config import load_agent_config
-    from jetsplit.edge_agent.setup import build_worker
+    from jetsplit.edge_agent.worker_factory import build_worker
     from jetsplit.server.bundle_shipping import prepare_bundle
     from jetsplit.server.config import load_server_config
     from jetsplit.server.engine import InProcessEngine

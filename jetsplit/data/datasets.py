@@ -442,7 +442,7 @@ def load_image_folder(path: str | Path) -> ArrayDataset:
 _SPEC_RE = re.compile(r"(?P<kind>mnist|digits)|(?P<prefix>npz|cifar10|folder):(?P<arg>.+)")
 
 
-def _parse_spec(spec: str) -> tuple[str, str]:
+def parse_spec(spec: str) -> tuple[str, str]:
     m = _SPEC_RE.fullmatch(spec) if isinstance(spec, str) else None
     if m is None:
         raise ConfigError(
@@ -459,7 +459,7 @@ def load_dataset(spec: str) -> ArrayDataset:
     For ``cifar10:DIR`` this is the training batches; :func:`load_dataset_split` also
     returns the official test batch.
     """
-    kind, arg = _parse_spec(spec)
+    kind, arg = parse_spec(spec)
     if kind == "mnist":
         return load_mnist()
     if kind == "digits":
@@ -508,7 +508,7 @@ def load_dataset_split(
 ) -> tuple[ArrayDataset, ArrayDataset]:
     """(train, server-held test) for a spec: CIFAR-10 uses its own test batch,
     every other source a stratified :func:`train_test_split`."""
-    kind, arg = _parse_spec(spec)
+    kind, arg = parse_spec(spec)
     if kind == "cifar10":
         return load_cifar10_dir(arg)
     return train_test_split(load_dataset(spec), test_fraction=test_fraction, seed=seed)

@@ -76,9 +76,9 @@ from jetsplit.server.aggregation import fedavg, layerwise_fedavg
 from jetsplit.server.algorithms.base import Method
 from jetsplit.server.bundle_shipping import BundleShipper
 from jetsplit.server.checkpoint import CheckpointError, save_arrays, strip, subset
+from jetsplit.server.cut_planning import registered_size
 from jetsplit.server.engine import Command, Outcome
 from jetsplit.server.evaluation import evaluate
-from jetsplit.server.hetero import registered_size
 from jetsplit.server.trainer import Arrays, Trainer
 
 log = logging.getLogger("jetsplit.coordinator")

@@ -80,7 +80,7 @@ class Method(ABC):
 class SplitMethod(Method):
     """Parallel split learning with a shared server block; subclasses pick the loss.
 
-    Every split method trains per-device cuts the same way (server/hetero.py): a shallow
+    Every split method trains per-device cuts the same way (server/completions.py): a shallow
     agent's activations pass its completion copy before `server_update`, and its gradient
     passes back through it; at round end each agent's device block plus its completion
     copy is one whole client block, so FedAvg over those is the layer-wise average."""

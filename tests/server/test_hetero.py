@@ -1,4 +1,4 @@
-"""Per-device cuts (server/hetero.py): equal cuts are the common-cut code bit for bit, a
+"""Per-device cuts (server/completions.py): equal cuts are the common-cut code bit for bit, a
 shallow device plus its completion copy is one SGD step of the whole model, and round-end
 aggregation averages every copy of every layer with |D_k| weights."""
 
@@ -17,8 +17,8 @@ from jetsplit.export.bundle_writer import write_bundle
 from jetsplit.models import ModelSpec, build_model
 from jetsplit.models.weights import to_arrays
 from jetsplit.server.algorithms import build_method
+from jetsplit.server.completions import check_cuts
 from jetsplit.server.engine import InProcessEngine
-from jetsplit.server.hetero import check_cuts
 from jetsplit.server.settings import Settings
 from jetsplit.server.trainer import Trainer
 
@@ -173,7 +173,7 @@ def test_server_cuts_out_of_range_or_memory_are_one_line_naming_the_device() -> 
     not fit the device's memory budget, is one ConfigError line naming the agent."""
     from jetsplit.profiles import profile_from_dict, resolve_profile
     from jetsplit.server.config import ServerConfig
-    from jetsplit.server.hetero import fleet_cuts
+    from jetsplit.server.cut_planning import fleet_cuts
 
     nano = resolve_profile("jetson-nano-4gb").model_dump(mode="json", exclude_none=True)
     small = {**nano, "device": {**nano["device"], "name": "nano-small"},
@@ -218,7 +218,7 @@ def test_ampere_fleet_plans_a_block_per_device_from_profile_files(tmp_path: Path
     import tomli_w
 
     from jetsplit.profiles import resolve_profile
-    from jetsplit.server.hetero import plan_cuts
+    from jetsplit.server.cut_planning import plan_cuts
 
     paths = {}
     for name, base, compute, up in (("nano-slow", "jetson-nano-4gb-320mhz", 50.0, 1000.0),

@@ -63,6 +63,7 @@ def run(
     """Wait for the fleet, ship the bundle, train, write metrics, summary and weights."""
     from jetsplit.config_io import model_from_dict
     from jetsplit.data import load_dataset_split
+    from jetsplit.data.checks import check_data_options
     from jetsplit.devices import resolve_device
     from jetsplit.errors import ConfigError
     from jetsplit.server.bundle_shipping import prepare_bundle
@@ -70,7 +71,6 @@ def run(
     from jetsplit.server.fleet_books import FleetBooks
     from jetsplit.server.mqtt_engine import MqttEngine
     from jetsplit.server.preflight import (
-        check_data_options,
         check_port,
         check_split,
         validate_options,
@@ -141,7 +141,7 @@ def run(
                               f"{cfg.wait_s:.0f}s ({', '.join(online) or 'none'})")
         cuts: dict[str, int] = {}
         if cfg.model.split == "auto" or cfg.model.cuts:
-            from jetsplit.server.hetero import fleet_cuts
+            from jetsplit.server.cut_planning import fleet_cuts
 
             t = cfg.train
             server_cut, cuts = fleet_cuts(
