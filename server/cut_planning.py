@@ -11,6 +11,9 @@ from typing import Any
 from jetsplit import catalog
 from jetsplit.errors import ConfigError
 
+# What `jetsplit server run` costs the coordinator's server block on when planning.
+SERVER_PROFILE = "x86-cpu"
+
 
 def _planned_as(algorithm: str) -> tuple[str, bool]:
     """What the two-tier planner costs `algorithm` as, and whether it trains three tiers
@@ -22,12 +25,13 @@ def _planned_as(algorithm: str) -> tuple[str, bool]:
 
 
 def plan_cuts(algorithm: str, model: str, input_shape: tuple[int, int, int], classes: int,
-              agent_profiles: Mapping[str, str], *, batch: int, local_steps: int, rounds: int,
+              agent_profiles: Mapping[str, Any], *, batch: int, local_steps: int, rounds: int,
               dataset_size: int | None, codec: str, server_profile: str,
               common_split: bool = False, split: int | None = None,
               compute_dilation: float = 1.0) -> tuple[int, dict[str, int], dict[str, Any]]:
-    """The fleet planner's cuts for agents with these profiles: (server cut c*, cut per
-    agent, the plan as JSON with per-agent predictions). `split` forces one common cut;
+    """The fleet planner's cuts for agents with these profiles (a bundled name or a path,
+    or a `DeviceProfile` an agent registered with): (server cut c*, cut per agent, the plan
+    as JSON with per-agent predictions). `split` forces one common cut;
     `common_split` asks the planner for one. A trial plans the fleet it emulates: every
     device's compute `compute_dilation` times slower than its profile (links unchanged)."""
     from jetsplit.export.cost_model import get_costs
@@ -40,8 +44,10 @@ def plan_cuts(algorithm: str, model: str, input_shape: tuple[int, int, int], cla
                             rounds=rounds, dataset_size=dataset_size, codec=codec,
                             common_split=common_split or split is not None or three_tiers)
     costs = get_costs(model, input_shape, classes)
-    resolved = {p: resolve_profile(p) for p in sorted(set(agent_profiles.values()))}
-    name = {p: r.name for p, r in resolved.items()}  # a path's profile goes by its name
+    resolved = {a: resolve_profile(p) if isinstance(p, str) else p
+                for a, p in sorted(agent_profiles.items())}
+    label = {a: p if isinstance(p, str) else p.name for a, p in agent_profiles.items()}
+    name = {a: r.name for a, r in resolved.items()}  # a path's profile goes by its name
     devices = list({r.name: dilated(r, compute_dilation) for r in resolved.values()}.values())
     plan = plan_fleet(costs, devices, resolve_profile(server_profile), settings)
     check_feasible(plan)
@@ -51,16 +57,16 @@ def plan_cuts(algorithm: str, model: str, input_shape: tuple[int, int, int], cla
         by_profile = dict.fromkeys(plan.chosen, split)
     else:
         by_profile = {p: int(k) for p, k in plan.chosen.items()}  # type: ignore[arg-type]
-    cuts = {a: by_profile[name[p]] for a, p in sorted(agent_profiles.items())}
+    cuts = {a: by_profile[name[a]] for a in sorted(agent_profiles)}
     server_cut = max(cuts.values())
     predicted = per_device(plan)
     iters = settings.iterations_per_round(ALGORITHMS[planned])  # Ampere: an epoch
     agents = {}
-    for agent, profile in sorted(agent_profiles.items()):
+    for agent in sorted(agent_profiles):
         k = cuts[agent]
-        info: dict[str, Any] = {"profile": profile, "cut": k}
+        info: dict[str, Any] = {"profile": label[agent], "cut": k}
         if ALGORITHMS[planned].splits and k in {r.k for r in plan.devices[0].rows}:
-            row = plan.row(name[profile], k)
+            row = plan.row(name[agent], k)
             info.update(predicted_compute_s=row.compute_ms * iters / 1e3,
                         predicted_transfer_s=row.transfer_ms * iters / 1e3,
                         predicted_memory_mb=row.memory.total / 2**20,
@@ -141,9 +147,7 @@ def fleet_cuts(cfg: Any, registrations: Mapping[str, Mapping[str, Any]], *, batc
     from jetsplit.export.planner import (
         ALGORITHMS,
         PlanSettings,
-        check_feasible,
         device_rows,
-        plan_fleet,
     )
     from jetsplit.profiles import resolve_profile
 
@@ -157,17 +161,17 @@ def fleet_cuts(cfg: Any, registrations: Mapping[str, Mapping[str, Any]], *, batc
                             batch=batch, local_steps=local_steps, rounds=rounds, codec=codec,
                             common_split=three_tiers,
                             dataset_size=mean_dataset_size(registrations))
-    server = resolve_profile("x86-cpu")
+    server = resolve_profile(SERVER_PROFILE)
     if model.split == "auto":
         missing = [a for a, p in profiles.items() if p is None]
         if missing:
             raise ConfigError(f"agent {missing[0]}: registered without a device profile; "
                               f'split = "auto" plans from profiles (give the agent a '
                               f"profile, or [model] split a number)")
-        unique = {p.name: p for p in profiles.values() if p is not None}
-        plan = plan_fleet(costs, list(unique.values()), server, settings)
-        check_feasible(plan)
-        cuts = {a: int(plan.chosen[str(names[a])] or 1) for a in profiles}
+        _, cuts, _ = plan_cuts(algorithm, model.name, tuple(model.input_shape), model.classes,
+                               profiles, batch=batch, local_steps=local_steps, rounds=rounds,
+                               dataset_size=settings.dataset_size, codec=codec,
+                               server_profile=SERVER_PROFILE)
     else:
         cuts = dict.fromkeys(profiles, int(model.split))
     for agent in profiles:

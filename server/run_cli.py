@@ -76,8 +76,8 @@ def run(
         validate_options,
     )
     from jetsplit.server.prometheus import round_callback
-    from jetsplit.server.round_loop import run_training
-    from jetsplit.server.tracking import Trackers, chain
+    from jetsplit.server.run_assembly import RunSpec, bundle_for, execute
+    from jetsplit.server.tracking import Trackers
 
     check_port(metrics_port, "--metrics-port")
     if resume is not None and auto_resume:
@@ -160,25 +160,22 @@ def run(
                 update={"split": server_cut})})
             typer.echo(f"cuts: {cuts} (server cut {server_cut})")
         with tempfile.TemporaryDirectory(prefix="jetsplit-server-") as tmp:
-            archive = (out_dir / "checkpoint" / "bundle.tar.gz" if resume is not None
-                       else prepare_bundle(cfg, Path(tmp)))
-            shallow = {c for c in cuts.values() if c != cfg.model.split}
             books = FleetBooks(engine)  # per-agent time split and telemetry per round
-            on_round = chain(None if exporter is None else
-                             round_callback(exporter, engine, books),
-                             trackers.log_round if trackers.active else None)
-            summary = run_training(engine, archive, cfg.settings(), test, out_dir,
-                                   on_round=on_round, row_extras=books.collect,
-                                   resume=resume is not None,
-                                   cuts=cuts if shallow else None)
+            spec = RunSpec(
+                cfg.settings(), bundle_for(out_dir, resume is not None,
+                                           lambda: prepare_bundle(cfg, Path(tmp))),
+                test, out_dir, server_cut=int(cfg.model.split), cuts=cuts,
+                resume=resume is not None, row_extras=[books.collect],
+                on_round=[None if exporter is None else round_callback(exporter, engine, books),
+                          trackers.log_round if trackers.active else None],
+                report_title=f"jetsplit run {run_name}: {cfg.train.algorithm}")
+            summary = execute(engine, spec)
     finally:
         engine.close()
         if exporter is not None:
             exporter.close()
         trackers.close()
-    from jetsplit.server.report import write_report
-
-    report = write_report(out_dir, title=f"jetsplit run {run_name}: {summary['algorithm']}")
+    report = summary["report"]
     accuracy = summary["final_accuracy"]
     typer.echo(f"{summary['algorithm']}: {summary['rounds']} rounds with {len(online)} agents "
                f"in {summary['seconds']:.1f}s, final accuracy "

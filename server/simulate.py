@@ -56,7 +56,7 @@ def simulate(
     from jetsplit.export.bundle_writer import write_bundle
     from jetsplit.models import ModelSpec
     from jetsplit.server.engine import InProcessEngine
-    from jetsplit.server.round_loop import run_training
+    from jetsplit.server.run_assembly import RunSpec, bundle_for, execute
 
     device = resolve_device(settings.device, "--device")
     train, test = load_dataset_split(dataset, test_fraction, settings.seed)
@@ -93,18 +93,19 @@ def simulate(
             "test_fraction": test_fraction, "aux_ratio": aux_ratio, "profiles": profiles,
             "common_split": common_split}, indent=2))
     with tempfile.TemporaryDirectory(prefix="jetsplit-sim-") as tmp:
-        archive = out_dir / "checkpoint" / "bundle.tar.gz"
-        if bundle is not None and not resume:
-            archive = bundle
-        elif not resume:
+
+        def prepare() -> Path:
+            if bundle is not None:
+                return bundle
             report = write_bundle(spec, split, Path(tmp) / "bundle", aux_ratio=aux_ratio,
                                   seed=settings.seed, tar=True)
             assert report.tar_path is not None
-            archive = report.tar_path
-        shallow = {c for c in (cuts or {}).values() if c != split}
+            return report.tar_path
+
         engine = InProcessEngine(workers, run_id=out_dir.name or "simulation")
-        summary = run_training(engine, archive, settings, test, out_dir, resume=resume,
-                               cuts=cuts if shallow else None, checkpoint=checkpoint)
+        summary = execute(engine, RunSpec(
+            settings, bundle_for(out_dir, resume, prepare), test, out_dir, server_cut=split,
+            cuts=cuts or {}, resume=resume, checkpoint=checkpoint))
     summary["peak_rss_mb"] = peak_rss_mb()
     summary["peak_agents_holding_blocks"] = engine.peak_agents_holding_blocks
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))

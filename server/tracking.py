@@ -7,7 +7,7 @@ training starts, and a tracker that fails mid-run is logged, never allowed to st
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from jetsplit.errors import ConfigError
@@ -90,17 +90,3 @@ class Trackers:
             self._writer.close()
         if self._mlflow is not None:
             self._mlflow.end_run()
-
-
-def chain(*hooks: Callable[[dict[str, Any]], None] | None
-          ) -> Callable[[dict[str, Any]], None] | None:
-    """One on_round hook calling each given hook in order (None when there is none)."""
-    present = [h for h in hooks if h is not None]
-    if not present:
-        return None
-
-    def on_round(row: dict[str, Any]) -> None:
-        for hook in present:
-            hook(row)
-
-    return on_round

@@ -284,7 +284,7 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
     from jetsplit.server.progress import TrialProgress
     from jetsplit.server.prometheus import MetricsExporter, round_callback
     from jetsplit.server.report import write_report
-    from jetsplit.server.round_loop import run_training
+    from jetsplit.server.run_assembly import RunSpec, bundle_for, execute
     from jetsplit.server.settings import Settings
     from jetsplit.transport.mqtt import EndpointOptions
 
@@ -379,27 +379,14 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
         settings = Settings(seed=spec.seed, edges=topology, **server.model_dump(),
                             **train.model_dump())
         with TrialProgress(spec.rounds, title="jetsplit trial", live=live) as progress:
-            to_exporter = None if exporter is None else round_callback(exporter, engine, books)
-
-            def on_round(row: dict[str, Any]) -> None:
-                progress.update(row)
-                if to_exporter is not None:
-                    to_exporter(row)
-                if trackers is not None:  # TensorBoard / MLflow (server/tracking.py)
-                    trackers.log_round(row)
-
-            archive = out_dir / "checkpoint" / "bundle.tar.gz"
-            if not resume:
-                archive = prepare_bundle(cfg, out_dir / "build")
-            shallow = {c for c in cuts.values() if c != split}
-            predicted = predicted_row(plan)
-
-            def extras(row: dict[str, Any]) -> dict[str, Any]:
-                return predicted({**row, **books.collect(row)})
-
-            summary = run_training(engine, archive, settings, test, out_dir,
-                                   on_round=on_round, resume=resume, row_extras=extras,
-                                   cuts=cuts if shallow else None)
+            archive = bundle_for(out_dir, resume, lambda: prepare_bundle(cfg, out_dir / "build"))
+            run = RunSpec(
+                settings, archive, test, out_dir, server_cut=split, cuts=cuts, resume=resume,
+                on_round=[progress.update,
+                          None if exporter is None else round_callback(exporter, engine, books),
+                          None if trackers is None else trackers.log_round],
+                row_extras=[books.collect, predicted_row(plan)])
+            summary = execute(engine, run)
     finally:
         if exporter is not None:
             exporter.close()

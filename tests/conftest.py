@@ -133,12 +133,14 @@ def server_run(config: Path, url: str, *, timeout: int = 400,
 
 
 def run_in_process(fleet: AgentFleet, config: Path, out: Path, *, threads: int = 1,
-                   settings: dict[str, Any] | None = None, **training: Any) -> None:
+                   settings: dict[str, Any] | None = None,
+                   cuts: dict[str, int] | None = None) -> None:
     """The MQTT run of `config` once more with the in-process engine: workers built from
     the fleet's own agent configs, this process at `threads` torch threads (the engines
     pin agent and server compute, so any count must give the same bits); the run lands
     in `out`, its bundle beside it. `settings` replaces fields of the config's training
-    settings (e.g. a private activation_dir); `training` goes to `run_training` (cuts)."""
+    settings (e.g. a private activation_dir); `cuts` are the per-device cuts the MQTT run
+    planned (the same run assembly as `jetsplit server run`, server/run_assembly.py)."""
     from dataclasses import replace
 
     import torch
@@ -149,7 +151,7 @@ def run_in_process(fleet: AgentFleet, config: Path, out: Path, *, threads: int =
     from jetsplit.server.bundle_shipping import prepare_bundle
     from jetsplit.server.config import load_server_config
     from jetsplit.server.engine import InProcessEngine
-    from jetsplit.server.round_loop import run_training
+    from jetsplit.server.run_assembly import RunSpec, execute
 
     before = torch.get_num_threads()
     try:
@@ -158,7 +160,8 @@ def run_in_process(fleet: AgentFleet, config: Path, out: Path, *, threads: int =
         cfg = load_server_config(config)
         _, test = load_dataset_split(cfg.data.dataset, cfg.data.test_fraction, 0)
         archive = prepare_bundle(cfg, out.with_name(f"{out.name}-bundle"))
-        run_training(InProcessEngine(workers, run_id="local"), archive,
-                     replace(cfg.settings(), **(settings or {})), test, out, **training)
+        execute(InProcessEngine(workers, run_id="local"), RunSpec(
+            replace(cfg.settings(), **(settings or {})), archive, test, out,
+            server_cut=int(cfg.model.split), cuts=cuts or {}))
     finally:
         torch.set_num_threads(before)

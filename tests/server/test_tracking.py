@@ -9,7 +9,8 @@ import pytest
 
 from jetsplit.cli import main
 from jetsplit.errors import ConfigError
-from jetsplit.server.tracking import Trackers, chain, scalars
+from jetsplit.server.run_assembly import chain_rounds as chain
+from jetsplit.server.tracking import Trackers, scalars
 
 ROWS = [{"round": 0, "accuracy": 0.5, "train_loss": 2.0, "test_loss": None,
          "bytes_up_total": 3_000_000, "phases_s": {"forward": 1.5}, "seconds": 4.0},
