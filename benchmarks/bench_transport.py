@@ -309,12 +309,13 @@ def _interleaved_steps(local: InProcessEngine, remote: MqttEngine, archive: Path
             timed, method = sides[name]
             timed.calls = []
             compute.clear()
-            method.trainer.missed = {}
+            method.trainer.books.reset()
             t0 = time.perf_counter()
             loss = method.iterate(agents, s)  # one PSL iteration: forward, server, backward
             total = time.perf_counter() - t0
-            if method.trainer.missed or loss is None or not math.isfinite(loss):
-                raise Diverged(f"{name} step {s}: loss {loss}, missed {method.trainer.missed}")
+            missed = method.trainer.books.missed
+            if missed or loss is None or not math.isfinite(loss):
+                raise Diverged(f"{name} step {s}: loss {loss}, missed {missed}")
             fwd, bwd = timed.calls
             row[name] = {"total": total, "engine": fwd + bwd, "fwd": fwd, "bwd": bwd,
                          "loss": loss,

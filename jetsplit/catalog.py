@@ -119,6 +119,12 @@ class MethodEntry:
     def option_names(self) -> Tuple[str, ...]:
         return tuple(f.name for f in fields(self.options))
 
+    def options_from(self, settings: Any) -> Any:
+        """This method's own options, as its dataclass, read from a run's settings (which
+        carry every method's options flat, as server.toml's [train] does)."""
+        return self.options(**{n: getattr(settings, n) for n in self.option_names()
+                               if hasattr(settings, n)})
+
     def preset(self, name: str) -> Mapping[str, Any]:
         if name not in PRESETS:
             raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
@@ -172,7 +178,7 @@ METHODS: Dict[str, MethodEntry] = {e.name: e for e in (
                 "ampere:AmpereNoConsolidation", client_content=CLIENT_AND_AUX,
                 planner_proxy="ampere", options=AmpereOptions),
     MethodEntry("sherl", "three tiers: client, edge (contrastive loss), cloud head",
-                "sherl:SHeRL", tiers=3, options=SherlOptions,
+                "sherl:SHeRL", tiers=3, common_cut=True, options=SherlOptions,
                 presets={"default": _SHERL_PAPER, "paper": _SHERL_PAPER}),
 )}
 

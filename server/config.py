@@ -80,11 +80,14 @@ class TrainSection(BaseModel):
 
     @model_validator(mode="after")
     def _method(self) -> TrainSection:
-        """A known method, and none of another method's own options set."""
+        """A known method, and none of another method's own options set to anything but
+        its default (a config written out whole, as a run's config.toml, sets them all)."""
         if self.algorithm not in catalog.METHODS:
             raise ValueError(f"unknown algorithm {self.algorithm!r}; choose one of "
                              f"{catalog.CHOICES}")
-        foreign = catalog.foreign_options(self.algorithm, self.model_fields_set)
+        changed = {name for name in self.model_fields_set
+                   if getattr(self, name) != type(self).model_fields[name].default}
+        foreign = catalog.foreign_options(self.algorithm, sorted(changed))
         if foreign:
             raise ValueError(f"{', '.join(foreign)} belong to another method, not "
                              f"{self.algorithm}")

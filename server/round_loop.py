@@ -94,11 +94,7 @@ def _train(engine: Engine, archive: Path, settings: Settings, test: ArrayDataset
         metrics.writelines(json.dumps(r) + "\n" for r in rows)
         for round_ in range(first, settings.rounds):
             trainer.round = round_
-            trainer.phases.clear()
-            trainer.fwd_samples.clear()
-            trainer.bwd_samples.clear()
-            trainer.full_samples.clear()
-            trainer.missed, trainer.missed_kind = {}, {}
+            trainer.books.reset()
             round_started = time.perf_counter()
             before = engine.counters.by_kind()
             selected = trainer.select()
@@ -108,13 +104,14 @@ def _train(engine: Engine, archive: Path, settings: Settings, test: ArrayDataset
             # Installing the bundle is setup, not training: reported apart.
             setup_bytes = sum(train_bytes[d].pop(kind, 0) for d in ("up", "down")
                               for kind in (Kind.BUNDLE.value, Kind.BUNDLE_PART.value))
-            with trainer.timed("evaluate"):
+            with trainer.books.timed("evaluate"):
                 before_eval = engine.counters.by_kind()
                 scores = method.evaluate()
                 eval_bytes = _delta(engine.counters.by_kind(), before_eval)
             row = {
                 "round": round_, "algorithm": settings.algorithm, "selected": selected,
-                "missed": dict(sorted(trainer.missed.items())), "train_loss": loss, **scores,
+                "missed": dict(sorted(trainer.books.missed.items())), "train_loss": loss,
+                **scores,
                 "bytes_up": sum(train_bytes["up"].values()),
                 "bytes_down": sum(train_bytes["down"].values()),
                 "bytes_by_kind": train_bytes, "eval_bytes": eval_bytes,
@@ -122,7 +119,7 @@ def _train(engine: Engine, archive: Path, settings: Settings, test: ArrayDataset
                 "bytes_up_total": engine.counters.total("up"),
                 "bytes_down_total": engine.counters.total("down"),
                 "device_gflops": trainer.device_gflops(),
-                "phases_s": {k: round(v, 4) for k, v in sorted(trainer.phases.items())},
+                "phases_s": {k: round(v, 4) for k, v in sorted(trainer.books.phases.items())},
                 "seconds": time.perf_counter() - round_started,
                 "cuts": trainer.cuts_of(selected),
                 **getattr(method, "extra_metrics", {}),  # a method's own (sherl: tier_bytes)
@@ -139,7 +136,7 @@ def _train(engine: Engine, archive: Path, settings: Settings, test: ArrayDataset
                      float("nan") if loss is None else loss, len(selected),
                      row["bytes_up"] / 1e6, row["bytes_down"] / 1e6)
             if checkpoint:
-                with trainer.timed("checkpoint"):
+                with trainer.books.timed("checkpoint"):
                     _save(out_dir / "checkpoint", round_, settings, trainer, method, archive)
             if on_round is not None:
                 on_round(row)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -35,6 +34,7 @@ from jetsplit.server.compute import autocast, to_device, to_host
 from jetsplit.server.divergence import DivergenceGuard
 from jetsplit.server.engine import Command, Engine, Outcome, Reply
 from jetsplit.server.evaluation import Evaluation, evaluate, summarize
+from jetsplit.server.round_books import RoundBooks
 from jetsplit.server.settings import Settings
 from jetsplit.wire import accounted_bound
 
@@ -100,12 +100,7 @@ class Trainer:
             self.bundle.spec.input_shape, self.device)
         self._activation_shapes = {k: self.activation_shape}
         self.rng = np.random.default_rng(settings.seed)
-        self.phases: dict[str, float] = defaultdict(float)
-        self.fwd_samples: dict[str, int] = defaultdict(int)
-        self.bwd_samples: dict[str, int] = defaultdict(int)
-        self.full_samples: dict[str, int] = defaultdict(int)
-        self.missed: dict[str, str] = {}
-        self.missed_kind: dict[str, str] = {}  # what each agent in `missed` missed
+        self.books = RoundBooks()  # this round's phases, samples and misses
         self.guard = DivergenceGuard(settings, self.bundle.spec.num_classes)
         self.round = 0
         self.last_pool = 0
@@ -174,26 +169,18 @@ class Trainer:
         return self._flops[k]
 
     def device_gflops(self) -> dict[str, float]:
-        agents = sorted(set(self.fwd_samples) | set(self.bwd_samples) | set(self.full_samples))
-        out = {}
-        for a in agents:
+        """This round's device GFLOPs per agent: its samples times its cut's FLOPs each."""
+        b, out = self.books, {}
+        for a in b.agents():
             flops = self._per_sample_flops(self.cut(a))
-            out[a] = (self.fwd_samples[a] * flops["fwd"] + self.bwd_samples[a] * flops["bwd"]
-                      + self.full_samples[a] * flops["full"]) / 1e9
+            out[a] = (b.fwd_samples[a] * flops["fwd"] + b.bwd_samples[a] * flops["bwd"]
+                      + b.full_samples[a] * flops["full"]) / 1e9
         return out
-
-    @contextlib.contextmanager
-    def timed(self, phase: str) -> Iterator[None]:
-        started = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.phases[phase] += time.perf_counter() - started
 
     @contextlib.contextmanager
     def server_compute(self) -> Iterator[None]:
         """A server-block step: timed as "server", under the configured autocast."""
-        with self.timed("server"), autocast(self.device, self.settings.autocast):
+        with self.books.timed("server"), autocast(self.device, self.settings.autocast):
             yield
 
     def inputs(self, out: Outcome) -> tuple[list[str], list[torch.Tensor], list[torch.Tensor]]:
@@ -210,17 +197,11 @@ class Trainer:
         selected and none delivered its update (`got` empty)."""
         if not selected or got:
             return
-        why = "; ".join(f"{a} missed {self.missed_kind.get(a, 'the round')}: "
-                        f"{self.missed.get(a, 'not live (offline or without the bundle)')}"
+        why = "; ".join(f"{a} missed {self.books.missed_kind.get(a, 'the round')}: "
+                        f"{self.books.missed.get(a, 'not live (offline or without the bundle)')}"
                         for a in selected)
         raise RoundFailed(f"{self.settings.algorithm} round {self.round}: no update from any "
                           f"of the {len(selected)} selected agents ({why})")
-
-    def note(self, outcome: Outcome) -> Outcome:
-        """Remember who missed this exchange (for the round's report)."""
-        self.missed.update(outcome.missed)
-        self.missed_kind.update(dict.fromkeys(outcome.missed, outcome.kind))
-        return outcome
 
     # ------------------------------------------------------------------ selection
 
@@ -274,12 +255,12 @@ class Trainer:
         commands = {a: Command(Kind.FORWARD.value, {"batch": b, "codec": s.codec,
                                                     "compression": s.compression})
                     for a, b in batches.items()}
-        with self.timed("forward"):
-            out = self.note(self.checked(self.engine.send_and_receive(
+        with self.books.timed("forward"):
+            out = self.books.note(self.checked(self.engine.send_and_receive(
                 commands, round=self.round, step=step, deadline_s=s.deadline_s),
                 lambda agent, r: self.activation_problem(r.tensors, batches[agent], agent)))
         for agent, reply in out.replies.items():
-            self.fwd_samples[agent] += int(len(reply.tensors["labels"]))
+            self.books.fwd_samples[agent] += int(len(reply.tensors["labels"]))
         return out
 
     def activation_problem(self, tensors: Arrays, batch: int, agent: str = "") -> str | None:
@@ -354,19 +335,19 @@ class Trainer:
         host = to_host(list(grads.values()))  # one transfer back for all agents
         commands = {a: Command(Kind.BACKWARD.value, {}, {"grad": g}, codec=s.codec,
                                compression=s.compression) for a, g in zip(grads, host, strict=True)}
-        with self.timed("backward"):
-            out = self.note(self.engine.send_and_receive(
+        with self.books.timed("backward"):
+            out = self.books.note(self.engine.send_and_receive(
                 commands, round=self.round, step=step, deadline_s=s.deadline_s))
         for agent in out.replies:
-            self.bwd_samples[agent] += int(grads[agent].shape[0])
+            self.books.bwd_samples[agent] += int(grads[agent].shape[0])
         return out
 
     def push(self, agents: list[str], arrays: Arrays) -> list[str]:
         """Install `arrays` (client/…, server/… names) on agents; returns who has them."""
         if not agents:
             return []
-        with self.timed("distribute"):
-            out = self.note(self.engine.broadcast(
+        with self.books.timed("distribute"):
+            out = self.books.note(self.engine.broadcast(
                 Command(Kind.SET_WEIGHTS.value, {}, arrays), agents, round=self.round,
                 deadline_s=self.settings.deadline_s))
         return out.agents
@@ -374,9 +355,9 @@ class Trainer:
     def pull(self, agents: list[str], blocks: tuple[str, ...] = ("client",)) -> dict[str, Arrays]:
         if not agents:
             return {}
-        with self.timed("collect"):
+        with self.books.timed("collect"):
             bound = accounted_bound(self.weights_bytes(blocks, agents))
-            out = self.note(self.checked(self.engine.broadcast(
+            out = self.books.note(self.checked(self.engine.broadcast(
                 Command(Kind.GET_WEIGHTS.value, {"blocks": list(blocks)}, reply_bytes=bound),
                 agents,
                 round=self.round, deadline_s=self.settings.deadline_s),
@@ -387,7 +368,7 @@ class Trainer:
         """Agents whose block was just averaged away free it (memory on small devices; in
         simulations, at most the active clients hold blocks)."""
         if agents:
-            self.note(self.engine.broadcast(Command(Kind.RELEASE.value), agents,
+            self.books.note(self.engine.broadcast(Command(Kind.RELEASE.value), agents,
                                              round=self.round,
                                              deadline_s=self.settings.deadline_s))
 

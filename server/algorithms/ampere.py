@@ -100,7 +100,6 @@ class Ampere(Method):
     """Ampere: unidirectional inter-block training with activation consolidation."""
 
     name = "ampere"
-    per_device_cuts = True  # device k trains layers 1..p_k with an aux head built for p_k
 
     def __init__(self, trainer: Trainer) -> None:
         super().__init__(trainer)
@@ -118,7 +117,8 @@ class Ampere(Method):
         # device's against its own cut's head.
         t.weight_template = {**t.weight_template, **self.aux[t.bundle.split]}
         t.cut_templates = {k: a for k, a in self.aux.items() if k != t.bundle.split}
-        self.validation, self.test = carve_validation(t.test, s.validation_fraction, s.seed)
+        self.validation, self.test = carve_validation(
+            t.test, self.options.validation_fraction, s.seed)
         self.phase = self.round_phase = 1
         self.epoch = 0  # phase-1 epochs done
         self.best: Arrays = {**t.global_client, **self._flat(self.aux)}
@@ -142,8 +142,8 @@ class Ampere(Method):
         if self.phase == 1:
             return self._device_epoch(selected)
         t = self.trainer
-        if t.settings.server_epochs is not None and \
-                self.server_epochs >= t.settings.server_epochs:
+        limit = self.options.server_epochs
+        if limit is not None and self.server_epochs >= limit:
             return None  # N_s server epochs done: later rounds only evaluate
         self._prepare_phase2()
         owing = [a for a in t.engine.registry.eligible(zoo_version=ZOO_VERSION)
@@ -166,17 +166,17 @@ class Ampere(Method):
         commands = {a: Command(Kind.TRAIN.value, {
             "target": "aux", "batch": batches[a], "lr": t.client_optimizer.lr,
             "steps": math.ceil(sizes[a] / batches[a])}) for a in live}
-        with t.timed("local_train"):
-            out = t.note(t.engine.send_and_receive(commands, round=t.round,
+        with t.books.timed("local_train"):
+            out = t.books.note(t.engine.send_and_receive(commands, round=t.round,
                                                     deadline_s=s.deadline_s))
         loss = self._train_loss(out, commands)
         states = t.pull(out.agents, ("client", "aux"))
         t.release(out.agents)
         if states:
-            with t.timed("aggregate"):
+            with t.books.timed("aggregate"):
                 self._aggregate(states)
             self.epoch += 1
-            with t.timed("validate"):
+            with t.books.timed("validate"):
                 self._validate()
         if self._device_training_done():
             self._end_phase1()
@@ -203,8 +203,8 @@ class Ampere(Method):
             if not (isinstance(samples, int) and 0 < samples <= limit
                     and isinstance(loss, float) and math.isfinite(loss)):
                 continue
-            t.fwd_samples[agent] += samples  # client forward and backward on device
-            t.bwd_samples[agent] += samples
+            t.books.fwd_samples[agent] += samples  # client forward and backward on device
+            t.books.bwd_samples[agent] += samples
             total, seen = total + loss * samples, seen + samples
         return total / seen if seen else None
 
@@ -284,7 +284,7 @@ class Ampere(Method):
     def _device_training_done(self) -> bool:
         t, s = self.trainer, self.trainer.settings
         last_round_next = t.round + 2 >= s.rounds  # phase 2 needs at least one round
-        return (self.stale >= s.patience or self.epoch >= s.device_epochs
+        return (self.stale >= self.options.patience or self.epoch >= self.options.device_epochs
                 or last_round_next)
 
     def _end_phase1(self) -> None:
@@ -305,8 +305,8 @@ class Ampere(Method):
         """The work folder, the trained bundle and the store (once; again after a resume)."""
         t, s = self.trainer, self.trainer.settings
         if self.workdir is None:
-            if s.activation_dir:
-                self.workdir = Path(s.activation_dir)
+            if self.options.activation_dir:
+                self.workdir = Path(self.options.activation_dir)
             else:  # a fresh folder; a checkpoint records it, so a resumed run finds it
                 self.workdir = Path(tempfile.mkdtemp(prefix=f"jetsplit-ampere-{t.engine.run_id}-"))
                 self.own_workdir = True
@@ -314,7 +314,7 @@ class Ampere(Method):
         if self.shipper is None:
             # Reuse only the archive this run wrote (a resume); never a stale one.
             if not (archive.is_file() and sha256_file(archive) == self.bundle_sha):
-                with t.timed("export"):
+                with t.books.timed("export"):
                     self._write_trained_bundle()
             self.shipper = BundleShipper(t.engine, archive, lr=t.client_optimizer.lr,
                                          optimizer=t.client_optimizer.wire(),
@@ -330,7 +330,7 @@ class Ampere(Method):
             # (an earlier run in the same folder) are refused, never mixed in.
             self.store = ActivationStore(
                 self.workdir / "store", t.activation_shape, self.num_classes,
-                max_bytes=int(s.activation_gb * 2**30), tag=self.shipper.sha256)
+                max_bytes=int(self.options.activation_gb * 2**30), tag=self.shipper.sha256)
 
     def _write_trained_bundle(self) -> None:
         """A bundle like the shipped one, with the final client and aux weights: its ONNX
@@ -357,7 +357,7 @@ class Ampere(Method):
         """Rows of `agent`'s activations (at its cut) that fit in `upload_mb`."""
         t = self.trainer
         row = 4 * math.prod(t.activation_shape_at(t.cut(agent)))
-        return max(1, int(t.settings.upload_mb * 2**20) // row)
+        return max(1, int(self.options.upload_mb * 2**20) // row)
 
     def _collect(self, agents: list[str]) -> Iterator[np.ndarray]:
         """Ask `agents` for the rest of their activations, one slice per agent per wave;
@@ -375,14 +375,14 @@ class Ampere(Method):
             stream = t.engine.send_and_stream(commands, round=t.round, step=wave,
                                               deadline_s=s.deadline_s)
             while True:
-                with t.timed("upload"):
+                with t.books.timed("upload"):
                     out = next(stream, None)
                 if out is None:
                     break
-                rows = self._accept(t.note(out), offsets, sizes, limits)
+                rows = self._accept(t.books.note(out), offsets, sizes, limits)
                 if rows is not None:
                     yield rows
-            active = [a for a in active if a not in t.missed and not store.complete(a)]
+            active = [a for a in active if a not in t.books.missed and not store.complete(a)]
             wave += 1
 
     def _accept(self, out: Outcome, offsets: dict[str, int], sizes: dict[str, int],
@@ -397,15 +397,15 @@ class Ampere(Method):
                     raise StoreError(f"upload from {agent} refused: reply lacks activations "
                                      "or labels, or its dataset size differs from the "
                                      "registered one")
-                with t.timed("store"):
+                with t.books.timed("store"):
                     acts = self._carried(agent, acts, labels, limits[agent])
                     n = store.append(agent, offsets[agent], sizes[agent], acts, labels)
             except StoreError as exc:
                 log.warning("%s", exc)
                 del out.replies[agent]
-                out.missed[agent] = t.missed[agent] = f"error: bad reply: {exc}"
+                out.missed[agent] = t.books.missed[agent] = f"error: bad reply: {exc}"
                 continue
-            t.fwd_samples[agent] += n  # the client block's forward pass on the device
+            t.books.fwd_samples[agent] += n  # the client block's forward pass on the device
             return store.rows_of(agent)[offsets[agent]:offsets[agent] + n]
         return None
 
@@ -433,7 +433,7 @@ class Ampere(Method):
         rng = np.random.default_rng([t.settings.seed, t.round])
         pool = self._stored_rows()
         rng.shuffle(pool)
-        batch, losses = t.settings.server_batch or t.settings.batch, []  # B(s)
+        batch, losses = self.options.server_batch or t.settings.batch, []  # B(s)
 
         def train_on(rest: np.ndarray, smallest: int) -> np.ndarray:
             while len(rest) >= smallest:
@@ -457,7 +457,7 @@ class Ampere(Method):
     def _step(self, server: nn.Module, optimizer: torch.optim.Optimizer, rows: np.ndarray
               ) -> float:
         """One SGD step of the server block on stored rows (eq. 12)."""
-        with self.trainer.timed("load"):
+        with self.trainer.books.timed("load"):
             acts, labels = self._store().take(np.sort(rows))
         with self.trainer.server_compute():
             device = self.trainer.device
@@ -560,14 +560,14 @@ class AmpereNoConsolidation(Ampere):
         for agent in sorted(counts):
             server = copy.deepcopy(t.server)
             optimizer = t.server_optimizer.for_module(server)
-            batch = max(2, round((s.server_batch or s.batch) * counts[agent] / total))
+            batch = max(2, round((self.options.server_batch or s.batch) * counts[agent] / total))
             order = store.rows_of(agent)[rng.permutation(counts[agent])]
             for start in range(0, len(order), batch):
                 rows = order[start:start + batch]
                 if len(rows) > 1:
                     losses.append(self._step(server, optimizer, rows))
             states[agent] = to_arrays(server, "server")
-        with t.timed("aggregate"):
+        with t.books.timed("aggregate"):
             merged = fedavg(states, counts)
         load_strict(t.server, from_arrays(merged, "server"), "server average")
         return float(np.mean(losses)) if losses else None

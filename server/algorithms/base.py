@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from jetsplit import catalog
 from jetsplit.errors import ConfigError
 from jetsplit.models.weights import from_arrays, load_strict, to_arrays
 from jetsplit.server.aggregation import fedavg
@@ -35,15 +36,19 @@ class Method(ABC):
     """One training method; `run_round` returns the mean training loss (None if no data)."""
 
     name: ClassVar[str]
-    per_device_cuts: ClassVar[bool] = False  # trains a fleet of per-device cuts
     loss_tier: str = "server"  # where `run_round`'s loss is measured (divergence reports)
 
     def __init__(self, trainer: Trainer) -> None:
         self.trainer = trainer
         self.num_classes = trainer.bundle.spec.num_classes
-        if trainer.completions.heterogeneous and not self.per_device_cuts:
+        if trainer.completions.heterogeneous and catalog.method(self.name).common_cut:
             raise ConfigError(f"{self.name} trains every device at one common cut; give "
                               f"per-device cuts only to the split methods")
+
+    @property
+    def options(self) -> Any:
+        """This method's own options (its dataclass in the method catalog)."""
+        return catalog.method(self.name).options_from(self.trainer.settings)
 
     @abstractmethod
     def run_round(self, selected: list[str]) -> float | None: ...
@@ -86,7 +91,6 @@ class SplitMethod(Method):
     copy is one whole client block, so FedAvg over those is the layer-wise average."""
 
     aggregate_clients: ClassVar[bool] = True
-    per_device_cuts = True
 
     def run_round(self, selected: list[str]) -> float | None:
         t = self.trainer
@@ -102,7 +106,7 @@ class SplitMethod(Method):
             t.release(sorted(participants))
             states = {a: t.completions.whole(a, s) for a, s in states.items()}
             if states:
-                with t.timed("aggregate"):
+                with t.books.timed("aggregate"):
                     t.global_client = fedavg(states, t.sizes(sorted(states)))
             t.require_update(selected, states)
         t.require_update(selected, participants)

@@ -31,20 +31,20 @@ class FedAvg(Method):
                                                   "steps": t.settings.local_steps,
                                                   "lr": t.client_optimizer.lr})
                     for a in live}
-        with t.timed("local_train"):
-            out = t.note(t.engine.send_and_receive(commands, round=t.round,
+        with t.books.timed("local_train"):
+            out = t.books.note(t.engine.send_and_receive(commands, round=t.round,
                                                     deadline_s=t.settings.deadline_s))
         losses = []
         for agent, reply in out.replies.items():
             samples, loss = reply.meta.get("samples"), reply.meta.get("loss")
             if isinstance(samples, int) and isinstance(loss, float) and math.isfinite(loss):
-                t.full_samples[agent] += samples
+                t.books.full_samples[agent] += samples
                 losses.append(loss)
         states = t.pull(out.agents, ("client", "server"))
         t.require_update(selected, states)
         t.release(out.agents)
         if states:
-            with t.timed("aggregate"):
+            with t.books.timed("aggregate"):
                 merged = fedavg(states, t.sizes(sorted(states)))
             t.global_client = {k: v for k, v in merged.items() if k.startswith("client/")}
             load_strict(t.server, from_arrays(merged, "server"), "server average")

@@ -43,6 +43,7 @@ class GAPSL(PSL):
 
     def server_update(self, agents, acts, labels):  # noqa: ANN001, ANN201
         t, s = self.trainer, self.trainer.settings
+        o = self.options
         _, leaves, losses = sum_of_client_losses(t.server, t.optimizer, acts, labels)
         params = [p for p in t.server.parameters() if p.requires_grad]
         per_client = []
@@ -56,10 +57,10 @@ class GAPSL(PSL):
         iteration = t.round * s.local_steps + self.step + 1
         selection = gapsl_math.select_clients(
             torch.stack(per_client), iteration, s.rounds * s.local_steps, self.tracker,
-            s.k_min, s.k_max, s.eta)
+            o.k_min, o.k_max, o.eta)
         self.last_selection = selection
         chosen = [int(i) for i in selection.selected]
-        server_loss = reduced(gapsl_math.gapsl_server_loss(losses, selection, s.lam),
+        server_loss = reduced(gapsl_math.gapsl_server_loss(losses, selection, o.lam),
                                len(chosen), s)
         grads = step_averaged(t.server, t.optimizer, losses, chosen, leaves, server_loss)
         return (float(torch.stack(losses).mean().detach()),

@@ -135,10 +135,10 @@ class SHeRL(Method):
         super().__init__(trainer)
         s = trainer.settings
         self.tau1, self.tau2 = periods(s)
-        self.topology: Topology = resolve(s.edges, trainer.engine.registry)
+        self.topology: Topology = resolve(dict(self.options.edges), trainer.engine.registry)
         self.edges = set(self.topology.edges)
-        planned = s.edge_split is None
-        self.edge_split = self._plan_edge_split() if planned else s.edge_split
+        planned = self.options.edge_split is None
+        self.edge_split = self._plan_edge_split() if planned else self.options.edge_split
         self._carve(self.edge_split, "the planned edge split" if planned else "edge_split")
         self.ready: set[str] = set()  # edges holding this round's edge model
         self.groups: dict[str, list[str]] = {}
@@ -273,8 +273,8 @@ class SHeRL(Method):
                                {"layers": len(self.edge_view), "optimizer": optimizer,
                                 "clients": list(self.groups[e])}, weights)
                     for e in edges}
-        with t.timed("distribute"):
-            out = t.note(t.engine.send_and_receive(commands, round=t.round,
+        with t.books.timed("distribute"):
+            out = t.books.note(t.engine.send_and_receive(commands, round=t.round,
                                                    deadline_s=t.settings.deadline_s))
         self.ready = set(out.agents)
 
@@ -297,7 +297,7 @@ class SHeRL(Method):
             self.edge_samples[edge] += int(stepped[edge].meta["samples"])
         edge_losses = [float(r.meta["loss"]) for r in stepped.replies.values()]
         uploads = stepped.replies
-        with t.timed("cloud"):
+        with t.books.timed("cloud"):
             loss = self._cloud_step({e: r.tensors["embeddings"] for e, r in uploads.items()},
                                     {e: r.tensors["labels"] for e, r in uploads.items()})
         return loss, edge_losses
@@ -310,13 +310,13 @@ class SHeRL(Method):
                                {"batch": b, "codec": s.codec, "compression": s.compression,
                                 "edge": self.topology.edge_of(c)})
                     for c, b in batches.items()}
-        with t.timed("forward"):
-            out = t.note(t.checked(t.engine.send_and_receive(
+        with t.books.timed("forward"):
+            out = t.books.note(t.checked(t.engine.send_and_receive(
                 commands, round=t.round, step=step, deadline_s=s.deadline_s),
                 lambda c, r: None if _count(r.meta.get("samples"), batches[c])
                 else f"samples {r.meta.get('samples')!r}, expected 1..{batches[c]}"))
         for client, reply in out.replies.items():
-            t.fwd_samples[client] += int(reply.meta["samples"])
+            t.books.fwd_samples[client] += int(reply.meta["samples"])
         return {c: int(r.meta["samples"]) for c, r in out.replies.items()}
 
     def _by_edge(self, samples: dict[str, int]) -> dict[str, list[str]]:
@@ -336,11 +336,11 @@ class SHeRL(Method):
         t, s = self.trainer, self.trainer.settings
         wait_s = float(s.deadline_s) / 2  # late smashed data: still time to reply without it
         commands = {e: Command(Kind.EDGE_STEP.value,
-                               {"clients": cs, "margin": s.margin, "codec": s.codec,
+                               {"clients": cs, "margin": self.options.margin, "codec": s.codec,
                                 "compression": s.compression, "wait_s": wait_s})
                     for e, cs in members.items()}
-        with t.timed("edge"):
-            out = t.note(t.checked(
+        with t.books.timed("edge"):
+            out = t.books.note(t.checked(
                 t.engine.send_and_receive(commands, round=t.round, step=step,
                                           deadline_s=s.deadline_s),
                 lambda e, r: self._step_problem(r, members[e], samples)))
@@ -356,11 +356,11 @@ class SHeRL(Method):
                                                 "wait_s": float(s.deadline_s) / 2})
         if not clients:
             return Outcome({})
-        with t.timed("backward"):
-            out = t.note(t.engine.broadcast(command, clients, round=t.round, step=step,
+        with t.books.timed("backward"):
+            out = t.books.note(t.engine.broadcast(command, clients, round=t.round, step=step,
                                             deadline_s=s.deadline_s))
         for client in out.replies:
-            t.bwd_samples[client] += samples[client]
+            t.books.bwd_samples[client] += samples[client]
         return out
 
     def _cloud_step(self, embeddings: dict[str, np.ndarray], labels: dict[str, np.ndarray]
@@ -395,7 +395,7 @@ class SHeRL(Method):
             if not mine:
                 continue
             sizes = t.sizes(sorted(mine))
-            with t.timed("aggregate"):
+            with t.books.timed("aggregate"):
                 period.edge_clients[edge] = fedavg(mine, sizes)
             period.edge_weight[edge] = sum(sizes.values())
             if push:
@@ -412,7 +412,7 @@ class SHeRL(Method):
             return
         states = self._pull_edges(sorted(served))
         weights = {e: sum(t.sizes(cs).values()) for e, cs in served.items()}
-        with t.timed("aggregate"):
+        with t.books.timed("aggregate"):
             if states:
                 merged = fedavg(states, {e: weights[e] for e in states})
                 load_strict(self.edge_view, from_arrays(merged, "edge"), "edge average")
@@ -429,8 +429,8 @@ class SHeRL(Method):
     def _pull_edges(self, edges: list[str]) -> dict[str, Arrays]:
         t = self.trainer
         command = Command(Kind.GET_WEIGHTS.value, {"blocks": ["edge"]})
-        with t.timed("collect"):
-            out = t.note(t.checked(
+        with t.books.timed("collect"):
+            out = t.books.note(t.checked(
                 t.engine.broadcast(command, t.live(edges), round=t.round,
                                    deadline_s=t.settings.deadline_s),
                 lambda e, r: self._edge_weights_problem(r.tensors)))

@@ -42,7 +42,7 @@ class SplitFedV1(SplitMethod):
         t = self.trainer
         if participants:
             states = {a: to_arrays(self.copies[a], "server") for a in participants}
-            with t.timed("aggregate"):
+            with t.books.timed("aggregate"):
                 merged = fedavg(states, t.sizes(participants))
             load_strict(t.server, from_arrays(merged, "server"), "server average")
         self.copies, self.optimizers = {}, {}

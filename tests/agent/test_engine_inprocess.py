@@ -256,5 +256,6 @@ def test_malformed_replies_are_dropped_and_training_goes_on(archive: Path, mode:
                                                 batch=32), test)
     loss = build_method("psl", trainer).run_round(["a0", "a1"])
     assert loss is not None and np.isfinite(loss)
-    assert trainer.missed["a1"].startswith("error: bad reply") and reason in trainer.missed["a1"]
-    assert trainer.bwd_samples["a0"] == 32 and trainer.bwd_samples.get("a1", 0) == 0
+    missed = trainer.books.missed
+    assert missed["a1"].startswith("error: bad reply") and reason in missed["a1"]
+    assert trainer.books.bwd_samples["a0"] == 32 and trainer.books.bwd_samples.get("a1", 0) == 0

@@ -87,3 +87,13 @@ def test_the_catalog_imports_without_torch() -> None:
     code = ("import sys; import jetsplit.catalog, jetsplit.export.planner; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd="/")
+
+
+def test_a_config_written_out_whole_still_loads(tmp_path: Path) -> None:
+    """A run's config.toml holds every [train] key at its value: another method's options
+    at their defaults are not a mistake."""
+    from jetsplit.server.config import ServerConfig, TrainSection
+
+    whole = ServerConfig(train=TrainSection(algorithm="ampere", patience=3)).model_dump()
+    again = ServerConfig.model_validate(whole)
+    assert again.train.patience == 3 and again.train.algorithm == "ampere"

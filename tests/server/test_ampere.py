@@ -74,7 +74,8 @@ def ampere(engine: InProcessEngine, archive: Path, workdir: Path,
 def play(method: Ampere, round_: int) -> float | None:
     """One round as `run_training` drives it (every agent selected)."""
     t = method.trainer
-    t.round, t.missed = round_, {}
+    t.round = round_
+    t.books.reset()
     return method.run_round(t.engine.registry.eligible())
 
 
@@ -256,7 +257,7 @@ def test_a_poisoned_upload_is_a_recorded_miss(archive: Path, tmp_path: Path) -> 
     play(method, 0)
     assert play(method, 1) is not None  # the server trains on a0's rows
     t = method.trainer
-    assert "NaN" in t.missed["a1"] and t.missed["a1"].startswith("error: bad reply")
+    assert "NaN" in t.books.missed["a1"] and t.books.missed["a1"].startswith("error: bad reply")
     assert method.store is not None and method.store.agents() == ["a0"]
 
 

@@ -132,7 +132,7 @@ def test_coordinator_pulls_and_pushes_the_whole_default_model(alexnet: Path) -> 
     blocks = ("client", "server")
     assert trainer.weights_bytes(blocks, live) > DEFAULT_MAX_MESSAGE_BYTES
     states = trainer.pull(live, blocks)
-    assert sorted(states) == live and not trainer.missed
+    assert sorted(states) == live and not trainer.books.missed
     assert trainer.push(live, states["a0"]) == live
     assert max(engine.counters.by_kind()["up"].values()) > 2 * DEFAULT_MAX_MESSAGE_BYTES
 

@@ -1,0 +1,50 @@
+"""A round's books: what each phase took, how many samples each agent pushed through its
+block forward, backward or as a whole model, and who missed which exchange and why.
+
+The trainer keeps one `RoundBooks`, the round loop clears it at every round start and
+turns it into the metrics row (phases, device GFLOPs, missed agents)."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from jetsplit.server.engine import Outcome
+
+
+@dataclass
+class RoundBooks:
+    phases: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # seconds
+    fwd_samples: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    bwd_samples: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    full_samples: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # FedAvg
+    missed: dict[str, str] = field(default_factory=dict)  # agent → why
+    missed_kind: dict[str, str] = field(default_factory=dict)  # agent → the exchange missed
+
+    def reset(self) -> None:
+        """A new round: nothing done, nobody missed anything yet."""
+        for books in (self.phases, self.fwd_samples, self.bwd_samples, self.full_samples,
+                      self.missed, self.missed_kind):
+            books.clear()
+
+    @contextlib.contextmanager
+    def timed(self, phase: str) -> Iterator[None]:
+        """Add the wall time of the block to `phase`."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phases[phase] += time.perf_counter() - started
+
+    def note(self, outcome: Outcome) -> Outcome:
+        """Remember who missed this exchange, and what (for the round's report)."""
+        self.missed.update(outcome.missed)
+        self.missed_kind.update(dict.fromkeys(outcome.missed, outcome.kind))
+        return outcome
+
+    def agents(self) -> list[str]:
+        """Every agent that pushed samples through its block this round."""
+        return sorted(set(self.fwd_samples) | set(self.bwd_samples) | set(self.full_samples))
