@@ -6,8 +6,9 @@ the export tool never import the coordinator (`server/`). Only the command-line 
 from __future__ import annotations
 
 import ast
-import tomllib
 from pathlib import Path
+
+from jetsplit.config_io import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSITION_ROOT = "jetsplit.cli"  # mounts the coordinator's commands beside the rest
