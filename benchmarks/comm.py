@@ -4,8 +4,8 @@ split and data (MNIST-5k, 20 clients, Ampere's Dir(α/(1−α)) label skew with 
 Prints per method the final test accuracy, the training bytes (up + down, bundle
 installation excluded, Ampere's phase-2 bundle of trained weights included) per client
 device, and the ratio to SplitFed V1's bytes; then the papers' claims to compare against:
-Ampere uses 0.9–11.7% of SplitFed's bytes at equal or better accuracy (ampere.txt), SHeRL-FL
-about 44% of SplitFed's (sherl-fl.txt). In-process engine: bytes are exactly what the wire
+Ampere uses 0.9–11.7% of SplitFed's bytes at equal or better accuracy (the Ampere paper), SHeRL-FL
+about 44% of SplitFed's (the SHeRL-FL paper). In-process engine: bytes are exactly what the wire
 format would carry.
 
     .venv/bin/python benchmarks/comm.py [--rounds 20] [--seeds 0] [--quick]

@@ -12,14 +12,15 @@ Every method gets the same budget of device epochs E (passes over the clients' d
 
 Tables (one per paper; means over seeds, the spread in brackets):
 
-1. SCALA (scala-icml §5): SCALA vs CA-SFL vs LLA-SFL vs SplitFed V1/V2 under dirichlet:β.
+1. SCALA (the SCALA paper (ICML) §5): SCALA vs CA-SFL vs LLA-SFL vs SplitFed V1/V2 under
+   dirichlet:β.
    Goal: SCALA ≥ SplitFed V1 + 2 points.
-2. GAPSL (gapsl.txt §IV): GAPSL vs PSL under dirichlet:0.1 with the paper's optimiser
+2. GAPSL (the GAPSL paper §IV): GAPSL vs PSL under dirichlet:0.1 with the paper's optimiser
    (SGD momentum 0.9, client lr 0.005, server lr 0.01, 128 per client), same for PSL.
-3. Ampere (ampere.txt §5.2): bytes to reach SplitFed V1's final accuracy (ratio to the bytes
+3. Ampere (the Ampere paper §5.2): bytes to reach SplitFed V1's final accuracy (ratio to the bytes
    SplitFed V1 needed to reach it), and accuracy at equal device epochs, under ampere:0.33.
    Goal: ratio ≤ 0.15.
-4. SHeRL-FL (sherl-fl.txt): bytes per tier and accuracy vs SplitFed V1, same partition.
+4. SHeRL-FL (the SHeRL-FL paper): bytes per tier and accuracy vs SplitFed V1, same partition.
    Goal: ≤ 0.6× SplitFed's bytes at comparable accuracy. Two ratios: all bytes, and the
    bytes that cross to the cloud when each edge's site broker is bridged to the cloud's
    (everything but the direct client↔edge smashed data and gradients, which stay on the

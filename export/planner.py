@@ -465,7 +465,8 @@ class ThreeTierPlan:
 
 def classifier_start(costs: ModelCosts) -> int:
     """Index of the first layer of the model's trailing classifier (fc…/head layers): the
-    role-aware cloud tier holds only task-head layers (sherl-fl.txt, Model Partitioning)."""
+    role-aware cloud tier holds only task-head layers (the SHeRL-FL paper, "Model
+    Partitioning")."""
     start = costs.num_layers - 1
     while start > 0 and costs.layers[start - 1].name.startswith(CLASSIFIER_PREFIXES):
         start -= 1

@@ -1,12 +1,12 @@
 """SHeRL-FL's three tiers of one split model, and the edge tier's training objective.
 
 A bundle cuts a model once, at k1: the client block is layers[:k1], the server block
-layers[k1:]. SHeRL-FL (sherl-fl.txt, "Model Partitioning") cuts the server block again:
+layers[k1:]. SHeRL-FL (the SHeRL-FL paper, "Model Partitioning") cuts the server block again:
 the edge hosts the deeper feature layers [k1:k2] and the cloud keeps the task head
 [k2:]. Carving the server block here (rather than a second bundle format) lets both the
 edge agent and the coordinator build their part from the bundle they already verified.
 
-The edge trains on a margin contrastive loss over pairs of its batch (sherl-fl.txt,
+The edge trains on a margin contrastive loss over pairs of its batch (the SHeRL-FL paper,
 "Training Workflow", eqs. 1-2) with the cosine distance d = 1 - cos(z_i, z_j): a pair of
 the same class costs d², a pair of different classes max(0, m - d)². The equations did not
 survive in our copy of the paper; we average over all N(N-1)/2 unordered pairs of the

@@ -1,4 +1,4 @@
-"""Ampere's on-disk activation store (ampere.txt §3.3, Algorithm 1 line 16: the server
+"""Ampere's on-disk activation store (the Ampere paper §3.3, Algorithm 1 line 16: the server
 stores the devices' one-shot activation uploads on disk and loads batches from there).
 
 Layout of the store folder: per agent two append-only raw files, `<agent>.act` (float32,

@@ -65,8 +65,10 @@ class TrainSection(BaseModel):
     tau1: Annotated[int, Field(ge=1, le=1_000_000)] | None = None  # SHeRL-FL
     tau2: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
     margin: Annotated[float, Field(gt=0, le=2)] = 0.5
-    # Per-tier training (unset: the method's paper default, else lr / plain SGD; see
-    # docs/methods.md and server/optim.py).
+    # Per-tier training (unset: the method's value in the chosen preset, its `default` preset
+    # in jetsplit/catalog.py unless `preset = "paper"` selects the papers' settings; else the
+    # general lr / optimizer / momentum, plain SGD by default; see docs/methods.md and
+    # server/optim.py).
     cloud_lr: Annotated[float, Field(gt=0, le=10)] | None = None
     optimizer: Literal["sgd", "adam"] | None = None
     momentum: Annotated[float, Field(ge=0, lt=1)] | None = None

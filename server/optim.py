@@ -78,7 +78,7 @@ def client_batch(settings: Any) -> int | None:
 
 def reduction(settings: Any) -> str:
     """How PSL's and GAPSL's server loss combines the clients' losses: "mean" (its step
-    independent of how many clients are summed) or "sum" (gapsl.txt eq. 8)."""
+    independent of how many clients are summed) or "sum" (the GAPSL paper eq. 8)."""
     value = str(_setting(settings, "psl_reduction", "mean"))
     if value not in REDUCTIONS:
         raise ValueError(f"unknown psl_reduction {value!r}; one of {', '.join(REDUCTIONS)}")

@@ -29,7 +29,7 @@ class Settings:
     retry_s: float = 30.0  # MQTT: silence before a command is re-sent (then backs off)
     codec: str = "fp32"
     compression: str = "none"
-    # GAPSL (gapsl.txt §III): selection-ratio bounds, alignment weight λ, threshold width η.
+    # GAPSL (the GAPSL paper §III): selection-ratio bounds, alignment weight λ, threshold width η.
     k_min: float = 0.2
     k_max: float = 0.8
     lam: float = 5e-4
@@ -39,7 +39,7 @@ class Settings:
     # "paper" (the papers' own settings, for their models).
     psl_reduction: str | None = None
     preset: str = "default"
-    # Ampere (ampere.txt §3.3): phase 1 ends after `patience` epochs without a better
+    # Ampere (the Ampere paper §3.3): phase 1 ends after `patience` epochs without a better
     # validation accuracy of client+aux, or after N_d = `device_epochs`; the validation part
     # is carved from the coordinator's held-out split. Phase 2 uploads activations in
     # replies of at most `upload_mb` into a store bounded by `activation_gb`, kept in
@@ -50,7 +50,7 @@ class Settings:
     upload_mb: float = 8.0
     activation_dir: str | None = None
     activation_gb: float = 64.0
-    # SHeRL-FL (sherl-fl.txt): edges FedAvg their clients every `tau1` iterations and the
+    # SHeRL-FL (the SHeRL-FL paper): edges FedAvg their clients every `tau1` iterations and the
     # cloud FedAvg-s the edge tier every `tau2` (None: once per round, after iteration T);
     # `margin` m of the edge's contrastive loss; `edges` maps edge → clients (empty:
     # round-robin over the registered edges); `edge_split` k2 is the first cloud layer

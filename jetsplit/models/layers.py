@@ -3,7 +3,7 @@
 A split point may fall between any two of these and never inside one (residual and
 transformer blocks stay whole). Each layer knows how to build its *narrow twin* — the same
 kind of layer, taking the same input, at a fraction of its width — which is what Ampere's
-auxiliary head replicates from the first server layer (ampere.txt §3.2.2).
+auxiliary head replicates from the first server layer (the Ampere paper §3.2.2).
 """
 
 from __future__ import annotations

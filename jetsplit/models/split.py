@@ -59,7 +59,7 @@ def activation_shape(model: LayeredModel, k: int) -> tuple[int, ...]:
 
 
 class AuxiliaryHead(nn.Module):
-    """Ampere's auxiliary network (ampere.txt §3.2.2): the first server layer replicated at a
+    """Ampere's auxiliary network (the Ampere paper §3.2.2): the first server layer replicated at a
     fraction of its width, global pooling, and a linear classifier, so the client block can
     train on a local loss without server gradients."""
 

@@ -123,8 +123,8 @@ class _Builder:
 
 
 def _alexnet(b: _Builder) -> None:
-    """AlexNet as adapted for small images in SCALA (scala-icml.txt App. E): 5 conv stages and
-    3 fully connected layers; split 2 is SCALA's client block (conv-relu-pool ×2)."""
+    """AlexNet as adapted for small images in SCALA (the SCALA paper (ICML) App. E): 5 conv
+    stages and 3 fully connected layers; split 2 is SCALA's client block (conv-relu-pool ×2)."""
     stages = [(64, 3, 2, True), (192, 3, 1, True), (384, 3, 1, False), (256, 3, 1, False),
               (256, 3, 1, True)]
     for i, (cout, kernel, stride, pool) in enumerate(stages, 1):

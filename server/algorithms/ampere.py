@@ -1,4 +1,4 @@
-"""Ampere (ampere.txt §3, Algorithm 1, eqs 5–12) and its ablation without activation
+"""Ampere (the Ampere paper §3, Algorithm 1, eqs 5–12) and its ablation without activation
 consolidation (§5.2.4), on the shared runtime.
 
 Phase 1 (device training, eqs 7–10): each round is one epoch. Selected agents train client

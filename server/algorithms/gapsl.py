@@ -15,7 +15,7 @@ from jetsplit.server.trainer import Arrays, Trainer
 
 class GAPSL(PSL):
     """PSL with leader-gradient identification and gradient-direction alignment
-    (gapsl.txt §III, Algorithms 1–2): only directionally consistent clients' losses train
+    (the GAPSL paper §III, Algorithms 1–2): only directionally consistent clients' losses train
     the server block and get gradients back."""
 
     name = "gapsl"

@@ -1,4 +1,4 @@
-"""The server-side math of GAPSL (Lin et al., `papers/gapsl.txt` §III, eqs 1–8, Algorithms
+"""The server-side math of GAPSL (Lin et al., the GAPSL paper §III, eqs 1–8, Algorithms
 1–2), on flattened per-client server-block gradients, with no I/O.
 
 Per iteration, with g_i the gradient of client i's loss L_i w.r.t. the server block

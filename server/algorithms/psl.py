@@ -38,7 +38,7 @@ def step_averaged(server: nn.Module, optimizer: torch.optim.Optimizer,
                    losses: list[torch.Tensor], chosen: list[int], leaves: list[torch.Tensor],
                    server_loss: torch.Tensor) -> list[torch.Tensor]:
     """Client i gets ∂L_i/∂A_i (its own mean loss, like SCALA's G_k); the server steps on
-    `server_loss` (a sum over clients as gapsl.txt eq. 8, or their mean: see `reduced`).
+    `server_loss` (a sum over clients as the GAPSL paper's eq. 8, or their mean: see `reduced`).
 
     With the sum the server's step grows with the number of clients: PSL on AlexNet/MNIST
     with 10 clients per step at plain-SGD lr 0.01 diverged (NaN in round 0). The mean
@@ -54,7 +54,7 @@ def step_averaged(server: nn.Module, optimizer: torch.optim.Optimizer,
 
 
 def reduced(total: torch.Tensor, count: int, settings: Any) -> torch.Tensor:
-    """PSL's L = Σ_i L_i and GAPSL's L_g = Σ_{Ŝ} L̃_i are sums (gapsl.txt eq. 8, the
+    """PSL's L = Σ_i L_i and GAPSL's L_g = Σ_{Ŝ} L̃_i are sums (the GAPSL paper eq. 8, the
     `paper` preset); by default they are divided by the number of summed clients, which
     keeps the server's step independent of how many clients are selected."""
     return total / count if reduction(settings) == "mean" else total
@@ -62,7 +62,7 @@ def reduced(total: torch.Tensor, count: int, settings: Any) -> torch.Tensor:
 
 class PSL(SplitMethod):
     """Parallel split learning: one server block trained on the clients' mean loss; client
-    blocks are never aggregated, each stays with its agent (gapsl.txt §II-A)."""
+    blocks are never aggregated, each stays with its agent (the GAPSL paper §II-A)."""
 
     name = "psl"
     aggregate_clients = False

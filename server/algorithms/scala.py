@@ -39,7 +39,7 @@ class _RegisteredPriors:
 
 
 class LLASFL(_RegisteredPriors, SplitFedV1):
-    """LLA-SFL (scala-journal §5.2): SplitFed V1 (a server-block copy per client, copies
+    """LLA-SFL (SCALA's journal version §5.2): SplitFed V1 (a server-block copy per client, copies
     and client blocks FedAvg-ed every T iterations) with only the local logit adjustment:
     client k's copy steps on CE(s(A_k) + log P_k, Y_k), P_k its registered local label
     distribution. Differs from `splitfed-v1` in the loss alone."""
@@ -59,7 +59,8 @@ class LLASFL(_RegisteredPriors, SplitFedV1):
 
 
 class _ScalaFamily(_RegisteredPriors, SplitMethod):
-    """SCALA and its ablations: concatenated activations, logit adjustment (scala-icml §3)."""
+    """SCALA and its ablations: concatenated activations, logit adjustment (the SCALA
+    paper (ICML) §3)."""
 
     step_fn: ClassVar[Any]
 

@@ -1,7 +1,7 @@
 """The server-side math of SCALA and its two ablations, with no I/O.
 
-SCALA (Yang & Liu, ICML 2024, `papers/scala-icml.txt` §3; journal version
-`papers/scala-journal.txt` §3 and §5.2 for the ablations):
+SCALA (Yang & Liu, the SCALA paper (ICML 2024) §3; SCALA's journal version §3, and its §5.2
+for the ablations):
 
 - the server concatenates the activations A = ∪A_k and labels Y = ∪Y_k of the selected
   clients (eqs 5–6), runs its block once on A and updates w_s on the logit-adjusted loss

@@ -1,4 +1,4 @@
-"""SHeRL-FL (sherl-fl.txt): split learning in a client / edge / cloud hierarchy, with
+"""SHeRL-FL (the SHeRL-FL paper): split learning in a client / edge / cloud hierarchy, with
 representation learning at the edge.
 
 Clients run the bundle's client block [:k1] and send smashed data toward their edge; the

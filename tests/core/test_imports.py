@@ -8,7 +8,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import tomllib
+from jetsplit.config_io import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSITION_ROOT = "jetsplit.cli"  # mounts the coordinator's commands beside the rest

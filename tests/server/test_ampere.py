@@ -1,4 +1,4 @@
-"""Ampere (ampere.txt §3, Algorithm 1) and its no-consolidation ablation: the trained bundle's
+"""Ampere (the Ampere paper §3, Algorithm 1) and its no-consolidation ablation: the trained bundle's
 ONNX client block, the on-disk activation store (restart, refusals), streaming replies,
 early stopping, a simulation that learns, and a run over MQTT that matches the in-process
 run bit for bit."""

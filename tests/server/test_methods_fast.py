@@ -233,7 +233,7 @@ def _check(server: nn.Module, after: dict[str, torch.Tensor], got: dict[str, tor
 
 @pytest.mark.parametrize("reduction", ["sum", "mean"])
 def test_psl_server_steps_on_the_sum_of_each_clients_mean_loss(reduction: str) -> None:
-    """L = Σ_i L_i, L_i client i's mean CE (gapsl.txt eq. 8; `mean` divides by 3). Batches
+    """L = Σ_i L_i, L_i client i's mean CE (the GAPSL paper eq. 8; `mean` divides by 3). Batches
     of 2, 3 and 4 rows: the mean over the 9 concatenated rows would weigh them otherwise.
     Client i gets ∂L_i/∂A_i; the reported loss is the mean of the L_i."""
     server, acts, labels = _toy()

@@ -235,7 +235,7 @@ def test_lla_sfl_is_splitfed_v1_with_local_adjustment_averaged_every_t(
 @pytest.mark.parametrize("preset", ["default", "paper"])
 def test_psl_server_steps_on_the_mean_or_the_papers_sum(archive: Path, digits: Any,
                                                         preset: str) -> None:
-    """gapsl.txt's L = Σ_i L_i (the paper preset): one SGD step moves the server by
+    """The GAPSL paper's L = Σ_i L_i (the paper preset): one SGD step moves the server by
     lr·Σ∇L_i; by default by lr·mean ∇L_i, a third of that here."""
     engine = skewed_engine(digits)
     record = Recorder(engine)
