@@ -211,3 +211,8 @@ def foreign_options(name: str, given: Mapping[str, Any]) -> Tuple[str, ...]:
     for entry in METHODS.values():
         everyone.update(dict.fromkeys(entry.option_names()))
     return tuple(o for o in given if o in everyone and o not in own)
+
+
+def owners(option: str) -> Tuple[str, ...]:
+    """The methods that take `option` as their own (empty for a general option)."""
+    return tuple(n for n, e in METHODS.items() if option in e.option_names())

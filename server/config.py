@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from jetsplit import catalog
 from jetsplit.config_io import load_toml_model
@@ -80,18 +80,23 @@ class TrainSection(BaseModel):
     server_batch: Annotated[int, Field(ge=2, le=1 << 20)] | None = None  # Ampere's B(s)
     server_epochs: Annotated[int, Field(ge=1, le=100_000)] | None = None  # Ampere's N_s
 
+    @field_validator("algorithm")
+    @classmethod
+    def _known(cls, name: str) -> str:
+        if name not in catalog.METHODS:
+            raise ValueError(f"unknown algorithm {name!r}; choose one of {catalog.CHOICES}")
+        return name
+
     @model_validator(mode="after")
     def _method(self) -> TrainSection:
-        """A known method, and none of another method's own options set to anything but
+        """None of another method's own options set to anything but
         its default (a config written out whole, as a run's config.toml, sets them all)."""
-        if self.algorithm not in catalog.METHODS:
-            raise ValueError(f"unknown algorithm {self.algorithm!r}; choose one of "
-                             f"{catalog.CHOICES}")
         changed = {name for name in self.model_fields_set
                    if getattr(self, name) != type(self).model_fields[name].default}
         foreign = catalog.foreign_options(self.algorithm, sorted(changed))
         if foreign:
-            raise ValueError(f"{', '.join(foreign)} belong to another method, not "
+            owners = catalog.owners(foreign[0])
+            raise ValueError(f"{foreign[0]} is an option of {' and '.join(owners)}, not of "
                              f"{self.algorithm}")
         return self
 

@@ -28,7 +28,9 @@ def validate_options(model: type[ModelT], values: Mapping[str, Any],
     except ValidationError as exc:
         loc, problem = field_problem(exc, model)
         head = str(loc[0]) if loc else ""
-        flag = flags.get(head, f"--{head.replace('_', '-')}" if head else "option")
+        if not head:  # a check across options (another method's option): says which itself
+            raise ConfigError(one_line(problem, 300)) from None
+        flag = flags.get(head, f"--{head.replace('_', '-')}")
         raise ConfigError(one_line(f"{flag}: {problem}", 300)) from None
 
 

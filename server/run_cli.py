@@ -7,15 +7,20 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+
+from jetsplit.server.train_flags import train_flags
 
 app = typer.Typer(no_args_is_help=True, help="The coordinator.")
 
 
 @app.command("run")
+@train_flags("algorithm", "rounds", "local_steps", "batch", "lr", "fraction", "deadline_s",
+             "codec", "compression")
 def run(
+    train: dict[str, Any],
     config: Annotated[Path, typer.Option("--config", help="server.toml to read.")],
     broker: Annotated[str | None, typer.Option(
         "--broker", help="mqtt[s]://[user:pass@]host:port (overrides mqtt.broker).")] = None,
@@ -34,23 +39,6 @@ def run(
     auto_resume: Annotated[bool, typer.Option(
         "--auto-resume", help="Continue OUT/RUN from its checkpoint when it has one, else "
         "start it (for a service restarted after a crash; needs --run or `run`).")] = False,
-    algorithm: Annotated[str | None, typer.Option(
-        "--algorithm", help="Overrides train.algorithm.")] = None,
-    rounds: Annotated[int | None, typer.Option("--rounds", help="Overrides train.rounds.")
-                      ] = None,
-    local_steps: Annotated[int | None, typer.Option(
-        "--local-steps", help="Overrides train.local_steps.")] = None,
-    batch: Annotated[int | None, typer.Option("--batch", help="Overrides train.batch.")
-                     ] = None,
-    lr: Annotated[float | None, typer.Option("--lr", help="Overrides train.lr.")] = None,
-    fraction: Annotated[float | None, typer.Option(
-        "--fraction", help="Overrides train.fraction.")] = None,
-    deadline_s: Annotated[float | None, typer.Option(
-        "--deadline-s", help="Overrides train.deadline_s.")] = None,
-    codec: Annotated[str | None, typer.Option("--codec", help="Overrides train.codec.")
-                     ] = None,
-    compression: Annotated[str | None, typer.Option(
-        "--compression", help="Overrides train.compression.")] = None,
     tensorboard: Annotated[str | None, typer.Option(
         "--tensorboard", help="Also write per-round scalars for TensorBoard into DIR.")
     ] = None,
@@ -86,10 +74,6 @@ def run(
     data = cfg.model_dump()
     overrides = {"fleet": fleet, "agents": agents, "out": out, "run": run_id}
     data.update({k: v for k, v in overrides.items() if v is not None})
-    train = {"algorithm": algorithm, "rounds": rounds, "local_steps": local_steps,
-             "batch": batch, "lr": lr, "fraction": fraction, "deadline_s": deadline_s,
-             "codec": codec, "compression": compression}
-    train = {k: v for k, v in train.items() if v is not None}
     if train:
         data["train"] = validate_options(TrainSection, {**data["train"], **train}, {}
                                          ).model_dump()

@@ -19,6 +19,7 @@ import typer
 
 from jetsplit import catalog
 from jetsplit.server.settings import Settings
+from jetsplit.server.train_flags import train_flags
 
 
 def simulate(
@@ -157,33 +158,32 @@ def sherl_topology(algorithm: str, edges: int, clients: int) -> dict[str, list[s
                        [agent_name(i) for i in range(clients)])
 
 
+# Every [train] key but those of a live fleet (deadlines, compression of MQTT payloads).
+SIMULATE_TRAIN_FLAGS = (
+    "algorithm", "rounds", "local_steps", "batch", "lr", "fraction", "codec", "preset",
+    "optimizer", "momentum", "weight_decay", "client_lr", "server_lr", "client_batch",
+    "psl_reduction", "k_min", "k_max", "lam", "eta", "patience", "device_epochs",
+    "server_batch", "server_epochs", "tau1", "tau2", "margin", "edge_lr", "cloud_lr")
+
+
 def peak_rss_mb() -> float:
     """This process's peak resident set size (Linux reports KiB, macOS bytes)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
 
 
+@train_flags(*SIMULATE_TRAIN_FLAGS)
 def simulate_command(
-    algorithm: Annotated[str, typer.Option(
-        "--algorithm", help=catalog.CHOICES)] = catalog.DEFAULT_METHOD,
+    train: dict[str, Any],
     model: Annotated[str, typer.Option("--model", help="Zoo model id.")] = "alexnet",
     split: Annotated[int, typer.Option("--split", help="Layers on the device.")] = 2,
     dataset: Annotated[str, typer.Option(
         "--dataset", help="mnist | digits | npz:PATH | cifar10:DIR | folder:DIR")] = "mnist",
     clients: Annotated[int, typer.Option("--agents", "--clients", help="Simulated agents K."
                                          )] = 4,
-    fraction: Annotated[float, typer.Option("--fraction", help="Share selected per round.")
-                        ] = 1.0,
-    rounds: Annotated[int, typer.Option("--rounds", help="Training rounds.")] = 10,
-    local_steps: Annotated[int, typer.Option("--local-steps", help="T iterations per round.")
-                           ] = 10,
     partition: Annotated[str, typer.Option(
         "--partition", help="iid | quantity:A | dirichlet:B | ampere:A")] = "dirichlet:0.5",
-    batch: Annotated[int, typer.Option("--batch", help="B per iteration, split ∝ |D_k|.")
-                     ] = 64,
-    lr: Annotated[float, typer.Option("--lr", help="SGD learning rate.")] = 0.01,
     seed: Annotated[int, typer.Option("--seed", help="Seeds data, selection, weights.")] = 0,
-    codec: Annotated[str, typer.Option("--codec", help="fp32 | fp16 | bf16 | int8")] = "fp32",
     out: Annotated[Path | None, typer.Option("--out", help="Run folder (default runs/<id>).")
                    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Last stdout line: summary JSON.")
@@ -196,48 +196,6 @@ def simulate_command(
     edge_split: Annotated[int | None, typer.Option(
         "--edge-split", help="sherl: k2, the first cloud layer (default: the planner's).")
     ] = None,
-    tau1: Annotated[int | None, typer.Option(
-        "--tau1", help="sherl: iterations between edge aggregations (default tau2).")] = None,
-    tau2: Annotated[int | None, typer.Option(
-        "--tau2", help="sherl: iterations between cloud aggregations (default T).")] = None,
-    margin: Annotated[float, typer.Option(
-        "--margin", help="sherl: contrastive margin m on the cosine distance.")] = 0.5,
-    cloud_lr: Annotated[float | None, typer.Option(
-        "--cloud-lr", help="sherl: the cloud head's learning rate (paper default 1e-3).")
-    ] = None,
-    optimizer: Annotated[str | None, typer.Option(
-        "--optimizer", help="sgd | adam, every tier (default: the preset's, else "
-        "sgd).")] = None,
-    momentum: Annotated[float | None, typer.Option(
-        "--momentum", help="SGD momentum (default 0; gapsl's paper preset 0.9).")] = None,
-    weight_decay: Annotated[float, typer.Option("--weight-decay", help="Weight decay.")
-                            ] = 0.0,
-    client_lr: Annotated[float | None, typer.Option(
-        "--client-lr", help="Client tier learning rate (default: the preset's, else --lr).")
-    ] = None,
-    server_lr: Annotated[float | None, typer.Option(
-        "--server-lr", help="Server tier learning rate (default: the preset's, else --lr).")
-    ] = None,
-    edge_lr: Annotated[float | None, typer.Option(
-        "--edge-lr", help="sherl: edge tier learning rate (paper default 1e-3).")] = None,
-    client_batch: Annotated[int | None, typer.Option(
-        "--client-batch", help="Fixed batch per client (ampere B(d); gapsl's paper preset 128) "
-        "instead of B split by |D_k|.")] = None,
-    server_batch: Annotated[int | None, typer.Option(
-        "--server-batch", help="ampere: server batch B(s) (default --batch).")] = None,
-    server_epochs: Annotated[int | None, typer.Option(
-        "--server-epochs", help="ampere: at most this many server epochs (N_s).")] = None,
-    preset: Annotated[str, typer.Option(
-        "--preset", help="default (settings that train the shipped models) | paper (each "
-        "paper's own settings; see docs/methods.md).")] = "default",
-    psl_reduction: Annotated[str | None, typer.Option(
-        "--psl-reduction", help="psl/gapsl server loss over the clients: mean | sum "
-        "(default: the preset's).")] = None,
-    patience: Annotated[int, typer.Option(
-        "--patience", help="ampere: device epochs without a better validation accuracy "
-        "before phase 2.")] = 5,
-    device_epochs: Annotated[int, typer.Option(
-        "--device-epochs", help="ampere: at most this many device epochs (N_d).")] = 100,
     device: Annotated[str, typer.Option(
         "--device", help="auto | cpu | cuda: where the server blocks, evaluation and the "
         "simulated agents compute.")] = "auto",
@@ -255,16 +213,10 @@ def simulate_command(
     from jetsplit.config_io import model_from_dict
     from jetsplit.devices import resolve_device
     from jetsplit.server.config import ServerSection, TrainSection
+    from jetsplit.server.preflight import validate_options
 
-    train = model_from_dict(TrainSection, {
-        "algorithm": algorithm, "rounds": rounds, "local_steps": local_steps,
-        "fraction": fraction, "batch": batch, "lr": lr, "codec": codec, "tau1": tau1,
-        "tau2": tau2, "margin": margin, "cloud_lr": cloud_lr, "patience": patience,
-        "device_epochs": device_epochs, "optimizer": optimizer, "momentum": momentum,
-        "weight_decay": weight_decay, "client_lr": client_lr, "server_lr": server_lr,
-        "edge_lr": edge_lr, "client_batch": client_batch, "server_batch": server_batch,
-        "server_epochs": server_epochs, "preset": preset, "psl_reduction": psl_reduction},
-        "option", "--")
+    train_section = validate_options(TrainSection, train, {})
+    algorithm = train_section.algorithm
     server = model_from_dict(ServerSection, {"device": device, "autocast": autocast},
                              "option", "--")
     resolve_device(server.device, "--device")  # fail before loading any data
@@ -282,7 +234,7 @@ def simulate_command(
         out_dir = out or Path("runs") / time.strftime("sim-%Y%m%d-%H%M%S", time.gmtime())
         topology = sherl_topology(algorithm, edges, clients)
         settings = Settings(seed=seed, edges=topology, edge_split=edge_split,
-                            **server.model_dump(), **train.model_dump())
+                            **server.model_dump(), **train_section.model_dump())
         summary = simulate(settings, model=model, split=split, dataset=dataset, clients=clients,
                            partition_scheme=partition, out_dir=out_dir, profiles=profiles,
                            common_split=common_split)

@@ -41,6 +41,7 @@ from jetsplit.server.preflight import (
     wait_for_fleet,
 )
 from jetsplit.server.simulate import agent_name, edge_name, sherl_topology
+from jetsplit.server.train_flags import train_flags
 
 log = logging.getLogger("jetsplit.trial")
 
@@ -443,14 +444,13 @@ def load_spec(run_dir: Path) -> TrialSpec:
         raise ConfigError(f"--resume {run_dir}: {SPEC_FILE} is damaged ({exc})") from None
 
 
+@train_flags("algorithm", "rounds", "local_steps", "batch", "lr", "fraction", "codec")
 def trial_command(
-    algorithm: Annotated[str, typer.Option(
-        "--algorithm", help=catalog.CHOICES)] = catalog.DEFAULT_METHOD,
+    train: dict[str, Any],
     agents: Annotated[int, typer.Option("--agents", help="Agents to start.")] = 4,
     agents_per_process: Annotated[int, typer.Option(
         "--agents-per-process", help="Clients per process (>1: `jetsplit agent host` "
         "processes; one torch and dataset for many agents).")] = 1,
-    rounds: Annotated[int, typer.Option("--rounds", help="Training rounds.")] = 10,
     broker: Annotated[str | None, typer.Option(
         "--broker", help="mqtt[s]://host:port; default: start the embedded broker.")] = None,
     profiles: Annotated[list[str] | None, typer.Option(
@@ -465,12 +465,6 @@ def trial_command(
     partition: Annotated[str, typer.Option(
         "--partition", help="iid | quantity:A | dirichlet:B | ampere:A (label skew by "
         "default)")] = "dirichlet:0.5",
-    local_steps: Annotated[int, typer.Option("--local-steps", help="T per round.")] = 10,
-    batch: Annotated[int, typer.Option("--batch", help="B per iteration over all agents.")
-                     ] = 64,
-    lr: Annotated[float, typer.Option("--lr", help="SGD learning rate.")] = 0.01,
-    fraction: Annotated[float, typer.Option("--fraction", help="Share selected per round.")
-                        ] = 1.0,
     seed: Annotated[int, typer.Option("--seed", help="Seeds data, selection, weights.")] = 0,
     split: Annotated[int | None, typer.Option(
         "--split", help="One cut for every device, overriding the planner.")] = None,
@@ -508,10 +502,9 @@ def trial_command(
     if resume is not None:
         spec, out_dir = load_spec(resume), resume
     else:
-        spec = TrialSpec(algorithm=algorithm, agents=agents, rounds=rounds,
+        spec = TrialSpec(**train, agents=agents,
                          profiles=profiles or list(DEFAULT_PROFILES), model=model,
-                         dataset=dataset, partition=partition, local_steps=local_steps,
-                         batch=batch, lr=lr, fraction=fraction, seed=seed, broker=broker,
+                         dataset=dataset, partition=partition, seed=seed, broker=broker,
                          emulate=not no_emulation, split=split, edges=edges,
                          edge_profile=edge_profile, device=device,
                          common_split=common_split, cuts=parse_cuts(cut),

@@ -73,7 +73,7 @@ def test_a_config_rejects_another_methods_options_in_one_line(tmp_path: Path) ->
 
     path = tmp_path / "server.toml"
     path.write_text('[train]\nalgorithm = "scala"\nk_min = 0.3\n')
-    with pytest.raises(ConfigError, match="k_min belong to another method, not scala"):
+    with pytest.raises(ConfigError, match="k_min is an option of gapsl, not of scala"):
         load_server_config(path)
     path.write_text('[train]\nalgorithm = "gapsl"\nk_min = 0.3\npsl_reduction = "sum"\n')
     assert load_server_config(path).train.k_min == 0.3
@@ -97,3 +97,27 @@ def test_a_config_written_out_whole_still_loads(tmp_path: Path) -> None:
     whole = ServerConfig(train=TrainSection(algorithm="ampere", patience=3)).model_dump()
     again = ServerConfig.model_validate(whole)
     assert again.train.patience == 3 and again.train.algorithm == "ampere"
+
+
+def test_one_flags_table_gives_every_launcher_the_same_training_flags() -> None:
+    """`server run`, `simulate` and `trial` take their [train] flags from one table: the
+    same spelling, help and shown default for a shared key."""
+    import typer.main
+
+    from jetsplit.cli import build_app
+
+    commands: dict[str, dict[str, tuple[str | None, object]]] = {}
+
+    def walk(command: object, path: str) -> None:
+        for name, sub in (getattr(command, "commands", None) or {}).items():
+            walk(sub, f"{path} {name}".strip())
+        if path in ("server run", "simulate", "trial"):
+            commands[path] = {p.opts[0]: (p.help, p.show_default) for p in command.params
+                              if p.param_type_name == "option"}
+
+    walk(typer.main.get_command(build_app()), "")
+    shared = set.intersection(*(set(c) for c in commands.values()))
+    assert {"--algorithm", "--rounds", "--local-steps", "--batch", "--lr", "--fraction",
+            "--codec"} <= shared
+    for flag_name in shared - {"--out", "--agents", "--resume", "--device"}:
+        assert len({c[flag_name] for c in commands.values()}) == 1, flag_name

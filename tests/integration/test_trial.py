@@ -82,7 +82,8 @@ def test_agent_config_is_valid_toml_for_the_agent(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--algorithm", "bogus"], "algorithm: input should be"),
+    (["--algorithm", "bogus"], "--algorithm: unknown algorithm 'bogus'; choose one of fedavg"),
+    (["--codec", "fp8"], "--codec: input should be"),
     (["--agents", "0"], "--agents must be at least 1"),
     (["--profiles", "nope"], "profile nope: no such file"),
     (["--resume", "/nonexistent/run"], "no trial.json there"),
