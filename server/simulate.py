@@ -149,7 +149,9 @@ def sherl_topology(algorithm: str, edges: int, clients: int) -> dict[str, list[s
 
     if not catalog.three_tier(algorithm):
         if edges:
-            raise ConfigError(f"--edges is for a three-tier method, not {algorithm}")
+            three = [n for n in catalog.NAMES if catalog.three_tier(n)]
+            raise ConfigError(f"--edges is for --algorithm {' or '.join(three)} (three tiers), "
+                              f"not {algorithm}")
         return {}
     if not 1 <= edges <= clients:
         raise ConfigError(f"--algorithm {algorithm} needs 1..{clients} --edges (each edge serves "
