@@ -48,6 +48,10 @@ mutation: setup
 	@for m in $(MUTATION); do \
 		rm -f runs/mutation/$$m.sqlite; \
 		$(VENV)/bin/cosmic-ray init mutation/$$m.toml runs/mutation/$$m.sqlite || exit 1; \
+		if grep -q '^\[cosmic-ray.filters.operators-filter\]' mutation/$$m.toml; then \
+			$(VENV)/bin/cr-filter-operators runs/mutation/$$m.sqlite mutation/$$m.toml \
+				|| exit 1; \
+		fi; \
 		$(VENV)/bin/cosmic-ray exec mutation/$$m.toml runs/mutation/$$m.sqlite || exit 1; \
 		$(VENV)/bin/cr-report runs/mutation/$$m.sqlite --show-pending \
 			> runs/mutation/$$m.txt; tail -4 runs/mutation/$$m.txt; \
