@@ -236,3 +236,89 @@ def test_label_histogram_counts_every_class() -> None:
     for bad in ([0, 5], [-1, 0]):
         with pytest.raises(ValueError, match=r"^labels must lie in \[0, 5\)$"):
             label_histogram(np.array(bad), 5)
+
+
+# ------------------------------------------------------------------------ fallbacks
+
+
+def test_quantity_skips_a_class_nobody_holds_and_deals_the_later_ones() -> None:
+    """quantity:2, 2 clients, seed 0: client 0 draws classes 0, 3, client 1 classes 1, 4;
+    class 2 is nobody's, and classes 3 and 4 after it are still dealt (6 each)."""
+    parts = partition(LABELS, 2, "quantity:2", seed=0)
+    assert _histograms(parts) == [[6, 0, 0, 6, 0], [0, 6, 0, 0, 6]]
+
+
+def test_dirichlet_shares_that_underflow_fall_back_to_even() -> None:
+    """β = 1e308: the gammas overflow and every share comes back 0, so each class is split
+    evenly, ⌊6·(1/3, 2/3)⌋ = 2, 4: two samples of each class per client."""
+    with np.errstate(all="ignore"):
+        parts = partition(LABELS, 3, "dirichlet:1e308", seed=0)
+    assert _histograms(parts) == [[2] * 5] * 3
+
+
+def test_ampere_falls_back_to_the_classes_left_when_its_vector_runs_dry() -> None:
+    """ampere:1e-6, labels 0, 0, 1 × 8, seed 4: both class vectors are one-hot on class 0.
+    Device 0 draws 5 zeros, gets the only 2, and with class 0 gone its vector has no mass
+    left, so it draws its other 3 from what is left (class 1); device 1 finds class 0 empty
+    from the start and takes 5 ones."""
+    labels = np.array([0, 0] + [1] * 8)
+    parts = partition(labels, 2, "ampere:1e-6", seed=4)
+    assert [np.bincount(labels[p], minlength=2).tolist() for p in parts] == [[2, 3], [0, 5]]
+    assert sorted(np.concatenate(parts).tolist()) == list(range(10))
+
+
+def test_a_parsed_scheme_is_frozen_and_histograms_start_anywhere() -> None:
+    import dataclasses
+
+    parsed = parse_scheme("dirichlet:0.5")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        parsed.kind = "iid"  # type: ignore[misc]
+    assert label_histogram(np.array([1, 2, 2]), 3) == [0, 1, 2]  # no label 0 is fine
+
+
+def test_ampere_fallback_draws_among_all_classes_left() -> None:
+    """Labels 0 × 2, 1 × 6, 2 × 6, ampere:1e-6, seed 3: device 0's vector is one-hot on
+    class 0; after its 2 zeros its other 5 come from (0, 6/12, 6/12), a mix of 1s and
+    2s (not all from the last class)."""
+    labels = np.array([0] * 2 + [1] * 6 + [2] * 6)
+    parts = partition(labels, 2, "ampere:1e-6", seed=3)
+    assert [np.bincount(labels[p], minlength=3).tolist() for p in parts] == [[2, 3, 2],
+                                                                            [0, 3, 4]]
+
+
+def test_quantity_wraps_client_i_to_class_i_mod_c() -> None:
+    """quantity:1, 11 clients over 5 classes: clients c, c+5, c+10 share class c, so class 0
+    goes 2, 2, 2 to clients 0, 5, 10 and the others 3, 3."""
+    parts = partition(LABELS, 11, "quantity:1", seed=0)
+    assert [p.size for p in parts] == [2, 3, 3, 3, 3, 2, 3, 3, 3, 3, 2]
+    assert [sorted(set(LABELS[p].tolist())) for p in parts] == [[i % 5] for i in range(11)]
+
+
+def test_quantity_names_the_first_empty_client() -> None:
+    """Class 1's one sample has holders 1, 3, 5: clients 3 and 5 are empty, 3 is named."""
+    with pytest.raises(ConfigError, match=r"leaves client 3 with no samples \(2 empty of 6\)"):
+        partition(np.array([0, 0, 0, 0, 0, 1]), 6, "quantity:1", seed=0)
+
+
+def test_dirichlet_floor_edges() -> None:
+    """The floor is max(1, min(min_samples, N // K)): min_samples=1 accepts a draw with
+    1-sample clients; min_samples=8 over 4 clients is capped at 30 // 4 = 7 (not 7.5, which
+    30 samples could never meet); a first draw whose smallest client equals the floor is
+    kept (dirichlet:0.5, seed 0: sizes 6, 5, 13, 6 at floor 5)."""
+    ones = partition(LABELS, 10, "dirichlet:0.01", seed=3, min_samples=1)
+    assert [p.size for p in ones] == [5, 5, 5, 5, 1, 5, 1, 1, 1, 1]
+    capped = partition(LABELS, 4, "dirichlet:0.01", seed=0, min_samples=8)
+    assert [p.size for p in capped] == [8, 7, 7, 8]
+    at_floor = partition(LABELS, 4, "dirichlet:0.5", seed=0, min_samples=5)
+    first = partition(LABELS, 4, "dirichlet:0.5", seed=0)
+    assert [p.tolist() for p in at_floor] == [p.tolist() for p in first]
+
+
+def test_labels_must_be_1d_may_skip_0_and_stay_under_num_classes() -> None:
+    with pytest.raises(ConfigError, match=r"^labels must be a 1-D integer array, got int64 \(\)$"):
+        partition(np.array(3), 1, "iid", 0)
+    assert [p.size for p in partition(np.array([1, 1, 2, 2]), 2, "iid", 0)] == [2, 2]
+    with pytest.raises(ConfigError, match=r"^label 4 is out of range for 3 classes$"):
+        partition(LABELS, 2, "iid", 0, num_classes=3)
+    with pytest.raises(ValueError, match=r"^labels must lie in \[0, 5\)$"):
+        label_histogram(np.array([0, 6]), 5)

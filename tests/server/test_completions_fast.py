@@ -233,20 +233,20 @@ def test_copy_forward_and_backward_step_its_layers_and_chain_the_gradient() -> N
 
 
 def test_an_agent_without_a_gradient_keeps_its_copy() -> None:
-    """GAPSL's unselected agents: forward ran, no gradient came back, the copy is as
-    loaded and the agent is not in the returned gradients."""
+    """GAPSL's unselected agents: a0's forward ran, no gradient came back for it, its copy
+    is as loaded and it is not in the returned gradients; a1 after it still steps."""
     c = _completions({"a0": 1, "a1": 1})
     g = _global()
     c.begin_round(["a0", "a1"], g, fresh=True)
-    xs = [torch.ones(3, 3), torch.full((2, 3), 0.5)]
+    xs = [torch.ones(3, 3), torch.tensor([[0.5, -1.0, 2.0], [1.5, 0.0, -0.5]])]
     c.forward(["a0", "a1"], xs)
-    grad = torch.ones(3, 2)
-    back = c.backward({"a0": grad})
-    assert list(back) == ["a0"]
-    untouched = c.state("a1")  # (its forward in train mode did move BN's running stats)
+    grad = torch.ones(2, 2)
+    back = c.backward({"a1": grad})
+    assert list(back) == ["a1"] and back["a1"].shape == (2, 3)
+    untouched = c.state("a0")  # (its forward in train mode did move BN's running stats)
     assert all(np.array_equal(untouched[k], g[k]) for k in untouched
                if k.endswith(("weight", "bias")))
-    moved = c.state("a0")
+    moved = c.state("a1")
     assert not np.array_equal(moved["client/l4.weight"], g["client/l4.weight"])
     assert c._pending == {}
 
@@ -298,4 +298,6 @@ def test_whole_is_the_device_block_plus_the_copy() -> None:
     whole = c.whole("a0", device0)
     assert list(whole) == list(g) and all(np.array_equal(whole[k], g[k]) for k in g)
     assert c.whole("a1", g) is g
+    c.load("a1", g)  # a device at c* has nothing to complete
+    assert set(c.copies) == {"a0"}
     assert c.state("nobody") == {}
