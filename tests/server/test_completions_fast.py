@@ -161,6 +161,9 @@ def test_carry_follows_the_global_block_it_is_given() -> None:
     np.testing.assert_allclose(c.carry(2, h, at2), _linear(h, "l4", _bn_eval(h, at2)),
                                rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(c.carry(1, g, acts), first, rtol=0, atol=0)
+    tail = c._tail  # the same block and cut: slices reuse one tail, built once
+    c.carry(1, g, acts[:1])
+    assert c._tail is tail
 
 
 # ------------------------------------------------------------------------ completion copies
@@ -301,3 +304,20 @@ def test_whole_is_the_device_block_plus_the_copy() -> None:
     c.load("a1", g)  # a device at c* has nothing to complete
     assert set(c.copies) == {"a0"}
     assert c.state("nobody") == {}
+
+
+def test_forward_passes_deep_agents_in_any_order_and_checks_lengths() -> None:
+    """A device at c* ahead of a shallow one: both outputs come back, in order; agents and
+    activations must pair up; `fresh` is a keyword (a bare True is refused)."""
+    c = _completions({"a0": 1, "a1": 4})
+    g = _global()
+    c.begin_round(["a0", "a1"], g, fresh=True)
+    deep, shallow = torch.ones(2, 2), torch.ones(2, 3)
+    out = c.forward(["a1", "a0"], [deep, shallow])
+    assert len(out) == 2 and out[0] is deep and out[1].shape == (2, 2)
+    assert set(c._pending) == {"a0"}
+    c.backward({})
+    with pytest.raises(ValueError):
+        c.forward(["a1", "a0"], [deep])
+    with pytest.raises(TypeError):
+        c.begin_round(["a0"], g, True)  # type: ignore[misc]
