@@ -41,13 +41,17 @@ fast: setup
 # Mutation testing, outside `make test`: cosmic-ray mutates the code in place, one mutant at
 # a time, and runs the fast tests against each (configs in mutation/; MUTATION=aggregation
 # runs one). Sessions and the survivors' report land in runs/mutation/.
-MUTATION ?= aggregation algorithm_math
+MUTATION ?= aggregation algorithm_math completions tiers partition
 mutation: setup
 	$(PIP) install --quiet "cosmic-ray>=8.7,<9"
 	@mkdir -p runs/mutation
 	@for m in $(MUTATION); do \
 		rm -f runs/mutation/$$m.sqlite; \
 		$(VENV)/bin/cosmic-ray init mutation/$$m.toml runs/mutation/$$m.sqlite || exit 1; \
+		if grep -q '^\[cosmic-ray.filters.operators-filter\]' mutation/$$m.toml; then \
+			$(VENV)/bin/cr-filter-operators runs/mutation/$$m.sqlite mutation/$$m.toml \
+				|| exit 1; \
+		fi; \
 		$(VENV)/bin/cosmic-ray exec mutation/$$m.toml runs/mutation/$$m.sqlite || exit 1; \
 		$(VENV)/bin/cr-report runs/mutation/$$m.sqlite --show-pending \
 			> runs/mutation/$$m.txt; tail -4 runs/mutation/$$m.txt; \

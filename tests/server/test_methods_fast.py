@@ -23,6 +23,7 @@ from jetsplit.models import ModelSpec
 from jetsplit.models.weights import to_arrays
 from jetsplit.server.aggregation import fedavg
 from jetsplit.server.algorithms import build_method, gapsl_math, sherl
+from jetsplit.server.algorithms.ampere import Ampere
 from jetsplit.server.algorithms.gapsl import GAPSL
 from jetsplit.server.algorithms.psl import PSL
 from jetsplit.server.algorithms.scala import SCALA
@@ -179,6 +180,130 @@ def test_sherl_cloud_average_weights_each_edge_by_the_data_behind_it(
     cloud_edge = [w for s, w, o in calls if set(s) == {"e0", "e1"} and any(
         k.startswith("edge/") for k in o)]
     assert cloud_edge == [edge_weights]  # the edge blocks: the same Σ|D_k| weights
+
+
+# ---------------------------------------------------------------- Ampere at two cuts
+
+
+@pytest.fixture(scope="module")
+def aux_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Ampere's bundle: split 2 with an aux head (devices at cut 1 get their own head)."""
+    report = write_bundle(SPEC, 2, tmp_path_factory.mktemp("amp") / "k", seed=3, tar=True)
+    assert report.tar_path is not None
+    return report.tar_path
+
+
+def _ampere_trainer(aux_archive: Path, tmp_path: Path, sizes: list[int],
+                    cuts: dict[str, int]) -> Trainer:
+    t = _trainer(aux_archive, "ampere", sizes, rounds=5, device_epochs=3, batch=48, lr=0.1,
+                 activation_dir=str(tmp_path / "work"))
+    return Trainer(t.engine, aux_archive, t.settings, t.test, cuts=cuts)
+
+
+def _layer(name: str) -> str:
+    return name.split("/", 1)[1].split(".", 1)[0]
+
+
+def test_ampere_per_cut_heads_average_among_their_cut_by_size_over_two_epochs(
+        aux_archive: Path, tmp_path: Path) -> None:
+    """a0, a1 at cut 1 (|D_k| = 40, 100), a2, a3 at cut 2 (60, 120), two device epochs.
+    Each device trains client[:p_k] with the aux head built for p_k (its shapes are its
+    cut's); each epoch ends with layer 1 averaged over all four (weights |D_k| / 320),
+    layer 2 over a2, a3 only (/ 180), the cut-1 head over a0, a1 only (/ 140), the cut-2
+    head over a2, a3 (/ 180); the next epoch starts every device from the averaged layers
+    it holds and its own cut's averaged head."""
+    sizes = {"a0": 40, "a1": 100, "a2": 60, "a3": 120}
+    cuts = {"a0": 1, "a1": 1, "a2": 2, "a3": 2}
+    t = _ampere_trainer(aux_archive, tmp_path, list(sizes.values()), cuts)
+    method = build_method("ampere", t)
+    assert isinstance(method, Ampere) and set(method.aux) == {1, 2}
+    shapes = {c: {n: v.shape for n, v in method.aux[c].items()} for c in (1, 2)}
+    assert shapes[1] != shapes[2]
+    pull, push = t.pull, t.push_client
+    seen = {"epochs": 0, "pushed": 0, "checked": 0}
+
+    def spy_pull(agents: list[str], blocks: tuple[str, ...] = ("client",)) -> dict:
+        states = pull(agents, blocks)
+        if blocks == ("client", "aux"):
+            pulled.update(states)
+        return states
+
+    def spy_push(agents: list[str], arrays: Arrays, per_cut: Any = None) -> list[str]:
+        done = push(agents, arrays, per_cut)
+        for agent, state in pull(sorted(done), ("client", "aux")).items():
+            cut = cuts[agent]
+            assert {_layer(n) for n in state if n.startswith("client/")} == \
+                set(["stem", "bneck0"][:cut])
+            want = {**{n: v for n, v in t.global_client.items() if n in state},
+                    **method.aux[cut]}
+            assert state.keys() == want.keys(), agent
+            assert all(np.array_equal(state[n], want[n]) for n in want), agent
+            seen["pushed"] += 1
+        return done
+
+    t.pull, t.push_client = spy_pull, spy_push  # type: ignore[method-assign]
+    for round_ in range(2):
+        pulled: dict[str, Arrays] = {}
+        t.round, t.missed = round_, {}
+        method.run_round(sorted(sizes))
+        assert set(pulled) == set(sizes)
+        for agent, state in pulled.items():  # each device trained its own cut's head
+            assert {n: v.shape for n, v in state.items() if n.startswith("aux/")} == \
+                shapes[cuts[agent]], agent
+        heads = {c: {a: {n: v for n, v in pulled[a].items() if n.startswith("aux/")}
+                     for a in sizes if cuts[a] == c} for c in (1, 2)}
+        for cut in (1, 2):
+            group = heads[cut]
+            assert sum(not np.array_equal(*(g[n] for g in group.values()))
+                       for n in next(iter(group.values()))) > 2  # the copies differ
+            seen["checked"] += _assert_close(method.aux[cut], _mean_by_hand(
+                group, {a: sizes[a] for a in group}))
+        stem = {a: {n: v for n, v in pulled[a].items() if _layer(n) == "stem"} for a in sizes}
+        deep = {a: {n: v for n, v in pulled[a].items() if _layer(n) == "bneck0"}
+                for a in ("a2", "a3")}
+        assert not any(_layer(n) == "bneck0" for a in ("a0", "a1") for n in pulled[a])
+        seen["checked"] += _assert_close(t.global_client, _mean_by_hand(stem, sizes))
+        seen["checked"] += _assert_close(t.global_client, _mean_by_hand(
+            deep, {"a2": 60, "a3": 120}))
+        seen["epochs"] += 1
+    assert method.epoch == 2 and method.phase == 1  # N_d = 3: no best-epoch rollback yet
+    assert seen["pushed"] == 4 and seen["checked"] > 30
+
+
+def test_ampere_carries_a_shallow_upload_through_the_global_layers(
+        aux_archive: Path, tmp_path: Path) -> None:
+    """After a device epoch, a cut-1 device's one-shot upload is checked at its cut and
+    carried to p* = 2 through the *aggregated* global layer 2 in eval mode (the running
+    statistics, not the batch's), so it is exactly what the global client block would give
+    for the same images; a cut-2 upload is stored as it came, and a cut-1 upload of the
+    wrong shape is refused."""
+    from jetsplit.models.split import eval_mode
+    from jetsplit.models.weights import from_arrays, load_strict
+    from jetsplit.server.activation_store import StoreError
+
+    t = _ampere_trainer(aux_archive, tmp_path, [50, 70], {"a0": 1})
+    method = build_method("ampere", t)
+    assert isinstance(method, Ampere)
+    initial = dict(t.global_client)
+    t.round, t.missed = 0, {}
+    method.run_round(["a0", "a1"])
+    assert any(not np.array_equal(initial[n], t.global_client[n]) for n in initial
+               if _layer(n) == "bneck0")
+    x = t.engine.workers["a0"].data.x[:7]
+    client = t.bundle.client_module()
+    load_strict(client, from_arrays(t.global_client, "client"), "client")
+    client.train()  # carry must switch to eval itself
+    with torch.no_grad(), eval_mode(client):
+        at1 = client[0](torch.from_numpy(x)).numpy()
+        want = client(torch.from_numpy(x)).numpy()
+    labels = t.engine.workers["a0"].data.y[:7]
+    got = method._carried("a0", at1, labels, 10)
+    assert got.shape == want.shape == (7, 16, 4, 4)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    at2 = np.zeros((3, 16, 4, 4), np.float32)
+    assert method._carried("a1", at2, labels[:3], 10) is at2
+    with pytest.raises(StoreError, match="upload from a0 refused"):
+        method._carried("a0", at2, labels[:3], 10)
 
 
 # ---------------------------------------------------------------- server losses by hand
