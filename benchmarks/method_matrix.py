@@ -45,7 +45,7 @@ def main() -> int:
     parser.add_argument("--split", type=int, default=2)
     parser.add_argument("--dataset", default="mnist")
     parser.add_argument("--out", type=Path, default=None,
-                        help="keep every run's folder here (default: a temp dir, removed)")
+                        help="every run's folder goes here (default: a new temp dir)")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny: digits, 2 methods, 1 seed, 2 rounds × 1 step (seconds)")
     args = parser.parse_args()
