@@ -1,0 +1,99 @@
+"""Every catalog method × partition: does each keep learning? (slow)
+
+Defaults follow the issue's setting: MNIST-5k, AlexNet split 2 (the default model), 10
+agents at fraction 0.5, `iid` and `dirichlet:0.1`, 10 rounds × 10 local steps, batch 64,
+lr 0.01, seeds 0 1 2, in-process engine, each method at its catalog defaults (SHeRL-FL
+with one edge serving every agent). Prints one table, method × partition, of the mean ±
+spread (population std) of the final accuracy over the seeds, with the command line that
+produced it. Every method is iterated from `jetsplit.catalog.NAMES`, so a new method shows
+up here without an edit. `tests/server/test_method_matrix.py` is the fast check in
+`make test`; this is the measurement.
+
+Run: `.venv/bin/python benchmarks/method_matrix.py [--methods ...] [--seeds 0 1 2]
+[--rounds 10] [--partitions iid dirichlet:0.1] [--dataset mnist] [--smoke]`
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from jetsplit.catalog import NAMES
+from jetsplit.server.settings import Settings
+from jetsplit.server.simulate import sherl_topology, simulate
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--methods", nargs="+", default=list(NAMES), choices=NAMES)
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--partitions", nargs="+", default=["iid", "dirichlet:0.1"])
+    parser.add_argument("--local-steps", type=int, default=10)
+    parser.add_argument("--agents", type=int, default=10)
+    parser.add_argument("--fraction", type=float, default=0.5)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--model", default="alexnet")
+    parser.add_argument("--split", type=int, default=2)
+    parser.add_argument("--dataset", default="mnist")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="every run's folder goes here (default: a new temp dir)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny: digits, 2 methods, 1 seed, 2 rounds × 1 step (seconds)")
+    args = parser.parse_args()
+    command = "python benchmarks/method_matrix.py " + shlex.join(sys.argv[1:])
+    if args.smoke:
+        args.methods, args.seeds, args.rounds, args.local_steps = ["psl", "sherl"], [0], 2, 1
+        args.dataset, args.model, args.agents, args.fraction = "digits", "vgg11", 2, 1.0
+        args.batch, args.partitions = 16, ["iid"]
+    logging.basicConfig(level=logging.WARNING)
+    out = args.out or Path(tempfile.mkdtemp(prefix="bench-matrix-"))
+
+    print(f"# {args.dataset}, {args.model} split {args.split}, {args.agents} agents, fraction "
+          f"{args.fraction}, {args.rounds} rounds × {args.local_steps} local steps, batch "
+          f"{args.batch}, lr {args.lr}, seeds {args.seeds}", flush=True)
+    finals: dict[tuple[str, str], list[float]] = {}
+    for partition in args.partitions:
+        for method in args.methods:
+            for seed in args.seeds:
+                edges = sherl_topology(method, 1 if method == "sherl" else 0, args.agents)
+                settings = Settings(algorithm=method, rounds=args.rounds,
+                                    local_steps=args.local_steps, fraction=args.fraction,
+                                    batch=args.batch, lr=args.lr, seed=seed, edges=edges)
+                run_dir = out / f"{method}-{partition.replace(':', '')}-seed{seed}"
+                started = time.perf_counter()
+                summary = simulate(settings, model=args.model, split=args.split,
+                                   dataset=args.dataset, clients=args.agents,
+                                   partition_scheme=partition, out_dir=run_dir,
+                                   checkpoint=False)
+                acc = float(summary["final_accuracy"])
+                finals.setdefault((method, partition), []).append(acc)
+                print(f"{method:24s} {partition:14s} seed {seed}: final accuracy {acc:.4f} "
+                      f"({time.perf_counter() - started:.0f}s)", flush=True)
+    print(f"\ncommand: {command}\n")
+    print("| method | " + " | ".join(args.partitions) + " |")
+    print("|---|" + "---|" * len(args.partitions))
+    for method in args.methods:
+        cells = [_pm(finals[(method, p)]) for p in args.partitions]
+        print(f"| {method} | " + " | ".join(cells) + " |")
+    (out / "method_matrix.json").write_text(json.dumps(
+        {"command": command, "final_accuracy": {f"{m} {p}": v for (m, p), v in finals.items()}},
+        indent=2))
+    return 0
+
+
+def _pm(values: list[float]) -> str:
+    spread = statistics.pstdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):.3f} ± {spread:.3f}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
