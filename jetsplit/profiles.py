@@ -48,10 +48,14 @@ __all__ = [
 ]
 
 Precision = Literal["fp32", "fp16"]
-PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-NonNegFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+# Every number is bounded: a profile also arrives in a device's registration (untrusted), and
+# an unbounded int (10^400 CUDA cores) overflowed the planner's float arithmetic. No device
+# comes near 10^9 of any unit here (GFLOPS, MB, GB/s, Mbit/s, MHz, ms).
+MAX_QUANTITY = 1e9
+PositiveFloat = Annotated[float, Field(gt=0, le=MAX_QUANTITY, allow_inf_nan=False)]
+NonNegFloat = Annotated[float, Field(ge=0, le=MAX_QUANTITY, allow_inf_nan=False)]
 Fraction = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
-PositiveInt = Annotated[int, Field(gt=0)]
+PositiveInt = Annotated[int, Field(gt=0, le=2**31 - 1)]
 NonEmptyStr = Annotated[str, Field(min_length=1)]
 
 # Strict: a TOML string where a number belongs is a mistake, not something to coerce.

@@ -10,7 +10,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any, Dict, List, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from typing_extensions import Annotated
 
 from jetsplit.config_io import validation_message
@@ -217,14 +217,36 @@ def parse_args(kind: str, meta: dict[str, Any]) -> _Args:
         raise ProtocolError(validation_message("command", kind, exc)) from None
 
 
+# The most samples one device may claim: far above any Jetson's local data, and small enough
+# that every sum and float conversion of claims stays exact (a claim of 10^400 once stopped
+# the coordinator with an OverflowError in the FedAvg weights).
+MAX_SAMPLES = 2**31 - 1
+Samples = Annotated[int, Field(ge=0, le=MAX_SAMPLES, strict=True)]
+
+
 class DatasetSummary(BaseModel):
+    """What a device says about its data. Every number is bounded, and the histogram must
+    add up to the size it claims, over exactly `num_classes` classes: an implausible claim
+    costs the device its registration, not the coordinator its run."""
+
     model_config = ConfigDict(extra="forbid")
 
     name: Annotated[str, Field(max_length=200)]
-    size: Annotated[int, Field(ge=0)]
-    num_classes: Annotated[int, Field(ge=1, le=100_000)]
-    input_shape: List[Annotated[int, Field(ge=1, le=1 << 16)]] = Field(max_length=4)
-    label_histogram: List[Annotated[int, Field(ge=0)]] = Field(max_length=100_000)
+    size: Samples
+    num_classes: Annotated[int, Field(ge=1, le=100_000, strict=True)]
+    input_shape: List[Annotated[int, Field(ge=1, le=1 << 16, strict=True)]] = Field(
+        max_length=4)
+    label_histogram: List[Samples] = Field(max_length=100_000)
+
+    @model_validator(mode="after")
+    def _histogram_adds_up(self) -> DatasetSummary:
+        if len(self.label_histogram) != self.num_classes:
+            raise ValueError(f"label_histogram has {len(self.label_histogram)} classes, "
+                             f"num_classes says {self.num_classes}")
+        total = sum(self.label_histogram)
+        if total != self.size:
+            raise ValueError(f"label_histogram adds up to {total}, size says {self.size}")
+        return self
 
 
 class Registration(BaseModel):
@@ -235,12 +257,25 @@ class Registration(BaseModel):
     agent: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
     role: Literal["client", "edge"]
     version: Annotated[str, Field(max_length=64)]
-    zoo_version: int
+    zoo_version: Annotated[int, Field(ge=0, le=1_000_000, strict=True)]
     profile: Optional[Dict[str, Any]] = None
     dataset: DatasetSummary
     backends: Dict[str, Any] = Field(default_factory=dict)
     device: Annotated[str, Field(max_length=64)] = "cpu"
     bundle: Optional[Annotated[str, Field(pattern="^[0-9a-f]{64}$")]] = None
+
+    @field_validator("profile")
+    @classmethod
+    def _profile_is_a_profile(cls, value: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+        """A profile the planner and the books will read must be a valid, bounded one."""
+        if value is not None:
+            from jetsplit.profiles import profile_from_dict
+
+            try:
+                profile_from_dict(value, source="registration")
+            except JetsplitError as exc:
+                raise ValueError(str(exc)) from None
+        return value
 
 
 def parse_registration(meta: dict[str, Any]) -> Registration:

@@ -47,6 +47,9 @@ class TrainSection(BaseModel):
     deadline_s: Annotated[float, Field(gt=0, le=86400)] = 60.0
     bundle_deadline_s: Annotated[float, Field(gt=0, le=86400)] = 300.0
     retry_s: Annotated[float, Field(gt=0, le=86400)] = 30.0  # re-send after silence, backs off
+    # A device's registered |D_k| weighs at most size_cap × the fleet's median claim
+    # (server/claims.py); 0 turns the cap off.
+    size_cap: Annotated[float, Field(ge=0, le=1e6)] = 4.0
     codec: Literal["fp32", "fp16", "bf16", "int8"] = "fp32"
     compression: Literal["none", "lz4", "zstd"] = "none"
     k_min: Annotated[float, Field(ge=0, le=1)] = 0.2  # GAPSL

@@ -10,6 +10,7 @@ from typing import Any
 
 from jetsplit import catalog
 from jetsplit.errors import ConfigError
+from jetsplit.server.claims import DEFAULT_SIZE_CAP, capped, registered_size, size_cap
 
 # What `jetsplit server run` costs the coordinator's server block on when planning.
 SERVER_PROFILE = "x86-cpu"
@@ -121,17 +122,13 @@ def registered_profile(registration: Mapping[str, Any]) -> Any:
         return None
 
 
-def registered_size(registration: Mapping[str, Any]) -> int | None:
-    """|D_k| as the agent registered it (untrusted: a positive int or None)."""
-    dataset = registration.get("dataset")
-    size = dataset.get("size") if isinstance(dataset, dict) else None
-    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
-
-
-def mean_dataset_size(registrations: Mapping[str, Mapping[str, Any]]) -> int | None:
-    """The mean |D_k| the agents registered (Ampere's epoch and one-shot upload), or None
-    when none says (the planner then assumes one round's worth)."""
+def mean_dataset_size(registrations: Mapping[str, Mapping[str, Any]],
+                      cap_factor: float = DEFAULT_SIZE_CAP) -> int | None:
+    """The mean |D_k| the agents registered, each claim capped as in every average
+    (server/claims.py), for Ampere's epoch and one-shot upload; None when none says (the
+    planner then assumes one round's worth)."""
     sizes = [n for n in map(registered_size, registrations.values()) if n is not None]
+    sizes = list(capped(dict(enumerate(sizes)), size_cap(sizes, cap_factor)).values())
     return max(1, round(sum(sizes) / len(sizes))) if sizes else None
 
 
@@ -160,7 +157,7 @@ def fleet_cuts(cfg: Any, registrations: Mapping[str, Mapping[str, Any]], *, batc
     settings = PlanSettings(algorithm=planned,
                             batch=batch, local_steps=local_steps, rounds=rounds, codec=codec,
                             common_split=three_tiers,
-                            dataset_size=mean_dataset_size(registrations))
+                            dataset_size=mean_dataset_size(registrations, cfg.train.size_cap))
     server = resolve_profile(SERVER_PROFILE)
     if model.split == "auto":
         missing = [a for a, p in profiles.items() if p is None]

@@ -162,6 +162,7 @@ def _train(engine: Engine, archive: Path, settings: Settings, test: ArrayDataset
         "settings": settings.__dict__,
         "agents": engine.registry.snapshot(),
         "missed": [m.__dict__ for m in engine.registry.missed],
+        "capped_claims": dict(sorted(trainer.claims.capped.items())),
         "bytes": engine.counters.snapshot(),
     }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))

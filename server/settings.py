@@ -27,6 +27,7 @@ class Settings:
     deadline_s: float = 60.0
     bundle_deadline_s: float = 300.0
     retry_s: float = 30.0  # MQTT: silence before a command is re-sent (then backs off)
+    size_cap: float = 4.0  # a registered |D_k| weighs at most this × the fleet's median claim
     codec: str = "fp32"
     compression: str = "none"
     # GAPSL (the GAPSL paper §III): selection-ratio bounds, alignment weight λ, threshold width η.

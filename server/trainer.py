@@ -30,6 +30,7 @@ from jetsplit.models.split import eval_mode
 from jetsplit.models.weights import from_arrays, load_strict, to_arrays
 from jetsplit.protocol import Kind
 from jetsplit.server.bundle_shipping import BundleShipper
+from jetsplit.server.claims import ClaimBooks, capped, registered_size, size_cap
 from jetsplit.server.compute import autocast, to_device, to_host
 from jetsplit.server.divergence import DivergenceGuard
 from jetsplit.server.engine import Command, Engine, Outcome, Reply
@@ -101,6 +102,7 @@ class Trainer:
         self._activation_shapes = {k: self.activation_shape}
         self.rng = np.random.default_rng(settings.seed)
         self.books = RoundBooks()  # this round's phases, samples and misses
+        self.claims = ClaimBooks()  # whose registered |D_k| was capped, at what
         self.guard = DivergenceGuard(settings, self.bundle.spec.num_classes)
         self.round = 0
         self.last_pool = 0
@@ -205,9 +207,22 @@ class Trainer:
 
     # ------------------------------------------------------------------ selection
 
+    def claimed_sizes(self, agents: list[str]) -> dict[str, int]:
+        """|D_k| as each agent registered it, uncapped: for its own work only (an Ampere
+        epoch's steps, the rows of its upload), where a lie costs nobody but the liar."""
+        registry = self.engine.registry
+        return {a: registered_size(registry.registration(a)) or 0 for a in agents}
+
     def sizes(self, agents: list[str]) -> dict[str, int]:
-        """|D_k| as each agent registered it (FedAvg weights, batch shares)."""
-        return {a: int(self.engine.registry.registration(a)["dataset"]["size"]) for a in agents}
+        """|D_k| as weights (every average, batch shares): each registered claim capped at
+        `size_cap` × the median claim of the fleet's clients (server/claims.py)."""
+        registry = self.engine.registry
+        claims = self.claimed_sizes(agents)
+        fleet = [registered_size(reg) or 0 for a in registry.registered()
+                 if (reg := registry.registration(a)).get("role", "client") == "client"]
+        cap = size_cap(fleet, self.settings.size_cap)
+        self.claims.note(claims, cap)
+        return capped(claims, cap)
 
     def batches(self, agents: list[str]) -> dict[str, int]:
         """B_k = B·|D_k| / Σ_j |D_j| (at least 2: BatchNorm in training mode needs more

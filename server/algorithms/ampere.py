@@ -76,7 +76,6 @@ from jetsplit.server.aggregation import fedavg, layerwise_fedavg
 from jetsplit.server.algorithms.base import Method
 from jetsplit.server.bundle_shipping import BundleShipper
 from jetsplit.server.checkpoint import CheckpointError, save_arrays, strip, subset
-from jetsplit.server.cut_planning import registered_size
 from jetsplit.server.engine import Command, Outcome
 from jetsplit.server.evaluation import evaluate
 from jetsplit.server.trainer import Arrays, Trainer
@@ -162,10 +161,10 @@ class Ampere(Method):
         live = t.live(selected)
         if self.epoch > 0:
             live = t.push_client(live, t.global_client, self.aux)
-        batches, sizes = t.batches(live), t.sizes(live)
+        batches, claims = t.batches(live), t.claimed_sizes(live)  # an epoch of its own data
         commands = {a: Command(Kind.TRAIN.value, {
             "target": "aux", "batch": batches[a], "lr": t.client_optimizer.lr,
-            "steps": math.ceil(sizes[a] / batches[a])}) for a in live}
+            "steps": math.ceil(claims[a] / batches[a])}) for a in live}
         with t.books.timed("local_train"):
             out = t.books.note(t.engine.send_and_receive(commands, round=t.round,
                                                     deadline_s=s.deadline_s))
@@ -230,14 +229,13 @@ class Ampere(Method):
     def _validation_accuracy(self) -> float:
         """Accuracy of the devices' client∘aux on the validation part. With several cuts,
         each device serves its own cut's model: the mean over cuts weighted by the data
-        (Σ|D_k|) of the registered devices at each cut."""
+        (Σ|D_k|, each claim capped as in every average) of the registered devices at each
+        cut."""
         t = self.trainer
         assert self.validation is not None
-        registry = t.engine.registry
         weights: dict[int, int] = {}
-        for agent in registry.registered():
-            size = registered_size(registry.registration(agent))
-            if size is not None:
+        for agent, size in t.sizes(t.engine.registry.registered()).items():
+            if size > 0:
                 weights[t.cut(agent)] = weights.get(t.cut(agent), 0) + size
         if len(weights) <= 1:
             cut = next(iter(weights), t.bundle.split)
@@ -364,7 +362,7 @@ class Ampere(Method):
         store each slice as it lands and yield the store rows it added. An agent that
         misses a wave (or sends a bad slice) is asked again next round."""
         t, s, store = self.trainer, self.trainer.settings, self._store()
-        sizes = t.sizes(agents)
+        sizes = t.claimed_sizes(agents)  # the rows each device holds
         active, wave = list(agents), 0
         limits = {a: self._rows_per_reply(a) for a in agents}
         while active:
