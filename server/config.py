@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from jetsplit import catalog
 from jetsplit.config_io import load_toml_model
+from jetsplit.server.claims import DEFAULT_SIZE_CAP
 from jetsplit.server.settings import Settings
 from jetsplit.transport.settings import MqttSection
 
@@ -49,7 +50,7 @@ class TrainSection(BaseModel):
     retry_s: Annotated[float, Field(gt=0, le=86400)] = 30.0  # re-send after silence, backs off
     # A device's registered |D_k| weighs at most size_cap × the fleet's median claim
     # (server/claims.py); 0 turns the cap off.
-    size_cap: Annotated[float, Field(ge=0, le=1e6)] = 4.0
+    size_cap: Annotated[float, Field(ge=0, le=1e6)] = DEFAULT_SIZE_CAP
     codec: Literal["fp32", "fp16", "bf16", "int8"] = "fp32"
     compression: Literal["none", "lz4", "zstd"] = "none"
     k_min: Annotated[float, Field(ge=0, le=1)] = 0.2  # GAPSL

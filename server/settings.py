@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from jetsplit.catalog import DEFAULT_METHOD
+from jetsplit.server.claims import DEFAULT_SIZE_CAP
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ class Settings:
     deadline_s: float = 60.0
     bundle_deadline_s: float = 300.0
     retry_s: float = 30.0  # MQTT: silence before a command is re-sent (then backs off)
-    size_cap: float = 4.0  # a registered |D_k| weighs at most this × the fleet's median claim
+    size_cap: float = DEFAULT_SIZE_CAP  # |D_k| weighs at most this × the median claim
     codec: str = "fp32"
     compression: str = "none"
     # GAPSL (the GAPSL paper §III): selection-ratio bounds, alignment weight λ, threshold width η.
