@@ -187,10 +187,12 @@ class MqttEngine(Engine):
                 registration = parse_registration(msg.meta)
             except ProtocolError as exc:
                 self.rejected_agents += 1
+                self.endpoint.rejected["BadRegistration"] += 1
                 log.warning("rejected registration from %s: %s", agent, exc)
                 return
             if registration.agent != agent:
                 self.rejected_agents += 1
+                self.endpoint.rejected["BadRegistration"] += 1
                 log.warning("rejected registration from %s: it names %s", agent,
                             registration.agent)
                 return
