@@ -51,6 +51,9 @@ class TrainSection(BaseModel):
     # A device's registered |D_k| weighs at most size_cap × the fleet's median claim
     # (server/claims.py); 0 turns the cap off.
     size_cap: Annotated[float, Field(ge=0, le=1e6)] = DEFAULT_SIZE_CAP
+    # After this many deadline misses in a row an agent sits out 1, 2, 4 … rounds
+    # (server/benching.py); 0: never.
+    max_misses: Annotated[int, Field(ge=0, le=1_000_000)] = 3
     codec: Literal["fp32", "fp16", "bf16", "int8"] = "fp32"
     compression: Literal["none", "lz4", "zstd"] = "none"
     k_min: Annotated[float, Field(ge=0, le=1)] = 0.2  # GAPSL

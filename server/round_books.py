@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from jetsplit.server.engine import Outcome
@@ -23,6 +23,8 @@ class RoundBooks:
     full_samples: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # FedAvg
     missed: dict[str, str] = field(default_factory=dict)  # agent → why
     missed_kind: dict[str, str] = field(default_factory=dict)  # agent → the exchange missed
+    # Also sees every noted outcome, across rounds (the trainer's Bench: server/benching.py).
+    listener: Callable[[Outcome], None] | None = None
 
     def reset(self) -> None:
         """A new round: nothing done, nobody missed anything yet."""
@@ -43,6 +45,8 @@ class RoundBooks:
         """Remember who missed this exchange, and what (for the round's report)."""
         self.missed.update(outcome.missed)
         self.missed_kind.update(dict.fromkeys(outcome.missed, outcome.kind))
+        if self.listener is not None:
+            self.listener(outcome)
         return outcome
 
     def agents(self) -> list[str]:

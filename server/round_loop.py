@@ -93,7 +93,7 @@ def _train(engine: Engine, archive: Path, settings: Settings, test: ArrayDataset
     with (out_dir / "metrics.jsonl").open("w") as metrics:
         metrics.writelines(json.dumps(r) + "\n" for r in rows)
         for round_ in range(first, settings.rounds):
-            trainer.round = round_
+            trainer.round = trainer.bench.round = round_
             trainer.books.reset()
             round_started = time.perf_counter()
             before = engine.counters.by_kind()
@@ -110,7 +110,8 @@ def _train(engine: Engine, archive: Path, settings: Settings, test: ArrayDataset
                 eval_bytes = _delta(engine.counters.by_kind(), before_eval)
             row = {
                 "round": round_, "algorithm": settings.algorithm, "selected": selected,
-                "missed": dict(sorted(trainer.books.missed.items())), "train_loss": loss,
+                "missed": dict(sorted(trainer.books.missed.items())),
+                "benched": trainer.bench.sitting_out(), "train_loss": loss,
                 **scores,
                 "bytes_up": sum(train_bytes["up"].values()),
                 "bytes_down": sum(train_bytes["down"].values()),
@@ -163,6 +164,7 @@ def _train(engine: Engine, archive: Path, settings: Settings, test: ArrayDataset
         "agents": engine.registry.snapshot(),
         "missed": [m.__dict__ for m in engine.registry.missed],
         "capped_claims": dict(sorted(trainer.claims.capped.items())),
+        "benched": dict(sorted(trainer.bench.strikes.items())),  # times each sat out
         "bytes": engine.counters.snapshot(),
     }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))

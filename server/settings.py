@@ -28,6 +28,7 @@ class Settings:
     deadline_s: float = 60.0
     bundle_deadline_s: float = 300.0
     retry_s: float = 30.0  # MQTT: silence before a command is re-sent (then backs off)
+    max_misses: int = 3  # deadline misses in a row before an agent sits out (0: never)
     size_cap: float = DEFAULT_SIZE_CAP  # |D_k| weighs at most this × the median claim
     codec: str = "fp32"
     compression: str = "none"

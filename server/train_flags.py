@@ -33,6 +33,8 @@ HELP: dict[str, str] = {
     "lr": "Learning rate of every tier without its own.",
     "fraction": "Share of the eligible agents selected per round.",
     "deadline_s": "Seconds an agent has to answer a step.",
+    "max_misses": "Deadline misses in a row before an agent sits out 1, 2, 4 ... rounds "
+                  "(0: never).",
     "size_cap": "A device's registered sample count weighs at most this many times the "
                 "fleet's median claim (0: no cap).",
     "codec": "Activation/gradient codec: fp32 | fp16 | bf16 | int8.",

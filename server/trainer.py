@@ -29,6 +29,7 @@ from jetsplit.models import ZOO_VERSION
 from jetsplit.models.split import eval_mode
 from jetsplit.models.weights import from_arrays, load_strict, to_arrays
 from jetsplit.protocol import Kind
+from jetsplit.server.benching import Bench
 from jetsplit.server.bundle_shipping import BundleShipper
 from jetsplit.server.claims import ClaimBooks, capped, registered_size, size_cap
 from jetsplit.server.compute import autocast, to_device, to_host
@@ -101,7 +102,8 @@ class Trainer:
             self.bundle.spec.input_shape, self.device)
         self._activation_shapes = {k: self.activation_shape}
         self.rng = np.random.default_rng(settings.seed)
-        self.books = RoundBooks()  # this round's phases, samples and misses
+        self.bench = Bench(settings.max_misses)  # who keeps missing deadlines sits out
+        self.books = RoundBooks(listener=self.bench.note)  # this round's phases, samples, misses
         self.claims = ClaimBooks()  # whose registered |D_k| was capped, at what
         self.guard = DivergenceGuard(settings, self.bundle.spec.num_classes)
         self.round = 0
@@ -240,9 +242,10 @@ class Trainer:
                 for a in agents}
 
     def live(self, agents: list[str]) -> list[str]:
-        """The selected agents not known to be offline, with the bundle installed."""
+        """The selected agents not known to be offline nor benched for missing deadlines,
+        with the bundle installed."""
         registry = self.engine.registry
-        online = [a for a in agents if registry.state(a) != "offline"]
+        online = [a for a in self.bench.playing(agents) if registry.state(a) != "offline"]
         return self.shipper.ensure(online, self.round, self.cuts)
 
     def select(self) -> list[str]:
@@ -258,6 +261,7 @@ class Trainer:
             registry.wait_for(self.last_pool, REJOIN_GRACE_S)
             pool = registry.eligible(zoo_version=ZOO_VERSION)
         self.last_pool = len(pool)
+        pool = self.bench.playing(pool) or pool  # all benched: better slow than nothing
         if not pool:
             return []
         count = max(1, min(len(pool), round(self.settings.fraction * len(pool))))

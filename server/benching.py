@@ -1,0 +1,73 @@
+"""Agents that keep missing their deadline sit out, so one silent device cannot stall a fleet.
+
+A device that stays online but never answers costs every step it is asked in the full step
+deadline (60 s by default): in a live test, 2 steps in 170 s instead of 60 in 31 s. After
+`max_misses` deadline misses in a row, such an agent is benched: dropped from the rest of
+the round's exchanges and from selection for the next 1, then 2, 4, … rounds (doubling
+with each benching, at most 32). Then it is selectable again; one answer clears its run
+of misses. Errors and offline agents are not counted here: an error comes back at once,
+and an offline agent is already dropped from each step at once.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+log = logging.getLogger("jetsplit.coordinator")
+
+# How an engine's reason for a missed step begins when the agent did not answer in time
+# (silence, or a reply the coordinator refused, e.g. an oversized one).
+DEADLINE = "deadline"
+MAX_BENCH_ROUNDS = 32
+
+
+class _Outcome(Protocol):
+    missed: dict[str, str]
+    kind: str
+
+    @property
+    def agents(self) -> list[str]: ...
+
+
+class Bench:
+    """Consecutive deadline misses per agent, and who sits out until which round."""
+
+    def __init__(self, max_misses: int) -> None:
+        self.max_misses = max_misses  # 0: never bench anyone
+        self.misses: dict[str, int] = {}  # deadline misses in a row
+        self.strikes: dict[str, int] = {}  # times benched so far
+        self.until: dict[str, int] = {}  # agent → first round it may be selected again
+        self.round = 0
+
+    def note(self, outcome: _Outcome) -> None:
+        """One exchange's outcome: an answer clears the agent's misses; a missed deadline
+        adds one, and the `max_misses`-th in a row benches it."""
+        for agent in outcome.agents:
+            self.misses.pop(agent, None)
+        if self.max_misses <= 0:
+            return
+        for agent, reason in outcome.missed.items():
+            if not reason.startswith(DEADLINE) or self.benched(agent):
+                continue
+            self.misses[agent] = self.misses.get(agent, 0) + 1
+            if self.misses[agent] >= self.max_misses:
+                strikes = self.strikes.get(agent, 0)
+                rounds = min(MAX_BENCH_ROUNDS, 2 ** strikes)
+                self.strikes[agent] = strikes + 1
+                self.until[agent] = self.round + 1 + rounds
+                self.misses.pop(agent)
+                log.warning("agent %s missed %d deadlines in a row (last: %s): it sits out "
+                            "round %d to %d", agent, self.max_misses, outcome.kind or "a step",
+                            self.round + 1, self.round + rounds + 1)
+
+    def benched(self, agent: str) -> bool:
+        until = self.until.get(agent)
+        return until is not None and self.round < until
+
+    def playing(self, agents: list[str]) -> list[str]:
+        """`agents` without those sitting out this round."""
+        return [a for a in agents if not self.benched(a)]
+
+    def sitting_out(self) -> list[str]:
+        return sorted(a for a in self.until if self.benched(a))
