@@ -41,7 +41,7 @@ fast: setup
 # Mutation testing, outside `make test`: cosmic-ray mutates the code in place, one mutant at
 # a time, and runs the fast tests against each (configs in mutation/; MUTATION=aggregation
 # runs one). Sessions and the survivors' report land in runs/mutation/.
-MUTATION ?= aggregation algorithm_math completions tiers partition
+MUTATION ?= aggregation aggregators algorithm_math completions tiers partition
 mutation: setup
 	$(PIP) install --quiet "cosmic-ray>=8.7,<9"
 	@mkdir -p runs/mutation

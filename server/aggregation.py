@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -36,10 +36,11 @@ def fedavg(states: Mapping[str, Arrays], weights: Mapping[str, float]) -> Arrays
     return out
 
 
-def layerwise_fedavg(states: Mapping[str, Arrays], weights: Mapping[str, float]) -> Arrays:
-    """FedAvg of each tensor over the agents that hold it: devices at different cuts hold
-    different layers (server/completions.py), so layer l averages over the devices with c_k ≥ l.
-    Where every agent holds every tensor this is `fedavg`, bit for bit."""
+def layerwise(states: Mapping[str, Arrays], weights: Mapping[str, float],
+              combine: Callable[[Mapping[str, Arrays], Mapping[str, float]], Arrays]) -> Arrays:
+    """`combine` of each tensor over the agents that hold it: devices at different cuts hold
+    different layers (server/completions.py), so layer l combines the devices with c_k ≥ l.
+    Tensors held by the same agents are combined together, in first-seen order."""
     agents = sorted(states)
     names: dict[str, None] = {}  # first-seen order, agents in id order
     for agent in agents:
@@ -49,5 +50,11 @@ def layerwise_fedavg(states: Mapping[str, Arrays], weights: Mapping[str, float])
         groups.setdefault(tuple(a for a in agents if name in states[a]), []).append(name)
     out: Arrays = {}
     for holders, group in groups.items():
-        out.update(fedavg({a: {n: states[a][n] for n in group} for a in holders}, weights))
+        out.update(combine({a: {n: states[a][n] for n in group} for a in holders}, weights))
     return {n: out[n] for n in names}
+
+
+def layerwise_fedavg(states: Mapping[str, Arrays], weights: Mapping[str, float]) -> Arrays:
+    """FedAvg layer by layer over each layer's holders (weights renormalised over them).
+    Where every agent holds every tensor this is `fedavg`, bit for bit."""
+    return layerwise(states, weights, fedavg)

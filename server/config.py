@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from jetsplit import catalog
 from jetsplit.config_io import load_toml_model
+from jetsplit.server.aggregators import DEFAULT_CLIP_FACTOR, DEFAULT_ROBUST_FRACTION
 from jetsplit.server.claims import DEFAULT_SIZE_CAP
 from jetsplit.server.settings import Settings
 from jetsplit.transport.settings import MqttSection
@@ -51,6 +52,13 @@ class TrainSection(BaseModel):
     # A device's registered |D_k| weighs at most size_cap × the fleet's median claim
     # (server/claims.py); 0 turns the cap off.
     size_cap: Annotated[float, Field(ge=0, le=1e6)] = DEFAULT_SIZE_CAP
+    # How the blocks devices upload are combined (server/aggregators.py): `clip_factor` ×
+    # the median update norm bounds each update under `clipped`; `robust_fraction` β is
+    # the share trimmed at each end (`trimmed-mean`) and the assumed attackers
+    # (`multi-krum`'s f = ⌊β·n⌋).
+    aggregator: Literal["fedavg", "clipped", "median", "trimmed-mean", "multi-krum"] = "fedavg"
+    clip_factor: Annotated[float, Field(gt=0, le=1000)] = DEFAULT_CLIP_FACTOR
+    robust_fraction: Annotated[float, Field(ge=0, lt=0.5)] = DEFAULT_ROBUST_FRACTION
     # After this many deadline misses in a row an agent sits out 1, 2, 4 … rounds
     # (server/benching.py); 0: never.
     max_misses: Annotated[int, Field(ge=0, le=1_000_000)] = 3

@@ -23,13 +23,14 @@ class RoundBooks:
     full_samples: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # FedAvg
     missed: dict[str, str] = field(default_factory=dict)  # agent → why
     missed_kind: dict[str, str] = field(default_factory=dict)  # agent → the exchange missed
+    aggregation: dict[str, str] = field(default_factory=dict)  # agent → clipped / left out
     # Also sees every noted outcome, across rounds (the trainer's Bench: server/benching.py).
     listener: Callable[[Outcome], None] | None = None
 
     def reset(self) -> None:
         """A new round: nothing done, nobody missed anything yet."""
         for books in (self.phases, self.fwd_samples, self.bwd_samples, self.full_samples,
-                      self.missed, self.missed_kind):
+                      self.missed, self.missed_kind, self.aggregation):
             books.clear()
 
     @contextlib.contextmanager

@@ -111,7 +111,9 @@ def _train(engine: Engine, archive: Path, settings: Settings, test: ArrayDataset
             row = {
                 "round": round_, "algorithm": settings.algorithm, "selected": selected,
                 "missed": dict(sorted(trainer.books.missed.items())),
-                "benched": trainer.bench.sitting_out(), "train_loss": loss,
+                "benched": trainer.bench.sitting_out(),
+                "aggregation": dict(sorted(trainer.books.aggregation.items())),
+                "train_loss": loss,
                 **scores,
                 "bytes_up": sum(train_bytes["up"].values()),
                 "bytes_down": sum(train_bytes["down"].values()),

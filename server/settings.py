@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from jetsplit.catalog import DEFAULT_METHOD
+from jetsplit.server.aggregators import DEFAULT_CLIP_FACTOR, DEFAULT_ROBUST_FRACTION
 from jetsplit.server.claims import DEFAULT_SIZE_CAP
 
 
@@ -28,6 +29,12 @@ class Settings:
     deadline_s: float = 60.0
     bundle_deadline_s: float = 300.0
     retry_s: float = 30.0  # MQTT: silence before a command is re-sent (then backs off)
+    # How device uploads are combined (server/aggregators.py): fedavg | clipped | median |
+    # trimmed-mean | multi-krum; `clip_factor` (clipped), `robust_fraction` β (trimmed
+    # share at each end, multi-krum's assumed attackers).
+    aggregator: str = "fedavg"
+    clip_factor: float = DEFAULT_CLIP_FACTOR
+    robust_fraction: float = DEFAULT_ROBUST_FRACTION
     max_misses: int = 3  # deadline misses in a row before an agent sits out (0: never)
     size_cap: float = DEFAULT_SIZE_CAP  # |D_k| weighs at most this × the median claim
     codec: str = "fp32"

@@ -29,6 +29,7 @@ from jetsplit.models import ZOO_VERSION
 from jetsplit.models.split import eval_mode
 from jetsplit.models.weights import from_arrays, load_strict, to_arrays
 from jetsplit.protocol import Kind
+from jetsplit.server.aggregators import aggregate
 from jetsplit.server.benching import Bench
 from jetsplit.server.bundle_shipping import BundleShipper
 from jetsplit.server.claims import ClaimBooks, capped, registered_size, size_cap
@@ -208,6 +209,16 @@ class Trainer:
                           f"of the {len(selected)} selected agents ({why})")
 
     # ------------------------------------------------------------------ selection
+
+    def aggregate(self, states: Mapping[str, Arrays], weights: Mapping[str, float], *,
+                  reference: Arrays | None = None) -> Arrays:
+        """The blocks devices uploaded, combined by `[train] aggregator` (server/aggregators.py)
+        layer by layer; `reference` is the block they started from. What the rule did to a
+        device (clipped, left out) goes into this round's books."""
+        s = self.settings
+        return aggregate(states, weights, s.aggregator, reference=reference,
+                         notes=self.books.aggregation, clip_factor=s.clip_factor,
+                         robust_fraction=s.robust_fraction)
 
     def claimed_sizes(self, agents: list[str]) -> dict[str, int]:
         """|D_k| as each agent registered it, uncapped: for its own work only (an Ampere

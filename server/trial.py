@@ -67,6 +67,7 @@ class TrialSpec:
     fraction: float = 1.0
     seed: int = 0
     codec: str = "fp32"
+    aggregator: str = "fedavg"  # how device uploads are combined (server/aggregators.py)
     test_fraction: float = 0.2
     broker: str | None = None
     emulate: bool = True
@@ -292,7 +293,8 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
     # Every option is checked before anything expensive (benchmark, broker, agents).
     train = validate_options(TrainSection, {
         "algorithm": spec.algorithm, "rounds": spec.rounds, "local_steps": spec.local_steps,
-        "batch": spec.batch, "lr": spec.lr, "fraction": spec.fraction, "codec": spec.codec},
+        "batch": spec.batch, "lr": spec.lr, "fraction": spec.fraction, "codec": spec.codec,
+        "aggregator": spec.aggregator},
         {})
     if spec.agents < 1:
         raise ConfigError(f"--agents must be at least 1, got {spec.agents}")
@@ -444,7 +446,8 @@ def load_spec(run_dir: Path) -> TrialSpec:
         raise ConfigError(f"--resume {run_dir}: {SPEC_FILE} is damaged ({exc})") from None
 
 
-@train_flags("algorithm", "rounds", "local_steps", "batch", "lr", "fraction", "codec")
+@train_flags("algorithm", "rounds", "local_steps", "batch", "lr", "fraction", "codec",
+             "aggregator")
 def trial_command(
     train: dict[str, Any],
     agents: Annotated[int, typer.Option("--agents", help="Agents to start.")] = 4,

@@ -72,7 +72,7 @@ from jetsplit.models import ZOO_VERSION
 from jetsplit.models.weights import from_arrays, load_strict, to_arrays
 from jetsplit.protocol import Kind
 from jetsplit.server.activation_store import ActivationStore, StoreError
-from jetsplit.server.aggregation import fedavg, layerwise_fedavg
+from jetsplit.server.aggregation import fedavg
 from jetsplit.server.algorithms.base import Method
 from jetsplit.server.bundle_shipping import BundleShipper
 from jetsplit.server.checkpoint import CheckpointError, save_arrays, strip, subset
@@ -187,10 +187,12 @@ class Ampere(Method):
         head over the devices at that cut. With one cut: FedAvg of client + aux."""
         t = self.trainer
         sizes = t.sizes(sorted(states))
-        client = layerwise_fedavg({a: subset(v, "client") for a, v in states.items()}, sizes)
+        client = t.aggregate({a: subset(v, "client") for a, v in states.items()}, sizes,
+                             reference=t.global_client)
         t.global_client = {**t.global_client, **client}
         for cut, group in t.by_cut(sorted(states)).items():
-            self.aux[cut] = fedavg({a: subset(states[a], "aux") for a in group}, sizes)
+            self.aux[cut] = t.aggregate({a: subset(states[a], "aux") for a in group}, sizes,
+                                        reference=self.aux.get(cut))
 
     def _train_loss(self, out: Outcome, commands: dict[str, Command]) -> float | None:
         """Sample-weighted mean of the agents' reported losses (untrusted: checked)."""

@@ -19,7 +19,6 @@ import torch
 from jetsplit import catalog
 from jetsplit.errors import ConfigError
 from jetsplit.models.weights import from_arrays, load_strict, to_arrays
-from jetsplit.server.aggregation import fedavg
 from jetsplit.server.checkpoint import (
     CheckpointError,
     load_optimizer_state,
@@ -107,7 +106,8 @@ class SplitMethod(Method):
             states = {a: t.completions.whole(a, s) for a, s in states.items()}
             if states:
                 with t.books.timed("aggregate"):
-                    t.global_client = fedavg(states, t.sizes(sorted(states)))
+                    t.global_client = t.aggregate(states, t.sizes(sorted(states)),
+                                                  reference=t.global_client)
             t.require_update(selected, states)
         t.require_update(selected, participants)
         return float(np.mean(losses)) if losses else None

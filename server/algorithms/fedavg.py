@@ -8,7 +8,6 @@ import numpy as np
 
 from jetsplit.models.weights import from_arrays, load_strict, to_arrays
 from jetsplit.protocol import Kind
-from jetsplit.server.aggregation import fedavg
 from jetsplit.server.algorithms.base import Method
 from jetsplit.server.engine import Command
 
@@ -45,7 +44,7 @@ class FedAvg(Method):
         t.release(out.agents)
         if states:
             with t.books.timed("aggregate"):
-                merged = fedavg(states, t.sizes(sorted(states)))
+                merged = t.aggregate(states, t.sizes(sorted(states)), reference=global_state)
             t.global_client = {k: v for k, v in merged.items() if k.startswith("client/")}
             load_strict(t.server, from_arrays(merged, "server"), "server average")
         return float(np.mean(losses)) if losses else None

@@ -396,7 +396,8 @@ class SHeRL(Method):
                 continue
             sizes = t.sizes(sorted(mine))
             with t.books.timed("aggregate"):
-                period.edge_clients[edge] = fedavg(mine, sizes)
+                period.edge_clients[edge] = t.aggregate(
+                    mine, sizes, reference=period.edge_clients.get(edge, t.global_client))
             period.edge_weight[edge] = sum(sizes.values())
             if push:
                 t.push(t.live(self.groups.get(edge, [])), period.edge_clients[edge])
@@ -414,7 +415,8 @@ class SHeRL(Method):
         weights = {e: sum(t.sizes(cs).values()) for e, cs in served.items()}
         with t.books.timed("aggregate"):
             if states:
-                merged = fedavg(states, {e: weights[e] for e in states})
+                merged = t.aggregate(states, {e: weights[e] for e in states},
+                                     reference=to_arrays(self.edge_view, "edge"))
                 load_strict(self.edge_view, from_arrays(merged, "edge"), "edge average")
             if period.edge_clients:
                 t.global_client = fedavg(period.edge_clients, period.edge_weight)

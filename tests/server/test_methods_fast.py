@@ -21,6 +21,7 @@ from jetsplit.edge_agent.worker import AgentWorker
 from jetsplit.export.bundle_writer import write_bundle
 from jetsplit.models import ModelSpec
 from jetsplit.models.weights import to_arrays
+from jetsplit.server import aggregators
 from jetsplit.server.aggregation import fedavg
 from jetsplit.server.algorithms import build_method, gapsl_math, sherl
 from jetsplit.server.algorithms.ampere import Ampere
@@ -148,7 +149,8 @@ def _sherl_fedavg_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[dict, dic
         calls.append((dict(states), dict(weights), out))
         return out
 
-    monkeypatch.setattr(sherl, "fedavg", recording)
+    monkeypatch.setattr(sherl, "fedavg", recording)  # the cloud's average of edge averages
+    monkeypatch.setattr(aggregators, "fedavg", recording)  # device uploads, [train] aggregator
     return calls
 
 

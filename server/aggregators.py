@@ -1,0 +1,165 @@
+"""Robust aggregation rules for the blocks devices upload, chosen by `[train] aggregator`.
+
+FedAvg trusts every upload: one enrolled device that scales its weights by 1,000 takes a
+run from 0.63 to 0.09. These rules bound what one device can do to an average, for every
+block devices send (client blocks, aux heads, a SHeRL-FL edge's block, FedAvg's whole
+model), layer by layer over mixed cuts like `layerwise_fedavg`:
+
+- `fedavg`: the |D_k|-weighted mean (the papers' rule; the default).
+- `clipped`: norm-clipped FedAvg. Each device's update w_k − g (g: the block it started
+  from) is scaled down to at most `clip_factor` × the median update norm, then averaged
+  with |D_k| weights (as in DP-FedAvg's fixed clipping, with an adaptive bound).
+- `median`: the coordinate-wise median (Yin et al., 2018), unweighted.
+- `trimmed-mean`: per coordinate, the ⌊β·n⌋ largest and smallest values dropped, the rest
+  averaged, unweighted (Yin et al., 2018); β = `robust_fraction`.
+- `multi-krum`: each device scored by the summed squared distances to its n − f − 2
+  nearest others; the n − f best kept and averaged with |D_k| weights (Blanchard et al.,
+  2017); f = ⌊β·n⌋, at most (n − 3) / 2.
+
+Integer buffers (BatchNorm's `num_batches_tracked`) take the element-wise max under every
+rule, as in `fedavg`. Each rule notes per device what it did (clipped by how much, left
+out), for the round's books. The coordinate-wise rules need no reference; `clipped`
+without one clips around the coordinate-wise median.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+
+import numpy as np
+
+from jetsplit.server.aggregation import Arrays, fedavg, layerwise
+
+AGGREGATORS = ("fedavg", "clipped", "median", "trimmed-mean", "multi-krum")
+DEFAULT_CLIP_FACTOR = 2.0
+DEFAULT_ROBUST_FRACTION = 0.2
+
+Notes = dict[str, str]  # agent → what a rule did to its upload this time
+
+
+def _floats(states: Mapping[str, Arrays], agents: list[str]) -> list[str]:
+    return [n for n, v in states[agents[0]].items() if np.issubdtype(v.dtype, np.floating)]
+
+
+def _with_integers(states: Mapping[str, Arrays], agents: list[str], floats: Arrays) -> Arrays:
+    """`floats` plus the integer buffers, as `fedavg` merges them, in the states' order."""
+    ints = {n: v for n, v in fedavg({a: {n: v for n, v in states[a].items() if n not in floats}
+                                     for a in agents}, dict.fromkeys(agents, 1.0)).items()}
+    return {n: (floats[n] if n in floats else ints[n]) for n in states[agents[0]]}
+
+
+def _stack(states: Mapping[str, Arrays], agents: list[str], name: str) -> np.ndarray:
+    return np.stack([states[a][name].astype(np.float64) for a in agents])
+
+
+def _vector(state: Arrays, names: list[str], reference: Arrays | None = None) -> np.ndarray:
+    """One device's float tensors as one float64 vector (minus `reference`'s, if given)."""
+    parts = [state[n].astype(np.float64).ravel() for n in names]
+    if reference is not None:
+        parts = [p - reference[n].astype(np.float64).ravel()
+                 for p, n in zip(parts, names, strict=True)]
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def median(states: Mapping[str, Arrays], weights: Mapping[str, float],
+           reference: Arrays | None = None, notes: Notes | None = None, **_: float) -> Arrays:
+    agents = sorted(states)
+    names = _floats(states, agents)
+    floats = {n: np.median(_stack(states, agents, n), axis=0).astype(states[agents[0]][n].dtype)
+              for n in names}
+    return _with_integers(states, agents, floats)
+
+
+def trimmed_mean(states: Mapping[str, Arrays], weights: Mapping[str, float],
+                 reference: Arrays | None = None, notes: Notes | None = None, *,
+                 robust_fraction: float = DEFAULT_ROBUST_FRACTION, **_: float) -> Arrays:
+    agents = sorted(states)
+    trim = trimmed_count(len(agents), robust_fraction)
+    floats = {}
+    for n in _floats(states, agents):
+        values = np.sort(_stack(states, agents, n), axis=0)
+        kept = values[trim:len(agents) - trim]
+        floats[n] = kept.mean(axis=0).astype(states[agents[0]][n].dtype)
+    return _with_integers(states, agents, floats)
+
+
+def trimmed_count(n: int, fraction: float) -> int:
+    """Values dropped at each end: ⌊β·n⌋, leaving at least one."""
+    return max(0, min(math.floor(fraction * n), (n - 1) // 2))
+
+
+def clipped(states: Mapping[str, Arrays], weights: Mapping[str, float],
+            reference: Arrays | None = None, notes: Notes | None = None, *,
+            clip_factor: float = DEFAULT_CLIP_FACTOR, **_: float) -> Arrays:
+    agents = sorted(states)
+    names = _floats(states, agents)
+    if reference is None or any(n not in reference for n in names):
+        reference = median(states, weights)
+    updates = {a: _vector(states[a], names, reference) for a in agents}
+    norms = {a: float(np.linalg.norm(u)) for a, u in updates.items()}
+    bound = clip_factor * float(np.median(list(norms.values())))
+    total = float(sum(weights[a] for a in agents))
+    merged = np.zeros_like(next(iter(updates.values())))
+    for a in agents:
+        scale = 1.0 if norms[a] <= bound else bound / norms[a]
+        if scale < 1.0 and notes is not None:
+            notes[a] = f"clipped ×{scale:.3g} (update norm {norms[a]:.3g} > {bound:.3g})"
+        merged += updates[a] * (scale * weights[a] / total)
+    floats, offset = {}, 0
+    for n in names:
+        ref = reference[n]
+        size = ref.size
+        floats[n] = (ref.astype(np.float64).ravel() + merged[offset:offset + size]
+                     ).reshape(ref.shape).astype(states[agents[0]][n].dtype)
+        offset += size
+    return _with_integers(states, agents, floats)
+
+
+def krum_kept(n: int, fraction: float) -> tuple[int, int]:
+    """(f, devices kept) for Multi-Krum over n: f = ⌊β·n⌋ bounded by n > 2f + 2."""
+    f = max(0, min(math.floor(fraction * n), (n - 3) // 2))
+    return f, n - f
+
+
+def multi_krum(states: Mapping[str, Arrays], weights: Mapping[str, float],
+               reference: Arrays | None = None, notes: Notes | None = None, *,
+               robust_fraction: float = DEFAULT_ROBUST_FRACTION, **_: float) -> Arrays:
+    agents = sorted(states)
+    f, keep = krum_kept(len(agents), robust_fraction)
+    if f == 0:
+        return fedavg(states, weights)
+    names = _floats(states, agents)
+    vectors = np.stack([_vector(states[a], names) for a in agents])
+    squares = (vectors ** 2).sum(axis=1)
+    distances = np.maximum(squares[:, None] + squares[None, :] - 2 * vectors @ vectors.T, 0)
+    neighbours = len(agents) - f - 2
+    scores = [float(np.sort(np.delete(distances[i], i))[:neighbours].sum())
+              for i in range(len(agents))]
+    order = sorted(range(len(agents)), key=lambda i: (scores[i], agents[i]))
+    kept = sorted(agents[i] for i in order[:keep])
+    if notes is not None:
+        for i in order[keep:]:
+            notes[agents[i]] = f"left out by multi-krum (score {scores[i]:.6g})"
+    return fedavg({a: states[a] for a in kept}, weights)
+
+
+Rule = Callable[..., Arrays]
+RULES: dict[str, Rule] = {"fedavg": lambda s, w, r=None, notes=None, **_: fedavg(s, w),
+                          "clipped": clipped, "median": median, "trimmed-mean": trimmed_mean,
+                          "multi-krum": multi_krum}
+
+
+def aggregate(states: Mapping[str, Arrays], weights: Mapping[str, float], rule: str, *,
+              reference: Arrays | None = None, notes: Notes | None = None,
+              clip_factor: float = DEFAULT_CLIP_FACTOR,
+              robust_fraction: float = DEFAULT_ROBUST_FRACTION) -> Arrays:
+    """`rule` over the devices' uploads, layer by layer over the devices that hold each
+    layer (mixed cuts); `reference` is the block they started from (for `clipped`)."""
+    combine = RULES[rule]
+
+    def one_group(group: Mapping[str, Arrays], group_weights: Mapping[str, float]) -> Arrays:
+        return combine(group, group_weights, reference, notes, clip_factor=clip_factor,
+                       robust_fraction=robust_fraction)
+
+    return layerwise(states, weights, one_group)

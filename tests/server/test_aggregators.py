@@ -1,0 +1,120 @@
+"""The robust aggregation rules (server/aggregators.py) by hand: unequal weights, ties,
+integer buffers, mixed cuts. Imports no torch, so mutation testing of the rules runs it in
+seconds per mutant (`--noconftest`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from jetsplit.server.aggregation import fedavg
+from jetsplit.server.aggregators import (
+    AGGREGATORS,
+    aggregate,
+    krum_kept,
+    trimmed_count,
+)
+
+pytestmark = pytest.mark.fast
+
+
+def _states(values: dict[str, list[float]], ints: bool = True) -> dict:
+    return {a: {"w": np.array(v, np.float32), **({"n": np.array([i])} if ints else {})}
+            for i, (a, v) in enumerate(sorted(values.items()))}
+
+
+def test_median_is_coordinate_wise_and_unweighted() -> None:
+    states = _states({"a": [1, 50], "b": [5, 2], "c": [100, 3]})
+    for weights in ({"a": 1, "b": 1, "c": 1}, {"a": 9, "b": 1, "c": 100}):
+        out = aggregate(states, weights, "median")
+        assert out["w"].tolist() == [5, 3] and out["w"].dtype == np.float32
+        assert out["n"].tolist() == [2]  # integer buffers: the max, as in fedavg
+    even = aggregate(_states({"a": [1], "b": [2], "c": [3], "d": [100]}),
+                     dict.fromkeys("abcd", 1), "median")
+    assert even["w"].tolist() == [2.5]
+
+
+def test_trimmed_mean_drops_beta_n_at_each_end() -> None:
+    five = _states({"a": [1, -100], "b": [2, 0], "c": [3, 1], "d": [4, 2], "e": [100, 3]})
+    out = aggregate(five, dict.fromkeys("abcde", 1), "trimmed-mean", robust_fraction=0.2)
+    assert out["w"].tolist() == [3, 1]  # (2+3+4)/3 and (0+1+2)/3
+    assert aggregate(five, dict.fromkeys("abcde", 1), "trimmed-mean",
+                     robust_fraction=0.4)["w"].tolist() == [3, 1]  # trims 2: the median
+    assert trimmed_count(4, 0.2) == 0 and trimmed_count(5, 0.2) == 1
+    assert trimmed_count(3, 0.5) == 1 and trimmed_count(2, 0.5) == 0  # one always kept
+    four = _states({"a": [1], "b": [2], "c": [3], "d": [10]})
+    assert aggregate(four, dict.fromkeys("abcd", 1), "trimmed-mean",
+                     robust_fraction=0.2)["w"].tolist() == [4]  # nothing trimmed
+
+
+def test_clipped_scales_updates_over_the_bound_and_weights_by_size() -> None:
+    """Updates from g = (0, 0): norms 5, 1, 2, 50; median 3.5, bound 2 × 3.5 = 7; d's
+    update scaled by 7/50 to (4.2, 5.6); weights 1, 1, 2, 4 out of 8."""
+    states = _states({"a": [3, 4], "b": [0, 1], "c": [0, 2], "d": [30, 40]})
+    notes: dict[str, str] = {}
+    reference = {"w": np.zeros(2, np.float32), "n": np.array([0])}
+    out = aggregate(states, {"a": 1, "b": 1, "c": 2, "d": 4}, "clipped",
+                    reference=reference, notes=notes, clip_factor=2.0)
+    assert out["w"].tolist() == pytest.approx([19.8 / 8, 31.4 / 8], rel=1e-6)
+    assert list(notes) == ["d"] and notes["d"].startswith("clipped ×0.14 ")
+    shifted = {"w": np.array([1, 1], np.float32), "n": np.array([0])}  # updates from g
+    out = aggregate(_states({"a": [1, 1], "b": [4, 5]}), {"a": 1, "b": 1}, "clipped",
+                    reference=shifted, clip_factor=1.0)
+    # norms 0 and 5, median 2.5: b's (3, 4) scaled by 1/2
+    assert out["w"].tolist() == pytest.approx([1 + 0.75, 1 + 1.0])
+
+
+def test_clipped_without_a_reference_clips_around_the_median() -> None:
+    states = _states({"a": [1], "b": [2], "c": [3], "d": [1000]})
+    out = aggregate(states, dict.fromkeys("abcd", 1), "clipped", clip_factor=2.0)
+    # median 2.5: deviations 1.5, 0.5, 0.5, 997.5; median 1.0, bound 2: d's becomes 2
+    assert out["w"].tolist() == pytest.approx([2.5 + (-1.5 - 0.5 + 0.5 + 2) / 4])
+
+
+def test_multi_krum_keeps_the_n_minus_f_closest_and_weights_them() -> None:
+    """1-D states 0, 1, 2, 3, 100; f = 1, so 2 neighbours each: scores a 1+4, b 1+1,
+    c 1+1, d 1+4, e 9409+9604; a-d kept, weighted 1, 2, 3, 4 (e's 10 plays no part)."""
+    states = _states({"a": [0], "b": [1], "c": [2], "d": [3], "e": [100]})
+    notes: dict[str, str] = {}
+    out = aggregate(states, {"a": 1, "b": 2, "c": 3, "d": 4, "e": 10}, "multi-krum",
+                    notes=notes, robust_fraction=0.2)
+    assert out["w"].tolist() == [2.0] and out["n"].tolist() == [3]
+    assert list(notes) == ["e"] and "19013" in notes["e"]
+    assert krum_kept(5, 0.2) == (1, 4) and krum_kept(10, 0.4) == (3, 7)  # n > 2f + 2
+    assert krum_kept(4, 0.2) == (0, 4) and krum_kept(3, 0.5) == (0, 3)
+    four = _states({"a": [0], "b": [1], "c": [2], "d": [30]})
+    assert aggregate(four, dict.fromkeys("abcd", 1), "multi-krum")["w"].tolist() == [8.25]
+
+
+def test_every_rule_works_layer_wise_over_mixed_cuts() -> None:
+    """l1 held by a, b, c; l2 only by a and c (a shallower b): each layer over its
+    holders. Median of l2 over two holders is their mean."""
+    states = {"a": {"l1": np.array([2.0]), "l2": np.array([10.0])},
+              "b": {"l1": np.array([4.0])},
+              "c": {"l1": np.array([9.0]), "l2": np.array([40.0])}}
+    weights = {"a": 1, "b": 2, "c": 3}
+    med = aggregate(states, weights, "median")
+    assert list(med) == ["l1", "l2"] and med["l1"].tolist() == [4] and med["l2"].tolist() == [25]
+    avg = aggregate(states, weights, "fedavg")
+    assert avg["l1"].tolist() == pytest.approx([(2 + 8 + 27) / 6])
+    assert avg["l2"].tolist() == pytest.approx([(10 + 120) / 4])
+    for rule in AGGREGATORS:
+        assert list(aggregate(states, weights, rule)) == ["l1", "l2"], rule
+
+
+def test_fedavg_rule_is_fedavg_bit_for_bit_and_a_scaled_upload_is_contained() -> None:
+    rng = np.random.default_rng(0)
+    honest = {f"a{i}": {"w": rng.normal(size=50).astype(np.float32)} for i in range(5)}
+    weights = {a: 10 + i for i, a in enumerate(honest)}
+    assert aggregate(honest, weights, "fedavg")["w"].tobytes() == fedavg(
+        honest, weights)["w"].tobytes()
+    attacked = {**honest, "x": {"w": honest["a0"]["w"] * 1000}}
+    weights = {**weights, "x": 10}
+    low = np.min([s["w"] for s in honest.values()], axis=0)
+    high = np.max([s["w"] for s in honest.values()], axis=0)
+    assert np.abs(aggregate(attacked, weights, "fedavg")["w"]).max() > 50
+    for rule in ("median", "trimmed-mean", "multi-krum"):
+        out = aggregate(attacked, weights, rule, robust_fraction=0.2)["w"]
+        assert np.all(out >= low - 1e-6) and np.all(out <= high + 1e-6), rule
+    out = aggregate(attacked, weights, "clipped", reference={"w": np.zeros(50, np.float32)})
+    assert np.abs(out["w"]).max() < 5
