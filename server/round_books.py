@@ -24,13 +24,14 @@ class RoundBooks:
     missed: dict[str, str] = field(default_factory=dict)  # agent → why
     missed_kind: dict[str, str] = field(default_factory=dict)  # agent → the exchange missed
     aggregation: dict[str, str] = field(default_factory=dict)  # agent → clipped / left out
+    bounded: dict[str, str] = field(default_factory=dict)  # agent → activations scaled down
     # Also sees every noted outcome, across rounds (the trainer's Bench: server/benching.py).
     listener: Callable[[Outcome], None] | None = None
 
     def reset(self) -> None:
         """A new round: nothing done, nobody missed anything yet."""
         for books in (self.phases, self.fwd_samples, self.bwd_samples, self.full_samples,
-                      self.missed, self.missed_kind, self.aggregation):
+                      self.missed, self.missed_kind, self.aggregation, self.bounded):
             books.clear()
 
     @contextlib.contextmanager

@@ -113,6 +113,7 @@ def _train(engine: Engine, archive: Path, settings: Settings, test: ArrayDataset
                 "missed": dict(sorted(trainer.books.missed.items())),
                 "benched": trainer.bench.sitting_out(),
                 "aggregation": dict(sorted(trainer.books.aggregation.items())),
+                "bounded": dict(sorted(trainer.books.bounded.items())),
                 "train_loss": loss,
                 **scores,
                 "bytes_up": sum(train_bytes["up"].values()),

@@ -38,6 +38,8 @@ HELP: dict[str, str] = {
     "clip_factor": "clipped: each update's norm bounded at this many times the median.",
     "robust_fraction": "trimmed-mean: share trimmed at each end; multi-krum: assumed "
                        "attackers' share.",
+    "activation_bound": "Each sample's activation norm at most this many times the fleet's "
+                        "median (0: no bound).",
     "max_misses": "Deadline misses in a row before an agent sits out 1, 2, 4 ... rounds "
                   "(0: never).",
     "size_cap": "A device's registered sample count weighs at most this many times the "

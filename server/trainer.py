@@ -37,6 +37,7 @@ from jetsplit.server.compute import autocast, to_device, to_host
 from jetsplit.server.divergence import DivergenceGuard
 from jetsplit.server.engine import Command, Engine, Outcome, Reply
 from jetsplit.server.evaluation import Evaluation, evaluate, summarize
+from jetsplit.server.influence import ActivationBound
 from jetsplit.server.round_books import RoundBooks
 from jetsplit.server.settings import Settings
 from jetsplit.wire import accounted_bound
@@ -104,6 +105,7 @@ class Trainer:
         self._activation_shapes = {k: self.activation_shape}
         self.rng = np.random.default_rng(settings.seed)
         self.bench = Bench(settings.max_misses)  # who keeps missing deadlines sits out
+        self.activation_bound = ActivationBound(settings.activation_bound)
         self.books = RoundBooks(listener=self.bench.note)  # this round's phases, samples, misses
         self.claims = ClaimBooks()  # whose registered |D_k| was capped, at what
         self.guard = DivergenceGuard(settings, self.bundle.spec.num_classes)
@@ -190,10 +192,12 @@ class Trainer:
 
     def inputs(self, out: Outcome) -> tuple[list[str], list[torch.Tensor], list[torch.Tensor]]:
         """The forward replies' activations and labels on the server's device, per agent in
-        id order: one transfer each for all agents' activations and labels, then views."""
+        id order: one transfer each for all agents' activations and labels, then views;
+        each sample's activation norm bounded against the fleet's (server/influence.py)."""
         agents = out.agents
         acts = to_device([out[a].tensors["activations"] for a in agents], np.float32,
                          self.device)
+        acts = self.activation_bound.apply(agents, acts, self.books.bounded)
         labels = to_device([out[a].tensors["labels"] for a in agents], np.int64, self.device)
         return agents, acts, labels
 
