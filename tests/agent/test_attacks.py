@@ -220,3 +220,13 @@ def test_bad_attack_section_is_one_line(tmp_path: Path, allowed: None, section: 
     with pytest.raises(ConfigError) as err:
         load_agent_config(write_config(tmp_path, section))
     assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_production_paths_never_allow_attacks() -> None:
+    """The systemd unit, its environment file, the install script and `jetsplit agent
+    install` (which writes them) never set the variable."""
+    root = Path(__file__).resolve().parents[2]
+    paths = [*sorted((root / "systemd").iterdir()), root / "scripts" / "install-agent.sh",
+             root / "scripts" / "container-install.sh", root / "edge_agent" / "install.py",
+             root / "Dockerfile.jetson"]
+    assert [p.name for p in paths if ALLOW_ENV in p.read_text()] == []

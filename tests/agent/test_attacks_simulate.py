@@ -102,3 +102,11 @@ def test_scale_attacker_uploads_reach_the_coordinator_1000x(
     assert big  # the comparison above is not between zeros
     saved = json.loads((tmp_path / "simulation.json").read_text())
     assert saved["attacks"] == {"a1": "scale:1000"}  # --resume keeps attacking
+
+
+def test_simulate_attack_with_resume_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv(ALLOW_ENV, "1")
+    code, err = run_cli(capsys, "--attack", "a1=scale:2", "--resume", str(tmp_path))
+    assert code == 2 and "a resumed run keeps the attacks it began with" in err
