@@ -14,10 +14,10 @@ import pytest
 
 from jetsplit.bundle import MANIFEST_NAME, Bundle, load_bundle
 from jetsplit.data import ArrayDataset, load_dataset_split
-from jetsplit.edge_agent.attacks import Attack, parse_attack
+from jetsplit.edge_agent.attacks import ALLOW_ENV, Attack, parse_attack
 from jetsplit.edge_agent.edge import no_data
 from jetsplit.edge_agent.worker import AgentWorker, BatchSampler
-from jetsplit.errors import JetsplitError
+from jetsplit.errors import ConfigError, JetsplitError
 from jetsplit.models import ModelSpec
 from jetsplit.models.weights import to_arrays
 from jetsplit.protocol import parse_registration
@@ -167,3 +167,25 @@ def test_edges_do_not_attack(tmp_path: Path) -> None:
     with pytest.raises(JetsplitError, match="attacks are for client agents"):
         AgentWorker("e0", no_data(), role="edge", state_dir=tmp_path,
                     attack=Attack(parse_attack("scale:2")))
+
+
+def test_agent_config_attack_reaches_the_daemons_worker(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`jetsplit agent run` builds its worker with build_worker: the [attack] rides along,
+    seeded with the agent's seed."""
+    from jetsplit.edge_agent.config import AgentConfig
+    from jetsplit.edge_agent.worker_factory import build_worker
+
+    monkeypatch.setenv(ALLOW_ENV, "1")
+    cfg = AgentConfig.model_validate({
+        "agent": "a2", "seed": SEED, "state_dir": str(tmp_path), "device": "cpu",
+        "data": {"dataset": "digits", "clients": 4, "index": 2},
+        "attack": {"kind": "noise:0.1"}})
+    worker = build_worker(cfg)
+    assert worker.attack.kind == "noise"
+    w = {"client/x": np.zeros(3, np.float32)}
+    assert np.array_equal(worker.attack.upload(w)["client/x"],
+                          Attack(parse_attack("noise:0.1"), SEED).upload(w)["client/x"])
+    monkeypatch.delenv(ALLOW_ENV)
+    with pytest.raises(ConfigError, match="agent a2: attack: attacks are for tests"):
+        build_worker(cfg)  # a config built in code is checked again where the worker is made
