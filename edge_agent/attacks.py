@@ -73,10 +73,12 @@ def parse_attack(spec: str) -> AttackSpec:
 
 
 def attacks_allowed() -> bool:
+    """Whether this process may misbehave: only where a test or benchmark said so."""
     return os.environ.get(ALLOW_ENV) == "1"
 
 
 def refusal() -> str:
+    """Why an attack was refused, and how a test turns it on (one line)."""
     return f"attacks are for tests and benchmarks only (set {ALLOW_ENV}=1 to allow them)"
 
 
@@ -174,7 +176,8 @@ class Attack:
                                     for name, value in tensors.items() if _is_float(value)})
 
     def upload(self, tensors: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
-        """A get_weights reply's arrays, attacked (floating-point ones only)."""
+        """A get_weights reply's arrays, attacked: every floating-point one, of whichever
+        blocks were asked for (integer buffers such as num_batches_tracked pass as they are)."""
         return {name: self._weight(name, value) if _is_float(value) else value
                 for name, value in tensors.items()}
 
