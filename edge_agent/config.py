@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from typing_extensions import Annotated
 
 from jetsplit.config_io import load_toml_model
+from jetsplit.edge_agent.attacks import AttackSection
 from jetsplit.edge_agent.emulation import EmulationSection
 from jetsplit.transport.settings import MqttSection
 
@@ -49,6 +50,7 @@ class AgentConfig(BaseModel):
     mqtt: MqttSection = MqttSection()
     data: DataSection = DataSection()
     emulation: Optional[EmulationSection] = None  # trials only: act like a profiled device
+    attack: Optional[AttackSection] = None  # tests and benchmarks only: misbehave
 
     def state_path(self) -> Path:
         return Path(self.state_dir).expanduser() / self.fleet / self.agent

@@ -29,7 +29,7 @@ from jetsplit.edge_agent.edge import no_data
 from jetsplit.edge_agent.emulation import DeviceClock
 from jetsplit.edge_agent.service import SystemdNotifier
 from jetsplit.edge_agent.worker import AgentWorker
-from jetsplit.edge_agent.worker_factory import pick_device
+from jetsplit.edge_agent.worker_factory import agent_attack, pick_device
 from jetsplit.errors import ConfigError
 from jetsplit.profiles import resolve_profile
 
@@ -103,7 +103,8 @@ class FleetHost:
             worker = AgentWorker(config.agent, shard, role=config.role, seed=config.seed,
                                  state_dir=state, device=device, profile=profile,
                                  bundle_cache=self.bundles,
-                                 clock=DeviceClock(config.emulation, cpu_clock=time.thread_time))
+                                 clock=DeviceClock(config.emulation, cpu_clock=time.thread_time),
+                                 attack=agent_attack(config))
             self.daemons.append(AgentDaemon(
                 worker, address, config.fleet, options,
                 cache=ReplyCache(HOSTED_CACHE_ENTRIES, HOSTED_CACHE_BYTES)))

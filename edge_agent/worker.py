@@ -35,6 +35,7 @@ from jetsplit.bundle import (
     parse_manifest,
 )
 from jetsplit.data import ArrayDataset
+from jetsplit.edge_agent.attacks import Attack
 from jetsplit.edge_agent.edge import EdgeRole, EdgeTier
 from jetsplit.edge_agent.emulation import DeviceClock
 from jetsplit.edge_agent.file_cache import FileCache, missing_files
@@ -130,9 +131,15 @@ class AgentWorker(EdgeRole):
         bundle_cache: dict[str, Bundle] | None = None,
         clock: DeviceClock | None = None,
         threads: int = 0,
+        attack: Attack | None = None,
     ) -> None:
         if len(data) == 0 and role != "edge":  # an edge trains on its clients' activations
             raise JetsplitError(f"agent {agent_id}: its dataset is empty")
+        # Tests and benchmarks only (edge_agent.attacks): how this agent misbehaves.
+        self.attack = attack or Attack()
+        if self.attack.kind is not None and role == "edge":
+            raise JetsplitError(f"agent {agent_id}: attacks are for client agents, not edges")
+        data = self.attack.poison(data)
         self.agent_id, self.data, self.role, self.seed = agent_id, data, role, seed
         self.device = torch.device(device)
         # Intra-op torch threads its compute runs with (0: the process's). An agent process
@@ -179,8 +186,9 @@ class AgentWorker(EdgeRole):
         return {
             "agent": self.agent_id, "role": self.role, "version": __version__,
             "zoo_version": ZOO_VERSION, "profile": self.profile,
-            "dataset": self.data.summary(), "backends": detect_backends(light=True),
-            "device": str(self.device), "bundle": self.bundle_sha,
+            "dataset": self.attack.claim(self.data.summary()),
+            "backends": detect_backends(light=True), "device": str(self.device),
+            "bundle": self.bundle_sha,
         }
 
     def accepts(self, sender: str, kind: str) -> Optional[int]:
@@ -209,6 +217,8 @@ class AgentWorker(EdgeRole):
             with self.clock.setup():
                 self._modules[name] = build().to(self.device)
             self._warmed.clear()
+            if self.attack.wants_reference:  # an attacker's reference: what it was given
+                self.attack.received(to_arrays(self._modules[name], name))
         return self._modules[name]
 
     @property
@@ -393,7 +403,8 @@ class AgentWorker(EdgeRole):
         self._pending[(round_, step)] = activations
         while len(self._pending) > MAX_PENDING_FORWARDS:
             self._sent_to.pop(self._pending.popitem(last=False)[0], None)
-        smashed = {"activations": activations.detach().cpu().numpy(), "labels": y.cpu().numpy()}
+        smashed = {"activations": self.attack.activations(activations.detach().cpu().numpy()),
+                   "labels": y.cpu().numpy()}
         if args.edge is None:
             return Result(meta={"samples": int(len(y))}, tensors=smashed, codec=args.codec,
                           compression=args.compression)
@@ -507,7 +518,7 @@ class AgentWorker(EdgeRole):
             if module is None:
                 raise ProtocolError(f"this bundle has no {name} block")
             out.update(to_arrays(module, name))
-        return Result(meta={"samples": len(self.data)}, tensors=out)
+        return Result(meta={"samples": len(self.data)}, tensors=self.attack.upload(out))
 
     def _do_set_weights(self, args: Any, round_: int, step: int, tensors: Tensors) -> Result:
         self._installed()
@@ -523,6 +534,7 @@ class AgentWorker(EdgeRole):
             load_strict(module, {k: v.to(self.device) for k, v in
                                  from_arrays(tensors, name).items()},
                         f"set_weights {name}", ProtocolError)
+        self.attack.received(tensors)
         if "client" in blocks:
             self._client_changed()
         self._pending.clear()
@@ -558,7 +570,8 @@ class AgentWorker(EdgeRole):
                                 "send a fresh bundle (or allow_torch)")
         return Result(meta={"backend": backend, "samples": len(inputs), "offset": args.offset,
                             "total": total, "seconds": round(time.perf_counter() - started, 4)},
-                      tensors={"activations": np.ascontiguousarray(activations, np.float32),
+                      tensors={"activations": self.attack.activations(
+                          np.ascontiguousarray(activations, np.float32)),
                                "labels": self.data.y[rows]},
                       codec=args.codec, compression=args.compression)
 

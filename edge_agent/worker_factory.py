@@ -8,6 +8,7 @@ import torch
 
 from jetsplit.data import ArrayDataset, load_dataset_split, partition
 from jetsplit.devices import resolve_device
+from jetsplit.edge_agent.attacks import Attack, build_attack
 from jetsplit.edge_agent.config import AgentConfig
 from jetsplit.edge_agent.edge import no_data
 from jetsplit.edge_agent.emulation import DeviceClock
@@ -46,4 +47,10 @@ def build_worker(config: AgentConfig) -> AgentWorker:
     return AgentWorker(config.agent, data, role=config.role,
                        seed=config.seed, state_dir=state, device=pick_device(config.device),
                        profile=profile, clock=DeviceClock(config.emulation),
-                       threads=config.threads)
+                       threads=config.threads, attack=agent_attack(config))
+
+
+def agent_attack(config: AgentConfig) -> Attack:
+    """The `[attack]` an agent config asks for (honest without one; tests only)."""
+    spec = None if config.attack is None else config.attack.kind
+    return build_attack(spec, config.seed, f"agent {config.agent}: attack")

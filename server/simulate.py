@@ -13,13 +13,16 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from jetsplit import catalog
 from jetsplit.server.settings import Settings
 from jetsplit.server.train_flags import train_flags
+
+if TYPE_CHECKING:
+    from jetsplit.edge_agent.attacks import Attack
 
 
 def simulate(
@@ -38,6 +41,7 @@ def simulate(
     common_split: bool = False,
     bundle: Path | None = None,
     checkpoint: bool = True,
+    attacks: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Partition `dataset` over `clients` in-process agents and train; returns the summary.
     The simulated agents compute on the coordinator's device (`settings.device`): one GPU
@@ -48,7 +52,9 @@ def simulate(
     for its profile, `split` then being ignored unless `common_split`.
     `bundle` reuses an archive written earlier for the same model, split, aux ratio and
     seed (benchmarks run many methods on one); `checkpoint=False` skips the per-round
-    checkpoint (and with it `--resume`)."""
+    checkpoint (and with it `--resume`).
+    `attacks` ({agent: spec}, tests and benchmarks only, see `edge_agent.attacks`) makes
+    those simulated clients misbehave; refused unless JETSPLIT_ALLOW_ATTACKS=1."""
     from jetsplit.bundle import Bundle
     from jetsplit.data import load_dataset_split, partition
     from jetsplit.devices import resolve_device
@@ -60,12 +66,13 @@ def simulate(
     from jetsplit.server.run_assembly import RunSpec, bundle_for, execute
 
     device = resolve_device(settings.device, "--device")
+    attackers = simulated_attacks(attacks or {}, clients, settings.seed)
     train, test = load_dataset_split(dataset, test_fraction, settings.seed)
     shards = partition(train.y, clients, partition_scheme, settings.seed, train.num_classes)
     cache: dict[str, Bundle] = {}
     workers = {agent_name(i): AgentWorker(agent_name(i), train.subset(shard),
                                           seed=settings.seed + i, bundle_cache=cache,
-                                          device=device)
+                                          device=device, attack=attackers.get(agent_name(i)))
                for i, shard in enumerate(shards)}
     workers.update({edge: AgentWorker(edge, no_data(), role="edge", seed=settings.seed,
                                       bundle_cache=cache, device=device)
@@ -92,7 +99,7 @@ def simulate(
             "settings": settings.__dict__, "model": model, "split": split, "dataset": dataset,
             "clients": clients, "partition_scheme": partition_scheme,
             "test_fraction": test_fraction, "aux_ratio": aux_ratio, "profiles": profiles,
-            "common_split": common_split}, indent=2))
+            "common_split": common_split, "attacks": attacks}, indent=2))
     with tempfile.TemporaryDirectory(prefix="jetsplit-sim-") as tmp:
 
         def prepare() -> Path:
@@ -130,6 +137,36 @@ def resume_simulation(run_dir: Path) -> dict[str, Any]:
                           f"folder)") from None
     except (json.JSONDecodeError, TypeError, KeyError, AttributeError) as exc:
         raise ConfigError(f"--resume {run_dir}: {RUN_FILE} is damaged ({exc})") from None
+
+
+def simulated_attacks(attacks: dict[str, str], clients: int, seed: int) -> dict[str, Attack]:
+    """{agent: spec} as the attacks the simulated clients a0… run (seeded like the agent),
+    checked before any data loads: only client names, and only where attacks are allowed."""
+    from jetsplit.edge_agent.attacks import build_attack
+    from jetsplit.errors import ConfigError
+
+    names = [agent_name(i) for i in range(clients)]
+    built = {}
+    for agent, spec in attacks.items():
+        if agent not in names:
+            raise ConfigError(f"--attack {agent}={spec}: no simulated client {agent!r} (they "
+                              f"are a0..a{clients - 1})")
+        built[agent] = build_attack(spec, seed + names.index(agent), f"--attack {agent}")
+    return built
+
+
+def parse_attack_options(options: list[str]) -> dict[str, str]:
+    """`--attack a3=scale:1000` options as {agent: spec}; a malformed one is one line."""
+    from jetsplit.errors import ConfigError
+
+    attacks: dict[str, str] = {}
+    for option in options:
+        agent, sep, spec = option.partition("=")
+        if not sep or not agent or not spec or agent in attacks:
+            raise ConfigError(f"--attack {option!r}: write AGENT=SPEC (e.g. a3=scale:1000), "
+                              f"once per agent")
+        attacks[agent] = spec
+    return attacks
 
 
 def agent_name(index: int) -> str:
@@ -212,21 +249,26 @@ def simulate_command(
     common_split: Annotated[bool, typer.Option(
         "--common-split", help="With --profile: the planner's best one cut for all.")
     ] = False,
+    attack: Annotated[list[str] | None, typer.Option(
+        "--attack", help="Tests and benchmarks only (JETSPLIT_ALLOW_ATTACKS=1): AGENT=SPEC "
+        "makes that simulated client misbehave (repeat), e.g. a3=scale:1000.")] = None,
 ) -> None:
     """Simulate a fleet in one process: same methods and metrics as over MQTT."""
     from jetsplit.config_io import model_from_dict
     from jetsplit.devices import resolve_device
+    from jetsplit.errors import ConfigError
     from jetsplit.server.config import ServerSection, TrainSection
     from jetsplit.server.preflight import validate_options
 
+    attacks = parse_attack_options(attack or [])
+    if attacks and resume is not None:
+        raise ConfigError("--attack and --resume: a resumed run keeps the attacks it began with")
     train_section = validate_options(TrainSection, train, {})
     algorithm = train_section.algorithm
     server = model_from_dict(ServerSection, {"device": device, "autocast": autocast},
                              "option", "--")
     resolve_device(server.device, "--device")  # fail before loading any data
     if clients < 1:
-        from jetsplit.errors import ConfigError
-
         raise ConfigError(f"--clients must be at least 1, got {clients}")
     logging.basicConfig(level=logging.WARNING if as_json else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -241,7 +283,7 @@ def simulate_command(
                             **server.model_dump(), **train_section.model_dump())
         summary = simulate(settings, model=model, split=split, dataset=dataset, clients=clients,
                            partition_scheme=partition, out_dir=out_dir, profiles=profiles,
-                           common_split=common_split)
+                           common_split=common_split, attacks=attacks)
     short = {k: summary[k] for k in ("algorithm", "rounds", "final_accuracy",
                                      "balanced_accuracy", "final_accuracy_std", "bytes_up",
                                      "bytes_down", "device_gflops", "seconds", "peak_rss_mb")}
