@@ -6,8 +6,10 @@ Only NaN and infinity were refused, so a device sending activations × 10^6 stee
 shared block (0.63 → 0.10 in a live run). Here each sample's activation norm is bounded at
 `factor` × a robust reference: the median of the per-device median norms, over this step's
 devices and the last `window` steps' (kept per activation shape, since devices at different
-cuts send different tensors). A sample over the bound is scaled down to it (direction kept),
-and the device is noted for the round's books. A minority of devices cannot move the
+cuts send different tensors). A device whose median is over the bound is scaled back to
+the reference as a whole (down-weighted for the step: a scaled-up device is undone), then
+any sample still over the bound is scaled down to it (direction kept); the device is noted
+for the round's books. A minority of devices cannot move the
 median; history recorded from clipped values cannot be ratcheted up faster than `factor`
 per window. On a clean run nothing is over the bound, and the step is bit for bit the same.
 """
@@ -46,21 +48,26 @@ class ActivationBound:
         for a, n in zip(acts, norms, strict=True):
             if n.numel():
                 medians.setdefault(tuple(a.shape[1:]), []).append(float(n.median()))
-        bounds = {}
-        for shape, current in medians.items():
-            past = self.history.setdefault(shape, deque(maxlen=self.window))
-            bounds[shape] = self.factor * statistics.median([*past, *current])
+        references = {shape: statistics.median([*self.history.setdefault(
+            shape, deque(maxlen=self.window)), *current]) for shape, current in medians.items()}
         out = []
         for agent, a, n in zip(agents, acts, norms, strict=True):
-            bound = bounds.get(tuple(a.shape[1:]))
-            over = n > bound if bound is not None else n.new_zeros(0, dtype=torch.bool)
-            if bound is None or not bool(over.any()):
+            reference = references.get(tuple(a.shape[1:]))
+            if reference is None or not bool((n > self.factor * reference).any()):
                 out.append(a)
                 continue
-            scale = torch.where(over, bound / n.clamp_min(1e-30), torch.ones_like(n))
+            bound, median = self.factor * reference, float(n.median())
+            # a device whose typical sample is over the bound is brought back to the fleet's
+            # scale as a whole (down-weighted); then any single sample still over it is cut
+            whole = reference / median if median > bound else 1.0
+            scale = (torch.full_like(n, whole) * torch.clamp(
+                bound / (n * whole).clamp_min(1e-30), max=1.0))
             out.append(a * scale.view(-1, *([1] * (a.dim() - 1))).to(a.dtype))
-            notes[agent] = (f"activations bounded: {int(over.sum())} of {a.shape[0]} samples "
-                            f"over {bound:.4g} (max {float(n.max()):.4g})")
+            over = int((n * whole > bound).sum())
+            notes[agent] = (f"activations bounded: median norm {median:.4g} (fleet "
+                            f"{reference:.4g}, bound {bound:.4g})"
+                            + (f", all scaled ×{whole:.3g}" if whole != 1.0 else "")
+                            + (f", {over} of {a.shape[0]} samples cut" if over else ""))
         for shape, current in medians.items():  # what was sent, clipped to what was allowed
-            self.history[shape].extend(min(m, bounds[shape]) for m in current)
+            self.history[shape].extend(min(m, self.factor * references[shape]) for m in current)
         return out

@@ -161,8 +161,21 @@ def acl_text(fleet: str, agents: list[str], edges: Edges | None = None) -> str:
     return "\n".join(lines)
 
 
+def broker_max_packet() -> int:
+    """The largest MQTT packet a fleet at the default `mqtt.chunk_bytes` sends: one chunk's
+    envelope (payload, the most a header and trailer may take) plus 4 KiB for the MQTT
+    fixed header, topic and properties. Anything larger is refused by the broker itself, so
+    a device cannot make every subscriber buffer a 200 MiB message (a fleet that raises
+    `mqtt.chunk_bytes` raises `max_packet_size` in broker/mosquitto.conf to match)."""
+    from jetsplit.wire import accounted_bound
+    from jetsplit.wire.chunking import DEFAULT_CHUNK_BYTES
+
+    return accounted_bound(DEFAULT_CHUNK_BYTES) + 4096
+
+
 def mosquitto_conf(broker_dir: Path, port: int, bind: str) -> str:
-    """A Mosquitto 2 listener with mutual TLS, identities from certificates, and the ACL."""
+    """A Mosquitto 2 listener with mutual TLS, identities from certificates, the ACL, and
+    a packet size limit a little above the largest legitimate message."""
     d = broker_dir.resolve()
     return (f"# written by `jetsplit provision`; paths point at {d}: edit them if you move it\n"
             f"per_listener_settings false\n"
@@ -171,7 +184,9 @@ def mosquitto_conf(broker_dir: Path, port: int, bind: str) -> str:
             "require_certificate true\nuse_identity_as_username true\n"
             f"allow_anonymous false\nacl_file {d / 'acl'}\n"
             "# small QoS 1 exchanges wait ~40 ms on Nagle without this (Mosquitto >= 2.0)\n"
-            "set_tcp_nodelay true\nmax_queued_messages 10000\n")
+            "set_tcp_nodelay true\nmax_queued_messages 10000\n"
+            "# one chunked message (mqtt.chunk_bytes = 1 MiB) and its envelope fit; no more\n"
+            f"max_packet_size {broker_max_packet()}\n")
 
 
 _KIT_README = """# jetsplit startup kit: {who} of fleet `{fleet}`
@@ -231,8 +246,10 @@ reads `up/+` and `presence/+`. SHeRL-FL peers ({peers}) also read their own dire
 `{base}/peer/X/+` and publish only `{base}/peer/P/X` for each peer P: a client to its edge,
 an edge to each of its clients (configure the same `[topology]` in `server.toml`). A
 certificate from another fleet's CA is refused at the TLS handshake. The broker
-certificate names: {names}. Mosquitto runs as user `mosquitto`: make `broker/server.key`
-readable by it (`chown mosquitto broker/server.key`).
+certificate names: {names}. Packets over {max_packet} bytes (`max_packet_size`: one 1 MiB
+chunk and its envelope) are refused by the broker, which disconnects the sender. Mosquitto
+runs as user `mosquitto`: make `broker/server.key` readable by it (`chown mosquitto
+broker/server.key`).
 
 ## The same on EMQX
 
@@ -250,6 +267,7 @@ user name from the CN, plus a file authorizer with the same rules:
       }}
     }}
     mqtt.peer_cert_as_username = cn
+    mqtt.max_packet_size = {max_packet}
     authorization {{
       no_match = deny
       sources = [{{ type = file, enable = true, path = "/etc/emqx/jetsplit/acl.conf" }}]
@@ -356,8 +374,8 @@ def provision(fleet: str, agents: list[str], out: Path, *, broker_names: tuple[s
     _write(out / "README.md", _TOP_README.format(
         fleet=fleet, COORDINATOR=COORDINATOR, rows=rows, port=port, base=f"{ROOT}/{fleet}",
         names=", ".join(broker_names), emqx_acl=emqx_acl(fleet, agents, edges),
-        peers=", ".join(f"{e}: {', '.join(cs)}" for e, cs in sorted(edges.items())) or "none"
-        ).encode())
+        peers=", ".join(f"{e}: {', '.join(cs)}" for e, cs in sorted(edges.items())) or "none",
+        max_packet=broker_max_packet()).encode())
     return kits
 
 

@@ -1,6 +1,7 @@
-"""Bounded influence on the server block (server/influence.py) by hand: each sample's
-activation norm at most factor × the median of the devices' median norms (this step's and
-recent steps', per activation shape); a clean step passes untouched."""
+"""Bounded influence on the server block (server/influence.py) by hand: a device whose median
+activation norm is over factor × the fleet's reference (the median of the devices' median
+norms, this step's and recent steps', per activation shape) is scaled back to the reference;
+any sample still over the bound is cut to it; a clean step passes untouched."""
 
 from __future__ import annotations
 
@@ -29,12 +30,16 @@ def test_a_device_far_above_the_fleet_is_scaled_down_to_the_bound() -> None:
     assert out[0] is acts[0] and out[1] is acts[1]
     assert out[2].flatten(1).norm(dim=1).tolist() == pytest.approx([4, 5, 6])
     assert out[2][2].flatten()[0].item() == pytest.approx(6.0)  # direction kept
-    assert list(notes) == ["a2"] and notes["a2"].startswith("activations bounded: 1 of 3 ")
+    assert notes == {"a2": "activations bounded: median norm 5 (fleet 2, bound 6), 1 of 3 "
+                           "samples cut"}
     # history: the medians as allowed (2, 2, 5); a step of only the attacker is judged
-    # against them: median(2, 2, 5, 1e6) = 3.5, bound 10.5
+    # against them: median(2, 2, 5, 1e6) = 3.5, bound 10.5; its median is over the bound,
+    # so the whole batch is brought back to the reference, 3.5 (× 3.5e-6)
     notes.clear()
-    out = bound.apply(["a2"], [_acts([1e6, 1e6])], notes)
-    assert out[0].flatten(1).norm(dim=1).tolist() == pytest.approx([10.5, 10.5])
+    out = bound.apply(["a2"], [_acts([1e6, 2e6, 3e6])], notes)
+    assert out[0].flatten(1).norm(dim=1).tolist() == pytest.approx([1.75, 3.5, 5.25])
+    assert notes["a2"] == ("activations bounded: median norm 2e+06 (fleet 3.5, bound 10.5), "
+                           "all scaled ×1.75e-06")
 
 
 def test_clean_steps_are_untouched_and_shapes_have_their_own_reference() -> None:

@@ -1,0 +1,64 @@
+"""The provisioned Mosquitto config refuses an oversized message itself: a device with a
+genuine kit publishing 3 MiB on its own topic is disconnected by the broker, and the
+coordinator's subscription never sees it; a message the size of one full chunk still goes
+through. (A live device once pushed one 200 MiB message through the provisioned broker and
+the coordinator peaked at 1.27 GB RSS refusing it.)"""
+
+from __future__ import annotations
+
+import ssl
+import threading
+import time
+from pathlib import Path
+
+import paho.mqtt.client as mqtt
+
+from jetsplit.server.brokers import MosquittoProcess
+from jetsplit.server.provision import broker_max_packet, provision
+from jetsplit.transport import Topics
+from jetsplit.transport.topics import COORDINATOR
+
+
+def _client(kit: Path, port: int, client_id: str) -> tuple[mqtt.Client, dict]:
+    seen: dict = {"messages": [], "disconnects": [], "connected": threading.Event()}
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
+                         protocol=mqtt.MQTTv5)
+    client.tls_set(ca_certs=str(kit / "ca.crt"), certfile=str(kit / "client.crt"),
+                   keyfile=str(kit / "client.key"), cert_reqs=ssl.CERT_REQUIRED)
+    client.on_connect = lambda c, u, f, reason, p: seen["connected"].set()
+    client.on_message = lambda c, u, m: seen["messages"].append(len(m.payload))
+    client.on_disconnect = lambda c, u, f, reason, p: seen["disconnects"].append(reason.value)
+    client.connect("localhost", port)
+    client.loop_start()
+    assert seen["connected"].wait(30)
+    return client, seen
+
+
+def test_the_provisioned_broker_refuses_a_message_over_its_packet_limit(tmp_path: Path) -> None:
+    kits = tmp_path / "kits"
+    provision("lim", ["a0"], kits)
+    conf = (kits / "broker" / "mosquitto.conf").read_text()
+    assert f"max_packet_size {broker_max_packet()}\n" in conf
+    assert 1 << 20 < broker_max_packet() < 2 << 20  # one 1 MiB chunk and its envelope
+    topics = Topics("lim")
+    with MosquittoProcess(provisioned=kits / "broker") as broker:
+        coordinator, heard = _client(kits / COORDINATOR, broker.port, COORDINATOR)
+        coordinator.subscribe(topics.up_any, qos=1)
+        time.sleep(1.0)
+        device, device_seen = _client(kits / "a0", broker.port, "a0")
+        chunk = b"\0" * (1 << 20)  # a full default chunk's payload: legitimate
+        device.publish(topics.up("a0"), chunk, qos=1).wait_for_publish(30)
+        deadline = time.monotonic() + 30
+        while not heard["messages"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert heard["messages"] == [len(chunk)]
+        device.publish(topics.up("a0"), b"\0" * (3 << 20), qos=1)
+        deadline = time.monotonic() + 30
+        while not device_seen["disconnects"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert device_seen["disconnects"], "the broker kept a client that sent 3 MiB"
+        time.sleep(1.0)
+        assert heard["messages"] == [len(chunk)]  # the coordinator never saw it
+        for client in (device, coordinator):
+            client.loop_stop()
+            client.disconnect()
