@@ -30,6 +30,8 @@ from jetsplit.transport import COORDINATOR, Topics
 from jetsplit.transport.mqtt import EndpointOptions, Inbound, MqttEndpoint, presence_payload
 from jetsplit.wire import Message, MessageType
 
+REPLAY_STATE = "replay.json"  # in the agent's state folder: transport/replay_state.py
+
 log = logging.getLogger("jetsplit.agent")
 
 REPLY_CACHE_ENTRIES = 32
@@ -73,6 +75,8 @@ class AgentDaemon:
         self.worker = worker
         self.agent = worker.agent_id
         self.topics = Topics(fleet)
+        if options.replay_state is None:  # replay floors survive a restart (its own state)
+            options = replace(options, replay_state=str(worker.state_dir / REPLAY_STATE))
         self.options = options
         self.cache = cache or ReplyCache()
         self.ignored = 0

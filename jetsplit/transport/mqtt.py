@@ -26,10 +26,12 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, Optional
 
 from jetsplit.broker_url import BrokerAddress
 from jetsplit.errors import BackendUnavailable, ConfigError
+from jetsplit.transport.replay_state import ReplayState
 from jetsplit.wire import (
     DEFAULT_CHUNK_BYTES,
     Allowance,
@@ -85,6 +87,9 @@ class EndpointOptions:
     reassembly_timeout_s: float = 120.0
     signer: Any = None  # jetsplit.identity.Signer: sign with this device's own key
     keyring: Any = None  # jetsplit.identity.KeyRing: require and verify senders' signatures
+    # Where an agent keeps its replay floors across restarts (transport/replay_state.py);
+    # None: in memory only (the coordinator, tools).
+    replay_state: Optional[str] = None
 
     @property
     def authenticated(self) -> bool:
@@ -165,7 +170,10 @@ class MqttEndpoint:
         self._reassembler = Reassembler(options.limits, timeout_s=options.reassembly_timeout_s,
                                         allowance=allowance)
         self._chunk_bytes: OrderedDict[tuple[str, str], int] = OrderedDict()
-        self._replay = ReplayGuard() if options.authenticated else None
+        self._replay_state = (ReplayState(Path(options.replay_state))
+                              if options.authenticated and options.replay_state else None)
+        self._replay = (ReplayGuard(floors=self._replay_state.load() if self._replay_state
+                                    else None) if options.authenticated else None)
         self._presence = PresenceGuard() if options.authenticated else None
         self._client = None
         self._closed = threading.Event()
@@ -359,6 +367,8 @@ class MqttEndpoint:
                                      str(message.meta.get("state", "")))
         elif self._replay is not None:
             self._replay.check(message.sender, message.seq, message.ts)
+            if self._replay_state is not None:
+                self._replay_state.save(message.sender, message.seq)
         return message
 
     def _receive(self, topic: str, payload: bytes) -> None:

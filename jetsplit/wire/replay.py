@@ -33,12 +33,18 @@ class SequenceCounter:
 
 class ReplayGuard:
     """Rejects a signed message whose (sender, seq) was already accepted, whose seq is older
-    than the window, or whose timestamp is further than `max_skew_s` from now."""
+    than the window, or whose timestamp is further than `max_skew_s` from now.
 
-    def __init__(self, window: int = 4096, max_skew_s: float = 300.0, max_senders: int = 4096):
+    `floors` carries what a previous run of this process accepted (sender → its highest
+    seq, persisted by `transport.replay_state`): a message at or below it is refused, so
+    a command captured before a restart cannot be replayed after it within the skew."""
+
+    def __init__(self, window: int = 4096, max_skew_s: float = 300.0, max_senders: int = 4096,
+                 floors: dict[str, int] | None = None):
         self.window, self.max_skew_s, self.max_senders = window, max_skew_s, max_senders
         self._seen: dict[str, tuple[set[int], deque[int]]] = {}
         self._highest: dict[str, int] = {}
+        self._floors = dict(floors or {})
 
     def check(self, sender: str, seq: int, ts: float, now: float | None = None) -> None:
         now = time.time() if now is None else now
@@ -46,6 +52,9 @@ class ReplayGuard:
             raise ReplayedMessage(f"{sender} seq {seq}: timestamp {ts!r} is not a finite number")
         if abs(now - ts) > self.max_skew_s:
             raise ReplayedMessage(f"{sender} seq {seq}: timestamp {now - ts:+.0f}s off now")
+        if seq <= self._floors.get(sender, -1):
+            raise ReplayedMessage(f"{sender} seq {seq}: not newer than what was accepted "
+                                  "before this process restarted")
         seen, order = self._seen.get(sender, (set(), deque()))
         highest = self._highest.get(sender, -1)
         if seq in seen or seq <= highest - self.window:
