@@ -118,3 +118,40 @@ def test_fedavg_rule_is_fedavg_bit_for_bit_and_a_scaled_upload_is_contained() ->
         assert np.all(out >= low - 1e-6) and np.all(out <= high + 1e-6), rule
     out = aggregate(attacked, weights, "clipped", reference={"w": np.zeros(50, np.float32)})
     assert np.abs(out["w"]).max() < 5
+
+
+def test_the_defaults_are_clip_factor_2_and_beta_0_2() -> None:
+    """Rules called without their knobs use the documented defaults."""
+    states = _states({"a": [3, 4], "b": [0, 1], "c": [0, 2], "d": [30, 40]})
+    reference = {"w": np.zeros(2, np.float32), "n": np.array([0])}
+    weights = {"a": 1, "b": 1, "c": 2, "d": 4}
+    assert aggregate(states, weights, "clipped", reference=reference)["w"].tolist() == \
+        aggregate(states, weights, "clipped", reference=reference, clip_factor=2.0)["w"].tolist()
+    ten = _states({f"a{i}": [float(i)] for i in range(9)} | {"z": [1000.0]})
+    # β = 0.2 of 10: 2 dropped at each end, (2 + 3 + 4 + 5 + 6 + 7) / 6
+    assert aggregate(ten, dict.fromkeys(ten, 1), "trimmed-mean")["w"].tolist() == [4.5]
+    assert krum_kept(20, 0.2) == (4, 16) and krum_kept(4, 0.5) == (0, 4)
+
+
+def test_clipped_keeps_each_tensor_in_its_place() -> None:
+    """Two float tensors: the merged update is split back at the right offsets."""
+    states = {"a": {"w": np.array([1.0, 0.0], np.float32), "b": np.array([0.0], np.float32)},
+              "b": {"w": np.array([0.0, 1.0], np.float32), "b": np.array([2.0], np.float32)}}
+    reference = {"w": np.zeros(2, np.float32), "b": np.array([10.0], np.float32)}
+    out = aggregate(states, {"a": 1, "b": 1}, "clipped", reference=reference, clip_factor=100)
+    assert out["w"].tolist() == [0.5, 0.5] and out["b"].tolist() == [1.0]
+
+
+def test_multi_krum_scores_small_distances_and_any_outlier_name() -> None:
+    """Distances under 1 count as they are, and the outlier is found wherever it sorts:
+    0, 0.01, 0.02, 0.03 and 'a' at 0.5 (every distance under 1, so clamping them, or
+    scoring no neighbours, would tie everyone and keep 'a' by name)."""
+    states = {"a": {"w": np.array([0.5])}, "b": {"w": np.array([0.0])},
+              "c": {"w": np.array([0.01])}, "d": {"w": np.array([0.02])},
+              "e": {"w": np.array([0.03])}}
+    notes: dict[str, str] = {}
+    out = aggregate(states, dict.fromkeys(states, 1), "multi-krum", notes=notes)
+    assert out["w"].tolist() == pytest.approx([0.015]) and list(notes) == ["a"]
+    # a's two nearest: e at 0.47 and d at 0.48
+    assert float(notes["a"].split("score ")[1].rstrip(")")) == pytest.approx(
+        0.47**2 + 0.48**2, rel=1e-5)
