@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from method_matrix import mean_spread  # benchmarks/ is on sys.path when run as a script
+
 from jetsplit.server.settings import Settings
 from jetsplit.server.simulate import simulate
 
@@ -85,8 +87,8 @@ def main() -> int:
         bal = [r["balanced_accuracy"] for r in runs]
         mb = [(r["bytes_up"] + r["bytes_down"]) / 1e6 for r in runs]
         gf = [r["device_gflops"] for r in runs]
-        print(f"| {method} | {_pm(acc)} | {_pm(bal)} | {statistics.mean(mb):.0f} | "
-              f"{statistics.mean(gf):.0f} |")
+        print(f"| {method} | {mean_spread(acc, 4)} | {mean_spread(bal, 4)} | "
+              f"{statistics.mean(mb):.0f} | {statistics.mean(gf):.0f} |")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(
         {m: [{k: r[k] for k in ("final_accuracy", "balanced_accuracy", "bytes_up",
@@ -95,9 +97,6 @@ def main() -> int:
     return 0
 
 
-def _pm(values: list[float]) -> str:
-    spread = statistics.pstdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.mean(values):.4f} ± {spread:.4f}"
 
 
 if __name__ == "__main__":

@@ -82,7 +82,7 @@ def main() -> int:
     print("| method | " + " | ".join(args.partitions) + " |")
     print("|---|" + "---|" * len(args.partitions))
     for method in args.methods:
-        cells = [_pm(finals[(method, p)]) for p in args.partitions]
+        cells = [mean_spread(finals[(method, p)]) for p in args.partitions]
         print(f"| {method} | " + " | ".join(cells) + " |")
     (out / "method_matrix.json").write_text(json.dumps(
         {"command": command, "final_accuracy": {f"{m} {p}": v for (m, p), v in finals.items()}},
@@ -90,9 +90,10 @@ def main() -> int:
     return 0
 
 
-def _pm(values: list[float]) -> str:
+def mean_spread(values: list[float], digits: int = 3) -> str:
+    """`mean ± spread` (population std) over seeds; the benchmarks' one table cell."""
     spread = statistics.pstdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.mean(values):.3f} ± {spread:.3f}"
+    return f"{statistics.mean(values):.{digits}f} ± {spread:.{digits}f}"
 
 
 if __name__ == "__main__":

@@ -28,6 +28,9 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     "bench_emulation.py": ("ratio books", "median measured/expected: books"),
     "bench_hetero.py": ("mean round wall-time ratio per-device/common",),
     "bench_scale.py": ("| agents | register s |", "growth 2 -> 20 agents (10x):"),
+    "bench_robust.py": ("command: python benchmarks/bench_robust.py --smoke",
+                        "| method | attack | attackers | none | default | multi-krum |",
+                        "| splitfed-v1 | scale:1000 | 1 | ", "time ratio"),
     "method_matrix.py": ("command: python benchmarks/method_matrix.py --smoke", "| method | iid |",
                          "| psl | ", "| sherl | "),
 }

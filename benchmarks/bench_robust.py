@@ -1,0 +1,162 @@
+"""An enrolled device that lies, against the coordinator's defences, side by side. (slow)
+
+Every run is `jetsplit simulate` with the real agent worker; the attackers (the last
+agents, a9 then a8) run `edge_agent.attacks` specs. For each method, attack kind and number
+of attackers: the final accuracy clean, attacked without any defence, and attacked under
+each defence, over the same seeds. Defences:
+
+- `none`: FedAvg, no activation bound, no size cap (what the coordinator did before);
+- `default`: the defaults (FedAvg, activation bound 5×, size cap 5× the median claim);
+- `clipped`, `median`, `trimmed-mean`, `multi-krum`: that aggregator on top of the default.
+
+The clean run under each defence gives its cost (accuracy and wall time against `none`).
+Defaults follow issue 24's setting: 10 agents, MNIST, `dirichlet:0.5`, SCALA, SplitFed V1
+and FedAvg, 1 and 2 attackers of each kind, 3 seeds (hours on a 2-core CPU; see
+docs/results.md for what was run).
+
+Run: `JETSPLIT_ALLOW_ATTACKS=1 .venv/bin/python benchmarks/bench_robust.py [--methods ...]
+[--attacks ...] [--attackers 1 2] [--defences ...] [--seeds 0 1 2] [--smoke]` (the script
+sets the variable for itself: attacks only run where it is set).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from method_matrix import mean_spread  # benchmarks/ is on sys.path when run as a script
+
+from jetsplit.server.divergence import Diverged
+from jetsplit.server.settings import Settings
+from jetsplit.server.simulate import simulate
+
+ATTACKS = ("scale:1000", "signflip", "noise:1", "labelflip", "activation-scale:1000000",
+           "size-lie:1000000000", "histogram-lie")
+DEFENCES: dict[str, dict[str, Any]] = {
+    "none": {"aggregator": "fedavg", "activation_bound": 0.0, "size_cap": 0.0},
+    "default": {},
+    "clipped": {"aggregator": "clipped"},
+    "median": {"aggregator": "median"},
+    "trimmed-mean": {"aggregator": "trimmed-mean"},
+    "multi-krum": {"aggregator": "multi-krum"},
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--methods", nargs="+", default=["scala", "splitfed-v1", "fedavg"])
+    parser.add_argument("--attacks", nargs="+", default=list(ATTACKS))
+    parser.add_argument("--attackers", nargs="+", type=int, default=[1, 2])
+    parser.add_argument("--defences", nargs="+", default=list(DEFENCES), choices=list(DEFENCES))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--agents", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--local-steps", type=int, default=10)
+    parser.add_argument("--batch", type=int, default=160)
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--model", default="alexnet")
+    parser.add_argument("--split", type=int, default=2)
+    parser.add_argument("--dataset", default="mnist")
+    parser.add_argument("--partition", default="dirichlet:0.5")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="every run's folder goes here (default: a new temp dir)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny: digits, splitfed-v1, 2 attacks, 1 attacker of 4 agents, "
+                             "1 round (seconds)")
+    args = parser.parse_args()
+    command = "python benchmarks/bench_robust.py " + shlex.join(sys.argv[1:])
+    if args.smoke:
+        args.methods, args.attacks, args.attackers = ["splitfed-v1"], ["scale:1000",
+                                                                       "labelflip"], [1]
+        args.defences, args.seeds, args.agents = ["none", "default", "multi-krum"], [0], 5
+        args.rounds, args.local_steps, args.batch = 1, 2, 40
+        args.dataset, args.model, args.partition = "digits", "mobilenetv3-small", "iid"
+    os.environ["JETSPLIT_ALLOW_ATTACKS"] = "1"  # this process is a benchmark
+    logging.basicConfig(level=logging.ERROR)
+    out = args.out or Path(tempfile.mkdtemp(prefix="bench-robust-"))
+    print(f"# {args.dataset} ({args.partition}), {args.model} split {args.split}, "
+          f"{args.agents} agents, {args.rounds} rounds × {args.local_steps} local steps, "
+          f"batch {args.batch}, lr {args.lr}, seeds {args.seeds}", flush=True)
+
+    def run(method: str, defence: str, attack: str | None, attackers: int, seed: int
+            ) -> tuple[float, float]:
+        """(final accuracy, seconds); a run the divergence guard stops scores 0."""
+        settings = Settings(algorithm=method, rounds=args.rounds, local_steps=args.local_steps,
+                            batch=args.batch, lr=args.lr, seed=seed, **DEFENCES[defence])
+        who = [f"a{args.agents - 1 - i}" for i in range(attackers)] if attack else []
+        name = f"{method}-{defence}-{attack or 'clean'}-{attackers}-seed{seed}"
+        started = time.perf_counter()
+        try:
+            summary = simulate(settings, model=args.model, split=args.split,
+                               dataset=args.dataset, clients=args.agents,
+                               partition_scheme=args.partition,
+                               out_dir=out / name.replace(":", ""), checkpoint=False,
+                               attacks=dict.fromkeys(who, attack) if attack else None)
+            accuracy = float(summary["final_accuracy"])
+        except Diverged as exc:
+            print(f"  {name}: diverged ({exc})", flush=True)
+            accuracy = 0.0
+        seconds = time.perf_counter() - started
+        print(f"{name:60s} accuracy {accuracy:.4f} ({seconds:.0f}s)", flush=True)
+        return accuracy, seconds
+
+    # one untimed run first: dataset loading, bundle export and warm caches would otherwise
+    # all land on the first timed run (and its defence's time ratio)
+    print("warm-up (not counted):", flush=True)
+    run(args.methods[0], args.defences[0], None, 0, args.seeds[0])
+    clean: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    attacked: dict[tuple[str, str, int, str], list[float]] = {}
+    for method in args.methods:
+        for seed in args.seeds:
+            for defence in args.defences:
+                clean.setdefault((method, defence), []).append(
+                    run(method, defence, None, 0, seed))
+            for attack in args.attacks:
+                for count in args.attackers:
+                    for defence in args.defences:
+                        attacked.setdefault((method, attack, count, defence), []).append(
+                            run(method, defence, attack, count, seed)[0])
+
+    print(f"\ncommand: {command}\n")
+    print("final accuracy, mean ± spread over seeds; the first row of each method is the "
+          "clean run\n")
+    print("| method | attack | attackers | " + " | ".join(args.defences) + " |")
+    print("|---|---|---|" + "---|" * len(args.defences))
+    for method in args.methods:
+        cells = [mean_spread([a for a, _ in clean[(method, d)]]) for d in args.defences]
+        print(f"| {method} | clean | 0 | " + " | ".join(cells) + " |")
+        for attack in args.attacks:
+            for count in args.attackers:
+                cells = [mean_spread(attacked[(method, attack, count, d)])
+                         for d in args.defences]
+                print(f"| {method} | {attack} | {count} | " + " | ".join(cells) + " |")
+    if "none" in args.defences:
+        print("\ncost of each defence on the clean run, against none (accuracy points, "
+              "wall-time ratio):")
+        for method in args.methods:
+            base = clean[(method, "none")]
+            for defence in args.defences:
+                runs = clean[(method, defence)]
+                points = 100 * (statistics.mean(a for a, _ in runs)
+                                - statistics.mean(a for a, _ in base))
+                ratio = statistics.mean(s for _, s in runs) / statistics.mean(s for _, s in base)
+                print(f"  {method} {defence}: {points:+.2f} points, time ratio {ratio:.2f}")
+    (out / "bench_robust.json").write_text(json.dumps({
+        "command": command,
+        "clean": {f"{m} {d}": v for (m, d), v in clean.items()},
+        "attacked": {f"{m} {a} {c} {d}": v for (m, a, c, d), v in attacked.items()}},
+        indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
