@@ -21,6 +21,7 @@ from typing import Annotated, Any
 import typer
 
 from jetsplit.server.finite import finite
+from jetsplit.server.report_defences import defences_section
 
 Row = dict[str, Any]
 MB = 1e6
@@ -764,6 +765,7 @@ def write_report(run_dir: Path, *, title: str | None = None) -> Path:
              *_plots_section(run),
              "## Rounds", "", *rounds_table(run.rows), *_per_class_line(run.rows),
              "## Agents", "", *agents_table(run),
+             *defences_section(run.rows, run.summary),
              *_plan_section(run), *_config_section(run)]
     path = run.run_dir / "report.md"
     path.write_text("\n".join(lines).rstrip() + "\n")

@@ -1,0 +1,43 @@
+"""The report's Defences section names the devices the coordinator limited, per round and
+why, and the capped size claims; hostile row contents are cut or skipped."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from jetsplit.server.report import write_report
+from jetsplit.server.report_defences import MAX_NOTE, defences_section
+
+pytestmark = pytest.mark.fast
+
+
+def test_the_section_names_who_was_limited_and_why() -> None:
+    rows = [{"round": 0, "bounded": {"a3": "activations bounded: median norm 9e+05"},
+             "aggregation": {"a3": "left out by multi-krum (score 12)"}, "benched": []},
+            {"round": 1, "bounded": {}, "aggregation": {}, "benched": ["a1"]},
+            {"round": 2, "aggregation": {"a3": "x" * 1000, "a0": 7}, "benched": "junk"}]
+    summary = {"capped_claims": {"a2": {"claimed": 10**9, "weight": 1250}}}
+    lines = defences_section(rows, summary)
+    text = "\n".join(lines)
+    assert lines[0] == "## Defences"
+    assert "Devices the coordinator limited: a3 (2 of 3 rounds), a1 (1 of 3 rounds)." in text
+    assert ("| 0 | a3 | activations bounded: median norm 9e+05; left out by multi-krum "
+            "(score 12) |") in text
+    assert "| 1 | a1 | sat out (missed deadlines) |" in text
+    assert f"| 2 | a3 | {'x' * MAX_NOTE} |" in text and "a0" not in text
+    assert "- a2: claimed 1000000000 samples, weighed as 1250 (size cap)." in text
+
+
+def test_a_clean_run_says_so(tmp_path: Path) -> None:
+    assert defences_section([{"round": 0, "bounded": {}, "aggregation": {}, "benched": []}],
+                            {})[2].startswith("No device's size claim was capped")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps(
+        {"round": 0, "accuracy": 0.5, "bounded": {"a9": "activations bounded: |x|"}}) + "\n")
+    (run / "summary.json").write_text(json.dumps({"final_accuracy": 0.5}))
+    report = write_report(run).read_text()
+    assert "## Defences" in report and "| 0 | a9 | activations bounded: \\|x\\| |" in report
