@@ -16,9 +16,10 @@ model), layer by layer over mixed cuts like `layerwise_fedavg`:
   nearest others; the n − f best kept and averaged with |D_k| weights (Blanchard et al.,
   2017); f = ⌊β·n⌋, at most (n − 3) / 2.
 
-Integer buffers (BatchNorm's `num_batches_tracked`) take the element-wise max under every
-rule, as in `fedavg`. Each rule notes per device what it did (clipped by how much, left
-out), for the round's books. The coordinate-wise rules need no reference; `clipped`
+Integer buffers (BatchNorm's `num_batches_tracked`) take the element-wise max under
+`fedavg` and the element-wise median under the robust rules, so no single device sets them.
+Each rule notes per device what it did (clipped by how much, left out), for the round's
+books. The coordinate-wise rules need no reference; `clipped`
 without one clips around the coordinate-wise median.
 """
 
@@ -43,10 +44,16 @@ def _floats(states: Mapping[str, Arrays], agents: list[str]) -> list[str]:
 
 
 def _with_integers(states: Mapping[str, Arrays], agents: list[str], floats: Arrays) -> Arrays:
-    """`floats` plus the integer buffers, as `fedavg` merges them, in the states' order."""
-    ints = {n: v for n, v in fedavg({a: {n: v for n, v in states[a].items() if n not in floats}
-                                     for a in agents}, dict.fromkeys(agents, 1.0)).items()}
-    return {n: (floats[n] if n in floats else ints[n]) for n in states[agents[0]]}
+    """`floats` plus the integer buffers, each the element-wise median over all devices
+    (rounded down), in the states' order: no single device sets a counter."""
+    out: Arrays = {}
+    for n, first in states[agents[0]].items():
+        if n in floats:
+            out[n] = floats[n]
+        else:
+            stacked = np.stack([states[a][n] for a in agents])
+            out[n] = np.floor(np.median(stacked, axis=0)).astype(first.dtype)
+    return out
 
 
 def _stack(states: Mapping[str, Arrays], agents: list[str], name: str) -> np.ndarray:
@@ -130,6 +137,8 @@ def multi_krum(states: Mapping[str, Arrays], weights: Mapping[str, float],
     if f == 0:
         return fedavg(states, weights)
     names = _floats(states, agents)
+    if not names:  # integer buffers only: nothing to score
+        return _with_integers(states, agents, {})
     vectors = np.stack([_vector(states[a], names) for a in agents])
     squares = (vectors ** 2).sum(axis=1)
     distances = np.maximum(squares[:, None] + squares[None, :] - 2 * vectors @ vectors.T, 0)
@@ -141,7 +150,8 @@ def multi_krum(states: Mapping[str, Arrays], weights: Mapping[str, float],
     if notes is not None:
         for i in order[keep:]:
             notes[agents[i]] = f"left out by multi-krum (score {scores[i]:.6g})"
-    return fedavg({a: states[a] for a in kept}, weights)
+    merged = fedavg({a: {n: states[a][n] for n in names} for a in kept}, weights)
+    return _with_integers(states, agents, merged)
 
 
 Rule = Callable[..., Arrays]

@@ -28,7 +28,7 @@ def test_median_is_coordinate_wise_and_unweighted() -> None:
     for weights in ({"a": 1, "b": 1, "c": 1}, {"a": 9, "b": 1, "c": 100}):
         out = aggregate(states, weights, "median")
         assert out["w"].tolist() == [5, 3] and out["w"].dtype == np.float32
-        assert out["n"].tolist() == [2]  # integer buffers: the max, as in fedavg
+        assert out["n"].tolist() == [1]  # integer buffers: their median under robust rules
     even = aggregate(_states({"a": [1], "b": [2], "c": [3], "d": [100]}),
                      dict.fromkeys("abcd", 1), "median")
     assert even["w"].tolist() == [2.5]
@@ -78,7 +78,7 @@ def test_multi_krum_keeps_the_n_minus_f_closest_and_weights_them() -> None:
     notes: dict[str, str] = {}
     out = aggregate(states, {"a": 1, "b": 2, "c": 3, "d": 4, "e": 10}, "multi-krum",
                     notes=notes, robust_fraction=0.2)
-    assert out["w"].tolist() == [2.0] and out["n"].tolist() == [3]
+    assert out["w"].tolist() == [2.0] and out["n"].tolist() == [2]  # median of 0..4
     assert list(notes) == ["e"] and "19013" in notes["e"]
     assert krum_kept(5, 0.2) == (1, 4) and krum_kept(10, 0.4) == (3, 7)  # n > 2f + 2
     assert krum_kept(4, 0.2) == (0, 4) and krum_kept(3, 0.5) == (0, 3)
@@ -127,19 +127,45 @@ def test_the_defaults_are_clip_factor_2_and_beta_0_2() -> None:
     weights = {"a": 1, "b": 1, "c": 2, "d": 4}
     assert aggregate(states, weights, "clipped", reference=reference)["w"].tolist() == \
         aggregate(states, weights, "clipped", reference=reference, clip_factor=2.0)["w"].tolist()
-    ten = _states({f"a{i}": [float(i)] for i in range(9)} | {"z": [1000.0]})
-    # β = 0.2 of 10: 2 dropped at each end, (2 + 3 + 4 + 5 + 6 + 7) / 6
-    assert aggregate(ten, dict.fromkeys(ten, 1), "trimmed-mean")["w"].tolist() == [4.5]
+    values = [0, 1, 2, 3, 4, 5, 9, 10, 20, 1000]
+    ten = _states({f"a{i}": [float(v)] for i, v in enumerate(values)})
+    # β = 0.2 of 10: 2 dropped at each end, (2 + 3 + 4 + 5 + 9 + 10) / 6
+    assert aggregate(ten, dict.fromkeys(ten, 1), "trimmed-mean")["w"].tolist() == [5.5]
     assert krum_kept(20, 0.2) == (4, 16) and krum_kept(4, 0.5) == (0, 4)
+    assert krum_kept(2, 0.2) == (0, 2)
 
 
 def test_clipped_keeps_each_tensor_in_its_place() -> None:
     """Two float tensors: the merged update is split back at the right offsets."""
-    states = {"a": {"w": np.array([1.0, 0.0], np.float32), "b": np.array([0.0], np.float32)},
-              "b": {"w": np.array([0.0, 1.0], np.float32), "b": np.array([2.0], np.float32)}}
-    reference = {"w": np.zeros(2, np.float32), "b": np.array([10.0], np.float32)}
+    states = {"a": {"w": np.array([1.0, 0.0, 4.0], np.float32),
+                    "b": np.array([0.0], np.float32)},
+              "b": {"w": np.array([0.0, 1.0, 2.0], np.float32),
+                    "b": np.array([2.0], np.float32)}}
+    reference = {"w": np.zeros(3, np.float32), "b": np.array([10.0], np.float32)}
     out = aggregate(states, {"a": 1, "b": 1}, "clipped", reference=reference, clip_factor=100)
-    assert out["w"].tolist() == [0.5, 0.5] and out["b"].tolist() == [1.0]
+    assert out["w"].tolist() == [0.5, 0.5, 3.0] and out["b"].tolist() == [1.0]
+
+
+def test_integer_only_blocks_take_the_median_under_robust_rules() -> None:
+    """FedAvg keeps its element-wise max; no robust rule lets one device set a counter."""
+    states = {a: {"n": np.array([i, 5 - i])} for i, a in enumerate("abcd")}
+    states["e"] = {"n": np.array([10**12, 10**12])}
+    for rule in AGGREGATORS:
+        out = aggregate(states, dict.fromkeys(states, 1), rule, reference={"n": np.array([0, 0])})
+        assert out["n"].tolist() == ([10**12, 10**12] if rule == "fedavg" else [2, 4]), rule
+        assert out["n"].dtype == states["a"]["n"].dtype
+
+
+def test_multi_krum_with_two_assumed_attackers_scores_three_neighbours() -> None:
+    """n = 7, β = 0.3: f = 2, so n − f − 2 = 3 nearest others per score and 5 kept."""
+    points = {"a": 0.0, "b": 1.0, "c": 2.0, "d": 3.0, "e": 4.0, "f": 50.0, "g": 60.0}
+    states = {k: {"w": np.array([v])} for k, v in points.items()}
+    notes: dict[str, str] = {}
+    out = aggregate(states, dict.fromkeys(states, 1), "multi-krum", notes=notes,
+                    robust_fraction=0.3)
+    assert out["w"].tolist() == [2.0] and sorted(notes) == ["f", "g"]
+    # g's three nearest: f (10²), e (56²), d (57²)
+    assert float(notes["g"].split("score ")[1].rstrip(")")) == 100 + 56**2 + 57**2
 
 
 def test_multi_krum_scores_small_distances_and_any_outlier_name() -> None:
