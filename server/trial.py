@@ -40,7 +40,13 @@ from jetsplit.server.preflight import (
     validate_options,
     wait_for_fleet,
 )
-from jetsplit.server.simulate import agent_name, edge_name, sherl_topology
+from jetsplit.server.simulate import (
+    agent_name,
+    edge_name,
+    parse_attack_options,
+    sherl_topology,
+    simulated_attacks,
+)
 from jetsplit.server.train_flags import train_flags
 
 log = logging.getLogger("jetsplit.trial")
@@ -79,6 +85,9 @@ class TrialSpec:
     edge_profile: str = "orin-nx-16gb"
     device: str = "auto"  # the coordinator's: auto | cpu | cuda (agents emulate on the CPU)
     agents_per_process: int = 1  # >1: clients run in `jetsplit agent host` processes
+    # {agent: attack spec}: tests and benchmarks only (JETSPLIT_ALLOW_ATTACKS=1), written
+    # into those agents' [attack] (edge_agent/attacks.py)
+    attacks: dict[str, str] = field(default_factory=dict)
 
     def host_groups(self) -> list[tuple[str, int, int, int]]:
         """(profile, first, stride, count) per fleet-host process: clients of one profile
@@ -215,6 +224,8 @@ def agent_config(spec: TrialSpec, agent: str, broker_url: str, state_dir: Path,
                  "test_fraction": spec.test_fraction},
         "emulation": {k: v for k, v in emulation.model_dump().items() if v is not None},
     }
+    if agent in spec.attacks:
+        doc["attack"] = {"kind": spec.attacks[agent]}
     return tomli_w.dumps(doc)
 
 
@@ -298,6 +309,10 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
         {})
     if spec.agents < 1:
         raise ConfigError(f"--agents must be at least 1, got {spec.agents}")
+    if spec.attacks:
+        if spec.agents_per_process > 1:
+            raise ConfigError("--attack needs one agent per process (--agents-per-process 1)")
+        simulated_attacks(spec.attacks, spec.agents, spec.seed)  # names, specs, permission
     if spec.agents_per_process < 1:
         raise ConfigError(f"--agents-per-process must be at least 1, got "
                           f"{spec.agents_per_process}")
@@ -497,6 +512,9 @@ def trial_command(
     ] = None,
     mlflow: Annotated[str | None, typer.Option(
         "--mlflow", help="Also log per-round metrics to this MLflow tracking URI.")] = None,
+    attack: Annotated[list[str] | None, typer.Option(
+        "--attack", help="Tests and benchmarks only (JETSPLIT_ALLOW_ATTACKS=1): AGENT=SPEC "
+        "makes that agent process misbehave (repeat), e.g. a3=scale:1000.")] = None,
 ) -> None:
     """Field trial on this machine: broker, coordinator and emulated agents; report."""
     logging.basicConfig(level=logging.WARNING,
@@ -511,7 +529,8 @@ def trial_command(
                          emulate=not no_emulation, split=split, edges=edges,
                          edge_profile=edge_profile, device=device,
                          common_split=common_split, cuts=parse_cuts(cut),
-                         agents_per_process=agents_per_process)
+                         agents_per_process=agents_per_process,
+                         attacks=parse_attack_options(attack or []))
         out_dir = out or Path("runs") / time.strftime("trial-%Y%m%d-%H%M%S", time.gmtime())
     from jetsplit.server.tracking import Trackers
 

@@ -1,0 +1,52 @@
+"""`jetsplit trial --attack AGENT=SPEC` makes that agent process misbehave (its agent.toml
+gets an [attack] section), for tests and benchmarks only: refused in one line, before any
+broker or agent starts, unless JETSPLIT_ALLOW_ATTACKS=1."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from jetsplit.cli import main
+from jetsplit.edge_agent.attacks import ALLOW_ENV
+from jetsplit.edge_agent.config import load_agent_config
+from jetsplit.edge_agent.emulation import EmulationSection
+from jetsplit.errors import ConfigError
+from jetsplit.server.trial import TrialSpec, agent_config
+
+
+def test_the_attacker_config_carries_its_attack(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = TrialSpec(agents=4, attacks={"a3": "scale:1000"})
+    emulation = EmulationSection(profile="jetson-nano-4gb")
+    honest, attacker = tmp_path / "a0.toml", tmp_path / "a3.toml"
+    honest.write_text(agent_config(spec, "a0", "mqtt://127.0.0.1:1883", tmp_path, emulation))
+    attacker.write_text(agent_config(spec, "a3", "mqtt://127.0.0.1:1883", tmp_path, emulation))
+    assert "[attack]" not in honest.read_text()
+    monkeypatch.setenv(ALLOW_ENV, "1")
+    cfg = load_agent_config(attacker)
+    assert cfg.attack is not None and cfg.attack.kind == "scale:1000"
+    monkeypatch.delenv(ALLOW_ENV)
+    with pytest.raises(ConfigError, match="attacks are for tests and benchmarks only"):
+        load_agent_config(attacker)
+    assert load_agent_config(honest).attack is None
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["--attack", "a3=scale:1000"], "attacks are for tests and benchmarks only"),
+    (["--attack", "a9=scale:1000"], "no simulated client 'a9'"),
+    (["--attack", "a1=scale:1000", "--agents-per-process", "2"], "one agent per process"),
+])
+def test_trial_attack_is_checked_before_anything_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        argv: list[str], needle: str) -> None:
+    if "a3" in argv[1]:
+        monkeypatch.delenv(ALLOW_ENV, raising=False)
+    else:
+        monkeypatch.setenv(ALLOW_ENV, "1")
+    code = main(["trial", "--agents", "4", "--out", str(tmp_path / "t"), *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+    assert needle in err
+    assert not (tmp_path / "t" / "agents").exists()  # no agent was configured or started
