@@ -59,6 +59,7 @@ from jetsplit.server.algorithms.base import Method
 from jetsplit.server.checkpoint import CheckpointError
 from jetsplit.server.compute import autocast, to_device
 from jetsplit.server.engine import Command, Outcome, Reply
+from jetsplit.server.influence import ActivationBound
 from jetsplit.server.optim import tier_optimizer
 from jetsplit.server.topology import Topology, resolve
 from jetsplit.server.trainer import Arrays, Settings, Trainer
@@ -144,6 +145,8 @@ class SHeRL(Method):
         self.groups: dict[str, list[str]] = {}
         self.steps_done = 0
         self.aggregations = {"edge": 0, "cloud": 0}
+        # the cloud believes no edge's embeddings far larger than the others'
+        self.embedding_bound = ActivationBound(s.activation_bound)
         self.edge_samples: dict[str, int] = defaultdict(int)  # this round's, per edge
         self.extra_metrics: dict[str, Any] = {}
         log.info("sherl: %d edges, clients [:%d], edges [%d:%d], cloud [%d:], tau1 %d, "
@@ -365,12 +368,16 @@ class SHeRL(Method):
 
     def _cloud_step(self, embeddings: dict[str, np.ndarray], labels: dict[str, np.ndarray]
                     ) -> float | None:
-        """One cross-entropy step of the head on every edge's detached embeddings."""
+        """One cross-entropy step of the head on every edge's detached embeddings, each
+        edge's bounded against the others' (server/influence.py)."""
         if not embeddings:
             return None
         t = self.trainer
         order = sorted(embeddings)
         [x] = to_device([np.concatenate([embeddings[e] for e in order])], np.float32, t.device)
+        parts = self.embedding_bound.apply(
+            order, list(torch.split(x, [len(embeddings[e]) for e in order])), t.books.bounded)
+        x = torch.cat(parts) if len(parts) > 1 else parts[0]
         [y] = to_device([np.concatenate([labels[e] for e in order])], np.int64, t.device)
         with autocast(t.device, t.settings.autocast):
             self.head.train()
