@@ -134,22 +134,21 @@ def multi_krum(states: Mapping[str, Arrays], weights: Mapping[str, float],
                robust_fraction: float = DEFAULT_ROBUST_FRACTION, **_: float) -> Arrays:
     agents = sorted(states)
     f, keep = krum_kept(len(agents), robust_fraction)
-    if f == 0:
-        return fedavg(states, weights)
     names = _floats(states, agents)
-    if not names:  # integer buffers only: nothing to score
-        return _with_integers(states, agents, {})
-    vectors = np.stack([_vector(states[a], names) for a in agents])
-    squares = (vectors ** 2).sum(axis=1)
-    distances = np.maximum(squares[:, None] + squares[None, :] - 2 * vectors @ vectors.T, 0)
-    neighbours = len(agents) - f - 2
-    scores = [float(np.sort(np.delete(distances[i], i))[:neighbours].sum())
-              for i in range(len(agents))]
-    order = sorted(range(len(agents)), key=lambda i: (scores[i], agents[i]))
-    kept = sorted(agents[i] for i in order[:keep])
-    if notes is not None:
-        for i in order[keep:]:
-            notes[agents[i]] = f"left out by multi-krum (score {scores[i]:.6g})"
+    kept = agents
+    if f > 0 and names:  # too few devices to leave any out, or only integers: keep all
+        vectors = np.stack([_vector(states[a], names) for a in agents])
+        squares = (vectors ** 2).sum(axis=1)
+        distances = np.maximum(squares[:, None] + squares[None, :] - 2 * vectors @ vectors.T,
+                               0)
+        neighbours = len(agents) - f - 2
+        scores = [float(np.sort(np.delete(distances[i], i))[:neighbours].sum())
+                  for i in range(len(agents))]
+        order = sorted(range(len(agents)), key=lambda i: (scores[i], agents[i]))
+        kept = sorted(agents[i] for i in order[:keep])
+        if notes is not None:
+            for i in order[keep:]:
+                notes[agents[i]] = f"left out by multi-krum (score {scores[i]:.6g})"
     merged = fedavg({a: {n: states[a][n] for n in names} for a in kept}, weights)
     return _with_integers(states, agents, merged)
 

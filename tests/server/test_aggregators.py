@@ -83,7 +83,8 @@ def test_multi_krum_keeps_the_n_minus_f_closest_and_weights_them() -> None:
     assert krum_kept(5, 0.2) == (1, 4) and krum_kept(10, 0.4) == (3, 7)  # n > 2f + 2
     assert krum_kept(4, 0.2) == (0, 4) and krum_kept(3, 0.5) == (0, 3)
     four = _states({"a": [0], "b": [1], "c": [2], "d": [30]})
-    assert aggregate(four, dict.fromkeys("abcd", 1), "multi-krum")["w"].tolist() == [8.25]
+    out = aggregate(four, dict.fromkeys("abcd", 1), "multi-krum")  # f = 0: all kept
+    assert out["w"].tolist() == [8.25] and out["n"].tolist() == [1]  # ints: median of 0..3
 
 
 def test_every_rule_works_layer_wise_over_mixed_cuts() -> None:
