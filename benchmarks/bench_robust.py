@@ -5,8 +5,10 @@ agents, a9 then a8) run `edge_agent.attacks` specs. For each method, attack kind
 of attackers: the final accuracy clean, attacked without any defence, and attacked under
 each defence, over the same seeds. Defences:
 
-- `none`: FedAvg, no activation bound, no size cap (what the coordinator did before);
-- `default`: the defaults (FedAvg, activation bound 5×, size cap 5× the median claim);
+- `none`: the weighted mean (FedAvg's rule), no activation bound, no size cap (what the
+  coordinator did before);
+- `default`: the defaults (the weighted mean, activation bound 5×, size cap 5× the
+  median claim);
 - `clipped`, `median`, `trimmed-mean`, `multi-krum`: that aggregator on top of the default.
 
 The clean run under each defence gives its cost (accuracy and wall time against `none`).
@@ -42,7 +44,7 @@ from jetsplit.server.simulate import simulate
 ATTACKS = ("scale:1000", "signflip", "noise:1", "labelflip", "activation-scale:1000000",
            "size-lie:1000000000", "histogram-lie")
 DEFENCES: dict[str, dict[str, Any]] = {
-    "none": {"aggregator": "fedavg", "activation_bound": 0.0, "size_cap": 0.0},
+    "none": {"aggregator": "mean", "activation_bound": 0.0, "size_cap": 0.0},
     "default": {},
     "clipped": {"aggregator": "clipped"},
     "median": {"aggregator": "median"},

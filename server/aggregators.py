@@ -5,7 +5,7 @@ run from 0.63 to 0.09. These rules bound what one device can do to an average, f
 block devices send (client blocks, aux heads, a SHeRL-FL edge's block, FedAvg's whole
 model), layer by layer over mixed cuts like `layerwise_fedavg`:
 
-- `fedavg`: the |D_k|-weighted mean (the papers' rule; the default).
+- `mean`: the |D_k|-weighted mean, FedAvg's rule (the papers'; the default).
 - `clipped`: norm-clipped FedAvg. Each device's update w_k − g (g: the block it started
   from) is scaled down to at most `clip_factor` × the median update norm, then averaged
   with |D_k| weights (as in DP-FedAvg's fixed clipping, with an adaptive bound).
@@ -17,7 +17,7 @@ model), layer by layer over mixed cuts like `layerwise_fedavg`:
   2017); f = ⌊β·n⌋, at most (n − 3) / 2.
 
 Integer buffers (BatchNorm's `num_batches_tracked`) take the element-wise max under
-`fedavg` and the element-wise median under the robust rules, so no single device sets them.
+`mean` and the element-wise median under the robust rules, so no single device sets them.
 Each rule notes per device what it did (clipped by how much, left out), for the round's
 books. The coordinate-wise rules need no reference; `clipped`
 without one clips around the coordinate-wise median.
@@ -32,7 +32,7 @@ import numpy as np
 
 from jetsplit.server.aggregation import Arrays, fedavg, layerwise
 
-AGGREGATORS = ("fedavg", "clipped", "median", "trimmed-mean", "multi-krum")
+AGGREGATORS = ("mean", "clipped", "median", "trimmed-mean", "multi-krum")
 DEFAULT_CLIP_FACTOR = 2.0
 DEFAULT_ROBUST_FRACTION = 0.2
 
@@ -154,7 +154,7 @@ def multi_krum(states: Mapping[str, Arrays], weights: Mapping[str, float],
 
 
 Rule = Callable[..., Arrays]
-RULES: dict[str, Rule] = {"fedavg": lambda s, w, r=None, notes=None, **_: fedavg(s, w),
+RULES: dict[str, Rule] = {"mean": lambda s, w, r=None, notes=None, **_: fedavg(s, w),
                           "clipped": clipped, "median": median, "trimmed-mean": trimmed_mean,
                           "multi-krum": multi_krum}
 

@@ -57,7 +57,7 @@ class TrainSection(BaseModel):
     # the median update norm bounds each update under `clipped`; `robust_fraction` β is
     # the share trimmed at each end (`trimmed-mean`) and the assumed attackers
     # (`multi-krum`'s f = ⌊β·n⌋).
-    aggregator: Literal["fedavg", "clipped", "median", "trimmed-mean", "multi-krum"] = "fedavg"
+    aggregator: Literal["mean", "clipped", "median", "trimmed-mean", "multi-krum"] = "mean"
     clip_factor: Annotated[float, Field(gt=0, le=1000)] = DEFAULT_CLIP_FACTOR
     robust_fraction: Annotated[float, Field(ge=0, lt=0.5)] = DEFAULT_ROBUST_FRACTION
     # After this many deadline misses in a row an agent sits out 1, 2, 4 … rounds

@@ -30,10 +30,10 @@ class Settings:
     deadline_s: float = 60.0
     bundle_deadline_s: float = 300.0
     retry_s: float = 30.0  # MQTT: silence before a command is re-sent (then backs off)
-    # How device uploads are combined (server/aggregators.py): fedavg | clipped | median |
+    # How device uploads are combined (server/aggregators.py): mean | clipped | median |
     # trimmed-mean | multi-krum; `clip_factor` (clipped), `robust_fraction` β (trimmed
     # share at each end, multi-krum's assumed attackers).
-    aggregator: str = "fedavg"
+    aggregator: str = "mean"
     clip_factor: float = DEFAULT_CLIP_FACTOR
     robust_fraction: float = DEFAULT_ROBUST_FRACTION
     activation_bound: float = DEFAULT_ACTIVATION_BOUND  # × the fleet's median norm; 0 off

@@ -33,8 +33,8 @@ HELP: dict[str, str] = {
     "lr": "Learning rate of every tier without its own.",
     "fraction": "Share of the eligible agents selected per round.",
     "deadline_s": "Seconds an agent has to answer a step.",
-    "aggregator": "How device uploads are combined: fedavg | clipped | median | trimmed-mean "
-                  "| multi-krum.",
+    "aggregator": "How device uploads are combined: mean (FedAvg's) | clipped | median | "
+                  "trimmed-mean | multi-krum.",
     "clip_factor": "clipped: each update's norm bounded at this many times the median.",
     "robust_fraction": "trimmed-mean: share trimmed at each end; multi-krum: assumed "
                        "attackers' share.",

@@ -73,7 +73,7 @@ class TrialSpec:
     fraction: float = 1.0
     seed: int = 0
     codec: str = "fp32"
-    aggregator: str = "fedavg"  # how device uploads are combined (server/aggregators.py)
+    aggregator: str = "mean"  # how device uploads are combined (server/aggregators.py)
     test_fraction: float = 0.2
     broker: str | None = None
     emulate: bool = True
