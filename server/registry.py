@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from jetsplit.server.claims import registered_size
+
 State = Literal["online", "offline", "busy"]
 
 
@@ -63,6 +65,7 @@ class FleetRegistry:
         self._online: set[str] = set()  # registered and not offline (busy included)
         self._generation = 0  # bumped whenever `_online` or a registration changes
         self._pools: dict[tuple[Any, ...], tuple[int, tuple[str, ...]]] = {}
+        self._claims: tuple[int, tuple[int, ...]] = (-1, ())
         self.missed: list[MissedStep] = []
         self.changed = threading.Condition(self._lock)
 
@@ -159,6 +162,17 @@ class FleetRegistry:
                 and (zoo_version is None or reg.get("zoo_version") == zoo_version)))
         self._pools[key] = (self._generation, pool)
         return pool
+
+    def client_claims(self) -> tuple[int, ...]:
+        """Every registered client's |D_k| claim (0 where it made none), online or not:
+        what the size cap is taken against (server/claims.py). Cached until a
+        registration or membership changes, so a step costs no walk over the fleet."""
+        with self._lock:
+            if self._claims[0] != self._generation:
+                self._claims = (self._generation, tuple(
+                    registered_size(r.registration) or 0 for r in self._agents.values()
+                    if r.registration and r.registration.get("role", "client") == "client"))
+            return self._claims[1]
 
     def online(self) -> list[str]:
         """Registered agents not known to be offline, sorted by id (the selection pool)."""

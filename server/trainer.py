@@ -233,11 +233,8 @@ class Trainer:
     def sizes(self, agents: list[str]) -> dict[str, int]:
         """|D_k| as weights (every average, batch shares): each registered claim capped at
         `size_cap` × the median claim of the fleet's clients (server/claims.py)."""
-        registry = self.engine.registry
         claims = self.claimed_sizes(agents)
-        fleet = [registered_size(reg) or 0 for a in registry.registered()
-                 if (reg := registry.registration(a)).get("role", "client") == "client"]
-        cap = size_cap(fleet, self.settings.size_cap)
+        cap = size_cap(self.engine.registry.client_claims(), self.settings.size_cap)
         self.claims.note(claims, cap)
         return capped(claims, cap)
 
