@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from method_matrix import mean_spread  # benchmarks/ is on sys.path when run as a script
+from method_matrix import add_run_options, mean_spread  # benchmarks/ is on sys.path
 
 from jetsplit.server.divergence import Diverged
 from jetsplit.server.settings import Settings
@@ -60,17 +60,8 @@ def main() -> int:
     parser.add_argument("--attackers", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--defences", nargs="+", default=list(DEFENCES), choices=list(DEFENCES))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--agents", type=int, default=10)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--local-steps", type=int, default=10)
-    parser.add_argument("--batch", type=int, default=160)
-    parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--model", default="alexnet")
-    parser.add_argument("--split", type=int, default=2)
-    parser.add_argument("--dataset", default="mnist")
+    add_run_options(parser, rounds=5, batch=160, lr=0.05)
     parser.add_argument("--partition", default="dirichlet:0.5")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="every run's folder goes here (default: a new temp dir)")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny: digits, splitfed-v1, 2 attacks, 1 attacker of 4 agents, "
                              "1 round (seconds)")

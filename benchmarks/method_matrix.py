@@ -34,18 +34,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--methods", nargs="+", default=list(NAMES), choices=NAMES)
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--partitions", nargs="+", default=["iid", "dirichlet:0.1"])
-    parser.add_argument("--local-steps", type=int, default=10)
-    parser.add_argument("--agents", type=int, default=10)
+    add_run_options(parser)
     parser.add_argument("--fraction", type=float, default=0.5)
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=0.01)
-    parser.add_argument("--model", default="alexnet")
-    parser.add_argument("--split", type=int, default=2)
-    parser.add_argument("--dataset", default="mnist")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="every run's folder goes here (default: a new temp dir)")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny: digits, 2 methods, 1 seed, 2 rounds × 1 step (seconds)")
     args = parser.parse_args()
@@ -88,6 +79,22 @@ def main() -> int:
         {"command": command, "final_accuracy": {f"{m} {p}": v for (m, p), v in finals.items()}},
         indent=2))
     return 0
+
+
+def add_run_options(parser: argparse.ArgumentParser, *, agents: int = 10, rounds: int = 10,
+                    local_steps: int = 10, batch: int = 64, lr: float = 0.01,
+                    model: str = "alexnet", split: int = 2, dataset: str = "mnist") -> None:
+    """The options every training benchmark shares (one run's shape), with its defaults."""
+    parser.add_argument("--agents", type=int, default=agents)
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--local-steps", type=int, default=local_steps)
+    parser.add_argument("--batch", type=int, default=batch)
+    parser.add_argument("--lr", type=float, default=lr)
+    parser.add_argument("--model", default=model)
+    parser.add_argument("--split", type=int, default=split)
+    parser.add_argument("--dataset", default=dataset)
+    parser.add_argument("--out", type=Path, default=None,
+                        help="every run's folder goes here (default: a new temp dir)")
 
 
 def mean_spread(values: list[float], digits: int = 3) -> str:

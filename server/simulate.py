@@ -42,6 +42,7 @@ def simulate(
     bundle: Path | None = None,
     checkpoint: bool = True,
     attacks: dict[str, str] | None = None,
+    validation: float = 0.0,
 ) -> dict[str, Any]:
     """Partition `dataset` over `clients` in-process agents and train; returns the summary.
     The simulated agents compute on the coordinator's device (`settings.device`): one GPU
@@ -54,9 +55,12 @@ def simulate(
     seed (benchmarks run many methods on one); `checkpoint=False` skips the per-round
     checkpoint (and with it `--resume`).
     `attacks` ({agent: spec}, tests and benchmarks only, see `edge_agent.attacks`) makes
-    those simulated clients misbehave; refused unless JETSPLIT_ALLOW_ATTACKS=1."""
+    those simulated clients misbehave; refused unless JETSPLIT_ALLOW_ATTACKS=1.
+    `validation` > 0 holds that fraction of the training data out (stratified) and
+    evaluates on it instead of the test split, so a learning-rate sweep never sees the
+    test data it is later reported on."""
     from jetsplit.bundle import Bundle
-    from jetsplit.data import load_dataset_split, partition
+    from jetsplit.data import load_dataset_split, partition, train_test_split
     from jetsplit.devices import resolve_device
     from jetsplit.edge_agent.edge import no_data
     from jetsplit.edge_agent.worker import AgentWorker
@@ -68,6 +72,8 @@ def simulate(
     device = resolve_device(settings.device, "--device")
     attackers = simulated_attacks(attacks or {}, clients, settings.seed)
     train, test = load_dataset_split(dataset, test_fraction, settings.seed)
+    if validation:
+        train, test = train_test_split(train, test_fraction=validation, seed=settings.seed)
     shards = partition(train.y, clients, partition_scheme, settings.seed, train.num_classes)
     cache: dict[str, Bundle] = {}
     workers = {agent_name(i): AgentWorker(agent_name(i), train.subset(shard),
@@ -99,7 +105,8 @@ def simulate(
             "settings": settings.__dict__, "model": model, "split": split, "dataset": dataset,
             "clients": clients, "partition_scheme": partition_scheme,
             "test_fraction": test_fraction, "aux_ratio": aux_ratio, "profiles": profiles,
-            "common_split": common_split, "attacks": attacks}, indent=2))
+            "common_split": common_split, "attacks": attacks, "validation": validation},
+            indent=2))
     with tempfile.TemporaryDirectory(prefix="jetsplit-sim-") as tmp:
 
         def prepare() -> Path:

@@ -31,6 +31,10 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     "bench_robust.py": ("command: python benchmarks/bench_robust.py --smoke",
                         "| method | attack | attackers | none | default | multi-krum |",
                         "| splitfed-v1 | scale:1000 | 1 | ", "time ratio"),
+    "gapsl_vs_psl.py": ("command: python benchmarks/gapsl_vs_psl.py --smoke",
+                        "| method | lr 0.01 | lr 0.03 | chosen |",
+                        "| method | lr | final test accuracy (mean ± spread) | per seed |",
+                        "GAPSL - PSL: ", "the paper reports +16.0"),
     "method_matrix.py": ("command: python benchmarks/method_matrix.py --smoke", "| method | iid |",
                          "| psl | ", "| sherl | "),
 }
