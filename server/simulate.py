@@ -22,6 +22,7 @@ from jetsplit.server.settings import Settings
 from jetsplit.server.train_flags import train_flags
 
 if TYPE_CHECKING:
+    from jetsplit.data import ArrayDataset
     from jetsplit.edge_agent.attacks import Attack
 
 
@@ -60,7 +61,7 @@ def simulate(
     evaluates on it instead of the test split, so a learning-rate sweep never sees the
     test data it is later reported on."""
     from jetsplit.bundle import Bundle
-    from jetsplit.data import load_dataset_split, partition, train_test_split
+    from jetsplit.data import partition
     from jetsplit.devices import resolve_device
     from jetsplit.edge_agent.edge import no_data
     from jetsplit.edge_agent.worker import AgentWorker
@@ -71,9 +72,7 @@ def simulate(
 
     device = resolve_device(settings.device, "--device")
     attackers = simulated_attacks(attacks or {}, clients, settings.seed)
-    train, test = load_dataset_split(dataset, test_fraction, settings.seed)
-    if validation:
-        train, test = train_test_split(train, test_fraction=validation, seed=settings.seed)
+    train, test = simulation_data(dataset, test_fraction, validation, settings.seed)
     shards = partition(train.y, clients, partition_scheme, settings.seed, train.num_classes)
     cache: dict[str, Bundle] = {}
     workers = {agent_name(i): AgentWorker(agent_name(i), train.subset(shard),
@@ -128,6 +127,18 @@ def simulate(
 
 
 RUN_FILE = "simulation.json"
+
+
+def simulation_data(dataset: str, test_fraction: float, validation: float, seed: int
+                    ) -> tuple[ArrayDataset, ArrayDataset]:
+    """(training data, evaluated data): the test split, or with `validation` > 0 that
+    fraction of the training data (stratified), so that a sweep never scores on the test."""
+    from jetsplit.data import load_dataset_split, train_test_split
+
+    train, test = load_dataset_split(dataset, test_fraction, seed)
+    if validation:
+        return train_test_split(train, test_fraction=validation, seed=seed)
+    return train, test
 
 
 def resume_simulation(run_dir: Path) -> dict[str, Any]:
