@@ -30,15 +30,27 @@ class Diverged(JetsplitError):
     """Training diverged: its loss grew by orders of magnitude or is NaN/inf."""
 
 
-def likely_cause(settings: Any, tier: str) -> str:
-    """What most likely made `tier`'s steps too large under `settings`."""
+def _averages_uploads(algorithm: str) -> bool:
+    entry = METHODS.get(algorithm)
+    return entry is not None and entry.aggregates_clients
+
+
+def likely_cause(settings: Any, tier: str, round_: int = 0) -> str:
+    """What most likely made `tier`'s steps too large under `settings`; after round 0 of a
+    method that averages uploads under the plain mean, an outsized upload is named too."""
     opt = tier_optimizer(settings, tier if tier != "device" else "client")
     momentum = f" with momentum {opt.momentum:g}" if opt.momentum else ""
     if tier == "server" and _sums_clients(settings.algorithm) and reduction(settings) == "sum":
-        return (f"the server block steps on the sum of the clients' losses "
-                f"(psl_reduction 'sum'), |S| times a mean's step, at lr {opt.lr:g}{momentum}: "
-                f"use psl_reduction 'mean' or a smaller server lr")
-    return f"the {tier} learning rate {opt.lr:g}{momentum} is too high for this model"
+        cause = (f"the server block steps on the sum of the clients' losses "
+                 f"(psl_reduction 'sum'), |S| times a mean's step, at lr {opt.lr:g}{momentum}: "
+                 f"use psl_reduction 'mean' or a smaller server lr")
+    else:
+        cause = f"the {tier} learning rate {opt.lr:g}{momentum} is too high for this model"
+    if (round_ > 0 and _averages_uploads(settings.algorithm)
+            and getattr(settings, "aggregator", "mean") == "mean"):
+        cause += ("; or an outsized upload: aggregator 'mean' averages every update as sent "
+                  "([train] aggregator = clipped bounds each one)")
+    return cause
 
 
 @dataclass
@@ -60,11 +72,11 @@ class DivergenceGuard:
         where = f"{self.settings.algorithm} diverged in round {round_} at the {tier} tier"
         if not math.isfinite(loss):
             raise Diverged(f"{where}: training loss is {loss}; likely cause: "
-                           f"{likely_cause(self.settings, tier)}")
+                           f"{likely_cause(self.settings, tier, round_)}")
         if loss > self.limit:
             raise Diverged(f"{where}: training loss {loss:.4g} is over {GROWTH:g}x the "
                            f"{'chance level' if self.first is None else 'first loss'} "
                            f"({self.limit / GROWTH:.3g}); likely cause: "
-                           f"{likely_cause(self.settings, tier)}")
+                           f"{likely_cause(self.settings, tier, round_)}")
         if self.first is None:
             self.first = loss

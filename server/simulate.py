@@ -157,9 +157,11 @@ def resume_simulation(run_dir: Path) -> dict[str, Any]:
         raise ConfigError(f"--resume {run_dir}: {RUN_FILE} is damaged ({exc})") from None
 
 
-def simulated_attacks(attacks: dict[str, str], clients: int, seed: int) -> dict[str, Attack]:
-    """{agent: spec} as the attacks the simulated clients a0… run (seeded like the agent),
-    checked before any data loads: only client names, and only where attacks are allowed."""
+def simulated_attacks(attacks: dict[str, str], clients: int, seed: int,
+                      who: str = "simulated client") -> dict[str, Attack]:
+    """{agent: spec} as the attacks the clients a0… run (seeded like the agent), checked
+    before any data loads: only client names, and only where attacks are allowed. `who`
+    names the clients in the error (a trial's are agents)."""
     from jetsplit.edge_agent.attacks import build_attack
     from jetsplit.errors import ConfigError
 
@@ -167,7 +169,7 @@ def simulated_attacks(attacks: dict[str, str], clients: int, seed: int) -> dict[
     built = {}
     for agent, spec in attacks.items():
         if agent not in names:
-            raise ConfigError(f"--attack {agent}={spec}: no simulated client {agent!r} (they "
+            raise ConfigError(f"--attack {agent}={spec}: no {who} {agent!r} (they "
                               f"are a0..a{clients - 1})")
         built[agent] = build_attack(spec, seed + names.index(agent), f"--attack {agent}")
     return built

@@ -312,7 +312,8 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
     if spec.attacks:
         if spec.agents_per_process > 1:
             raise ConfigError("--attack needs one agent per process (--agents-per-process 1)")
-        simulated_attacks(spec.attacks, spec.agents, spec.seed)  # names, specs, permission
+        simulated_attacks(spec.attacks, spec.agents, spec.seed, who="trial agent")  # names,
+        # specs and permission, before any process starts
     if spec.agents_per_process < 1:
         raise ConfigError(f"--agents-per-process must be at least 1, got "
                           f"{spec.agents_per_process}")

@@ -75,3 +75,19 @@ def test_fedavg_devices_that_diverge_end_the_run(archive: Path, tmp_path: Path) 
     text = str(stopped.value)
     assert text.startswith("fedavg diverged in round 0 at the device tier")
     assert "device learning rate 10 is too high" in text
+
+
+def test_an_outsized_upload_is_named_after_round_0_under_the_plain_mean() -> None:
+    """A blow-up after an aggregation of unbounded uploads names the aggregator as well; not
+    in round 0 (nothing was averaged yet), not under a bounding rule, not for a method that
+    averages no uploads (PSL)."""
+    upload = "aggregator 'mean' averages every update as sent"
+    for algorithm, aggregator, round_, named in (
+            ("splitfed-v1", "mean", 2, True), ("splitfed-v1", "mean", 0, False),
+            ("splitfed-v1", "clipped", 2, False), ("psl", "mean", 2, False)):
+        guard = DivergenceGuard(Settings(algorithm=algorithm, aggregator=aggregator), 10)
+        guard.check(2.3, 0, "server")
+        with pytest.raises(Diverged) as stopped:
+            guard.check(1e6, round_, "server")
+        assert (upload in str(stopped.value)) is named, (algorithm, aggregator, round_)
+        assert "server learning rate" in str(stopped.value)

@@ -35,7 +35,7 @@ def test_the_attacker_config_carries_its_attack(tmp_path: Path,
 
 @pytest.mark.parametrize(("argv", "needle"), [
     (["--attack", "a3=scale:1000"], "attacks are for tests and benchmarks only"),
-    (["--attack", "a9=scale:1000"], "no simulated client 'a9'"),
+    (["--attack", "a9=scale:1000"], "no trial agent 'a9'"),
     (["--attack", "a1=scale:1000", "--agents-per-process", "2"], "one agent per process"),
 ])
 def test_trial_attack_is_checked_before_anything_starts(
