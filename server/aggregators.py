@@ -19,8 +19,12 @@ model), layer by layer over mixed cuts like `layerwise_fedavg`:
 Integer buffers (BatchNorm's `num_batches_tracked`) take the element-wise max under
 `mean` and the element-wise median under the robust rules, so no single device sets them.
 Each rule notes per device what it did (clipped by how much, left out), for the round's
-books. The coordinate-wise rules need no reference; `clipped`
-without one clips around the coordinate-wise median.
+books, and its *share*: the weight its upload carried in the result, averaged over the
+float parameters of the layers it holds (|D_k| / Σ|D| under `mean`; scaled by its clip
+under `clipped`; 0 when Multi-Krum leaves it out; for the coordinate-wise rules, how often
+its value was the one kept, over the number kept). An honest fleet's shares follow its
+sizes; a device the rule bounds shows up as a share near 0. The coordinate-wise rules need
+no reference; `clipped` without one clips around the coordinate-wise median.
 """
 
 from __future__ import annotations
@@ -37,6 +41,44 @@ DEFAULT_CLIP_FACTOR = 2.0
 DEFAULT_ROBUST_FRACTION = 0.2
 
 Notes = dict[str, str]  # agent → what a rule did to its upload this time
+
+
+class Shares:
+    """Each device's share of the aggregates of a round, averaged over the parameters of
+    every layer group it was in (devices at different cuts hold different layers)."""
+
+    def __init__(self) -> None:
+        self._weighted: dict[str, float] = {}
+        self._params: dict[str, int] = {}
+
+    def add(self, shares: Mapping[str, float], params: int) -> None:
+        """One layer group's shares, over `params` float parameters."""
+        for agent, share in shares.items():
+            self._weighted[agent] = self._weighted.get(agent, 0.0) + share * params
+            self._params[agent] = self._params.get(agent, 0) + params
+
+    def result(self) -> dict[str, float]:
+        return {a: round(self._weighted[a] / p, 6) for a, p in sorted(self._params.items()) if p}
+
+    def clear(self) -> None:
+        self._weighted.clear()
+        self._params.clear()
+
+
+def _normalised(weights: Mapping[str, float], agents: list[str]) -> dict[str, float]:
+    total = float(sum(weights[a] for a in agents))
+    return {a: float(weights[a]) / total if total > 0 else 1.0 / len(agents) for a in agents}
+
+
+def _kept_shares(order: np.ndarray, agents: list[str], low: int, high: int
+                 ) -> dict[str, float]:
+    """Per device, how often (over coordinates) its value sat at sorted positions
+    low..high-1, each kept value counting 1/(high - low): its share of a coordinate-wise
+    rule that averages those positions."""
+    kept = order[low:high].ravel()
+    counts = np.bincount(kept, minlength=len(agents))
+    coords = max(1, order[0].size)
+    return {a: float(counts[i]) / (coords * (high - low)) for i, a in enumerate(agents)}
 
 
 def _floats(states: Mapping[str, Arrays], agents: list[str]) -> list[str]:
@@ -70,24 +112,34 @@ def _vector(state: Arrays, names: list[str], reference: Arrays | None = None) ->
 
 
 def median(states: Mapping[str, Arrays], weights: Mapping[str, float],
-           reference: Arrays | None = None, notes: Notes | None = None, **_: float) -> Arrays:
+           reference: Arrays | None = None, notes: Notes | None = None,
+           shares: Shares | None = None, **_: float) -> Arrays:
     agents = sorted(states)
     names = _floats(states, agents)
     floats = {n: np.median(_stack(states, agents, n), axis=0).astype(states[agents[0]][n].dtype)
               for n in names}
+    if shares is not None:  # the middle value (odd n) or the two middle ones (even n)
+        middle = (len(agents) - 1) // 2, len(agents) // 2 + 1
+        for n in names:
+            order = np.argsort(_stack(states, agents, n), axis=0, kind="stable")
+            shares.add(_kept_shares(order, agents, *middle), order[0].size)
     return _with_integers(states, agents, floats)
 
 
 def trimmed_mean(states: Mapping[str, Arrays], weights: Mapping[str, float],
-                 reference: Arrays | None = None, notes: Notes | None = None, *,
+                 reference: Arrays | None = None, notes: Notes | None = None,
+                 shares: Shares | None = None, *,
                  robust_fraction: float = DEFAULT_ROBUST_FRACTION, **_: float) -> Arrays:
     agents = sorted(states)
     trim = trimmed_count(len(agents), robust_fraction)
     floats = {}
     for n in _floats(states, agents):
-        values = np.sort(_stack(states, agents, n), axis=0)
-        kept = values[trim:len(agents) - trim]
+        stacked = _stack(states, agents, n)
+        order = np.argsort(stacked, axis=0, kind="stable")
+        kept = np.take_along_axis(stacked, order, axis=0)[trim:len(agents) - trim]
         floats[n] = kept.mean(axis=0).astype(states[agents[0]][n].dtype)
+        if shares is not None:
+            shares.add(_kept_shares(order, agents, trim, len(agents) - trim), order[0].size)
     return _with_integers(states, agents, floats)
 
 
@@ -97,7 +149,8 @@ def trimmed_count(n: int, fraction: float) -> int:
 
 
 def clipped(states: Mapping[str, Arrays], weights: Mapping[str, float],
-            reference: Arrays | None = None, notes: Notes | None = None, *,
+            reference: Arrays | None = None, notes: Notes | None = None,
+            shares: Shares | None = None, *,
             clip_factor: float = DEFAULT_CLIP_FACTOR, **_: float) -> Arrays:
     agents = sorted(states)
     names = _floats(states, agents)
@@ -108,11 +161,15 @@ def clipped(states: Mapping[str, Arrays], weights: Mapping[str, float],
     bound = clip_factor * float(np.median(list(norms.values())))
     total = float(sum(weights[a] for a in agents))
     merged = np.zeros_like(next(iter(updates.values())))
+    kept: dict[str, float] = {}
     for a in agents:
         scale = 1.0 if norms[a] <= bound else bound / norms[a]
         if scale < 1.0 and notes is not None:
             notes[a] = f"clipped ×{scale:.3g} (update norm {norms[a]:.3g} > {bound:.3g})"
-        merged += updates[a] * (scale * weights[a] / total)
+        kept[a] = scale * weights[a] / total
+        merged += updates[a] * kept[a]
+    if shares is not None:
+        shares.add(kept, merged.size)
     floats, offset = {}, 0
     for n in names:
         ref = reference[n]
@@ -130,7 +187,8 @@ def krum_kept(n: int, fraction: float) -> tuple[int, int]:
 
 
 def multi_krum(states: Mapping[str, Arrays], weights: Mapping[str, float],
-               reference: Arrays | None = None, notes: Notes | None = None, *,
+               reference: Arrays | None = None, notes: Notes | None = None,
+               shares: Shares | None = None, *,
                robust_fraction: float = DEFAULT_ROBUST_FRACTION, **_: float) -> Arrays:
     agents = sorted(states)
     f, keep = krum_kept(len(agents), robust_fraction)
@@ -150,25 +208,42 @@ def multi_krum(states: Mapping[str, Arrays], weights: Mapping[str, float],
             for i in order[keep:]:
                 notes[agents[i]] = f"left out by multi-krum (score {scores[i]:.6g})"
     merged = fedavg({a: {n: states[a][n] for n in names} for a in kept}, weights)
+    if shares is not None:
+        share = _normalised(weights, kept)
+        shares.add({a: share.get(a, 0.0) for a in agents}, _float_params(states, agents, names))
     return _with_integers(states, agents, merged)
 
 
+def _float_params(states: Mapping[str, Arrays], agents: list[str], names: list[str]) -> int:
+    return sum(int(states[agents[0]][n].size) for n in names)
+
+
+def mean(states: Mapping[str, Arrays], weights: Mapping[str, float],
+         reference: Arrays | None = None, notes: Notes | None = None,
+         shares: Shares | None = None, **_: float) -> Arrays:
+    """FedAvg's |D_k|-weighted mean (`aggregation.fedavg`), with each device's share."""
+    if shares is not None:
+        agents = sorted(states)
+        shares.add(_normalised(weights, agents),
+                   _float_params(states, agents, _floats(states, agents)))
+    return fedavg(states, weights)
+
+
 Rule = Callable[..., Arrays]
-RULES: dict[str, Rule] = {"mean": lambda s, w, r=None, notes=None, **_: fedavg(s, w),
-                          "clipped": clipped, "median": median, "trimmed-mean": trimmed_mean,
-                          "multi-krum": multi_krum}
+RULES: dict[str, Rule] = {"mean": mean, "clipped": clipped, "median": median,
+                          "trimmed-mean": trimmed_mean, "multi-krum": multi_krum}
 
 
 def aggregate(states: Mapping[str, Arrays], weights: Mapping[str, float], rule: str, *,
               reference: Arrays | None = None, notes: Notes | None = None,
-              clip_factor: float = DEFAULT_CLIP_FACTOR,
+              shares: Shares | None = None, clip_factor: float = DEFAULT_CLIP_FACTOR,
               robust_fraction: float = DEFAULT_ROBUST_FRACTION) -> Arrays:
     """`rule` over the devices' uploads, layer by layer over the devices that hold each
     layer (mixed cuts); `reference` is the block they started from (for `clipped`)."""
     combine = RULES[rule]
 
     def one_group(group: Mapping[str, Arrays], group_weights: Mapping[str, float]) -> Arrays:
-        return combine(group, group_weights, reference, notes, clip_factor=clip_factor,
+        return combine(group, group_weights, reference, notes, shares, clip_factor=clip_factor,
                        robust_fraction=robust_fraction)
 
     return layerwise(states, weights, one_group)

@@ -35,10 +35,11 @@ class ActivationBound:
         self.window = window
         self.history: dict[tuple[int, ...], deque[float]] = {}
 
-    def apply(self, agents: list[str], acts: list[torch.Tensor], notes: dict[str, str]
-              ) -> list[torch.Tensor]:
+    def apply(self, agents: list[str], acts: list[torch.Tensor], notes: dict[str, str],
+              scales: dict[str, float] | None = None) -> list[torch.Tensor]:
         """`acts` with every sample's norm at most `factor` × the reference; notes which
-        devices had samples scaled down, and how many."""
+        devices had samples scaled down, and how many, and in `scales` the smallest mean
+        scale each bounded device got (for the report's influence plot)."""
         if self.factor <= 0 or not agents:
             return acts
         import torch
@@ -69,6 +70,8 @@ class ActivationBound:
             scale = (torch.full_like(n, whole) * torch.clamp(
                 bound / (n * whole).clamp_min(1e-30), max=1.0))
             out.append(a * scale.view(-1, *([1] * (a.dim() - 1))).to(a.dtype))
+            if scales is not None:  # a bounded device only: rare, so its sync is too
+                scales[agent] = min(scales.get(agent, 1.0), float(scale.mean()))
             over = int((n * whole > bound).sum())
             notes[agent] = (f"activations bounded: median norm {median:.4g} (fleet "
                             f"{reference:.4g}, bound {bound:.4g})"

@@ -21,7 +21,7 @@ from typing import Annotated, Any
 import typer
 
 from jetsplit.server.finite import finite
-from jetsplit.server.report_defences import defences_section
+from jetsplit.server.report_defences import defences_section, plot_influence
 
 Row = dict[str, Any]
 MB = 1e6
@@ -474,6 +474,8 @@ PLOTS: list[tuple[str, str, PlotFn]] = [
     ("Traffic per round by tier", "tier_bytes.png", plot_tier_bytes),
     ("Agent time: compute, transfer, waiting", "agent_time.png", plot_agent_time),
     ("Agent memory", "agent_memory.png", plot_agent_memory),
+    ("Influence of each device", "influence.png",
+     lambda run, path, figure: plot_influence(run.rows, path, figure)),
 ]
 
 
@@ -496,7 +498,9 @@ def _plots_section(run: RunData) -> list[str]:
             lines += [f"### {title}", "", f"![{title}]({name})", ""]
         else:
             path.unlink(missing_ok=True)
-            if name != "tier_bytes.png":  # only three-tier methods have tiers
+            # only three-tier methods have tiers; a run where no upload was averaged and
+            # no device bounded has no influence to draw (its Defences section says so)
+            if name not in ("tier_bytes.png", "influence.png"):
                 lines += [f"### {title}", "", f"_Skipped: {reason}._", ""]
     return lines
 

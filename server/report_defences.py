@@ -5,14 +5,23 @@ Per round and device, from the metrics rows: activations bounded against the fle
 sitting out after missed deadlines (server/benching.py); from the summary, registered sizes
 capped (server/claims.py). The rows are untrusted files like any other: anything not a
 string note is skipped, and every cell is cut to a readable length.
+
+The influence plot draws, per device and round, its share of the round's averages (the
+rows' `influence`, server/aggregators.py) and the scale its activations were bounded to
+(`activation_scale`, server/influence.py): the numbers behind the notes.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+from jetsplit.server.finite import finite
+
 MAX_NOTE = 160
+MAX_DEVICES_DRAWN = 40  # legend and lines stay readable; the table names the rest
 
 Row = dict[str, Any]
 
@@ -62,3 +71,44 @@ def defences_section(rows: Sequence[Row], summary: dict[str, Any]) -> list[str]:
             lines.append(f"- {_cell(str(agent)[:64])}: claimed {books.get('claimed')} samples, "
                          f"weighed as {books.get('weight')} (size cap).")
     return [*lines, ""] if capped else lines
+
+
+def _per_device(rows: Sequence[Row], key: str, low: float, high: float
+                ) -> dict[str, list[float]]:
+    """{device: value per round (NaN where absent)} of one numeric per-device row field."""
+    series: dict[str, list[float]] = {}
+    for i, row in enumerate(rows):
+        values = row.get(key)
+        for agent, value in (values.items() if isinstance(values, dict) else ()):
+            number = finite(value, low, high)
+            if number is not None:
+                series.setdefault(str(agent)[:64], [math.nan] * len(rows))[i] = number
+    return dict(sorted(series.items())[:MAX_DEVICES_DRAWN])
+
+
+def plot_influence(rows: Sequence[Row], path: Path, figure: Any) -> str | None:
+    """Each device's share of the round's averages and, where any device was bounded, the
+    scale its activations got (1 = untouched; log axis). None when drawn, else why not."""
+    shares = _per_device(rows, "influence", 0.0, 1.0)
+    scales = _per_device(rows, "activation_scale", 0.0, 1.0)
+    if not shares and not scales:
+        return "no round records a device's share of an average or a bounded activation"
+    x = [r.get("round", i) if isinstance(r.get("round"), int) else i
+         for i, r in enumerate(rows)]
+    panels = [p for p in (shares, scales) if p]
+    fig = figure(figsize=(7, 3.2 * len(panels)))
+    axes = [fig.add_subplot(len(panels), 1, k + 1) for k in range(len(panels))]
+    for ax, series in zip(axes, panels, strict=True):
+        for agent, values in series.items():
+            ax.plot(x, values, marker="o", markersize=3, label=agent)
+        ax.grid(alpha=0.3)
+        ax.set_xlabel("round")
+        if series is shares:
+            ax.set(ylabel="share of the averages", ylim=(0, 1.05),
+                   title="Each device's weight in the aggregated blocks")
+        else:
+            ax.set_yscale("log")
+            ax.set(ylabel="activation scale", title="Activations bounded (1 = untouched)")
+        ax.legend(fontsize=7, ncol=max(1, len(series) // 10), loc="best")
+    fig.savefig(path, dpi=110, bbox_inches="tight", format="png")
+    return None

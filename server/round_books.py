@@ -12,6 +12,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from jetsplit.server.aggregators import Shares
 from jetsplit.server.engine import Outcome
 
 
@@ -25,13 +26,17 @@ class RoundBooks:
     missed_kind: dict[str, str] = field(default_factory=dict)  # agent → the exchange missed
     aggregation: dict[str, str] = field(default_factory=dict)  # agent → clipped / left out
     bounded: dict[str, str] = field(default_factory=dict)  # agent → activations scaled down
+    # agent → the smallest mean scale its activations got in a step (1: untouched)
+    activation_scale: dict[str, float] = field(default_factory=dict)
+    influence: Shares = field(default_factory=Shares)  # each device's share of the averages
     # Also sees every noted outcome, across rounds (the trainer's Bench: server/benching.py).
     listener: Callable[[Outcome], None] | None = None
 
     def reset(self) -> None:
         """A new round: nothing done, nobody missed anything yet."""
         for books in (self.phases, self.fwd_samples, self.bwd_samples, self.full_samples,
-                      self.missed, self.missed_kind, self.aggregation, self.bounded):
+                      self.missed, self.missed_kind, self.aggregation, self.bounded,
+                      self.activation_scale, self.influence):
             books.clear()
 
     @contextlib.contextmanager

@@ -114,6 +114,8 @@ def _train(engine: Engine, archive: Path, settings: Settings, test: ArrayDataset
                 "benched": trainer.bench.sitting_out(),
                 "aggregation": dict(sorted(trainer.books.aggregation.items())),
                 "bounded": dict(sorted(trainer.books.bounded.items())),
+                "activation_scale": dict(sorted(trainer.books.activation_scale.items())),
+                "influence": trainer.books.influence.result(),
                 "train_loss": loss,
                 **scores,
                 "bytes_up": sum(train_bytes["up"].values()),

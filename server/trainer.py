@@ -197,7 +197,8 @@ class Trainer:
         agents = out.agents
         acts = to_device([out[a].tensors["activations"] for a in agents], np.float32,
                          self.device)
-        acts = self.activation_bound.apply(agents, acts, self.books.bounded)
+        acts = self.activation_bound.apply(agents, acts, self.books.bounded,
+                                           self.books.activation_scale)
         labels = to_device([out[a].tensors["labels"] for a in agents], np.int64, self.device)
         return agents, acts, labels
 
@@ -221,7 +222,8 @@ class Trainer:
         device (clipped, left out) goes into this round's books."""
         s = self.settings
         return aggregate(states, weights, s.aggregator, reference=reference,
-                         notes=self.books.aggregation, clip_factor=s.clip_factor,
+                         notes=self.books.aggregation, shares=self.books.influence,
+                         clip_factor=s.clip_factor,
                          robust_fraction=s.robust_fraction)
 
     def claimed_sizes(self, agents: list[str]) -> dict[str, int]:

@@ -376,7 +376,8 @@ class SHeRL(Method):
         order = sorted(embeddings)
         [x] = to_device([np.concatenate([embeddings[e] for e in order])], np.float32, t.device)
         parts = self.embedding_bound.apply(
-            order, list(torch.split(x, [len(embeddings[e]) for e in order])), t.books.bounded)
+            order, list(torch.split(x, [len(embeddings[e]) for e in order])), t.books.bounded,
+            t.books.activation_scale)
         x = torch.cat(parts) if len(parts) > 1 else parts[0]
         [y] = to_device([np.concatenate([labels[e] for e in order])], np.int64, t.device)
         with autocast(t.device, t.settings.autocast):

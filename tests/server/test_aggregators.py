@@ -10,6 +10,7 @@ import pytest
 from jetsplit.server.aggregation import fedavg
 from jetsplit.server.aggregators import (
     AGGREGATORS,
+    Shares,
     aggregate,
     krum_kept,
     trimmed_count,
@@ -182,3 +183,50 @@ def test_multi_krum_scores_small_distances_and_any_outlier_name() -> None:
     # a's two nearest: e at 0.47 and d at 0.48
     assert float(notes["a"].split("score ")[1].rstrip(")")) == pytest.approx(
         0.47**2 + 0.48**2, rel=1e-5)
+
+
+def _shares(states: dict, weights: dict, rule: str, **kw: object) -> dict[str, float]:
+    shares = Shares()
+    aggregate(states, weights, rule, shares=shares, **kw)  # type: ignore[arg-type]
+    return shares.result()
+
+
+def test_each_rule_reports_each_devices_share_by_hand() -> None:
+    """Shares are the weight each upload carried in the result (the influence plot)."""
+    weights = {"a": 1, "b": 1, "c": 2, "d": 4}
+    four = _states({"a": [3, 4], "b": [0, 1], "c": [0, 2], "d": [30, 40]})
+    assert _shares(four, weights, "mean") == {"a": 0.125, "b": 0.125, "c": 0.25, "d": 0.5}
+    # clipped as above: d's update scaled by 7/50, so its weight 4/8 becomes 0.07
+    reference = {"w": np.zeros(2, np.float32), "n": np.array([0])}
+    assert _shares(four, weights, "clipped", reference=reference) == pytest.approx(
+        {"a": 0.125, "b": 0.125, "c": 0.25, "d": 0.5 * 7 / 50})
+    # median of 3 per coordinate: w0 = [3, 0, 0, 30] (ties in id order: b, c, a, d) -> the
+    # middle two of 4 are c and a; w1 = [4, 1, 2, 40] -> c and a; each counts 1/2
+    assert _shares(four, weights, "median") == {"a": 0.5, "b": 0.0, "c": 0.5, "d": 0.0}
+    five = _states({"a": [1, -100], "b": [2, 0], "c": [3, 1], "d": [4, 2], "e": [100, 3]})
+    # trimmed 1 at each end: w0 keeps b, c, d; w1 keeps b, c, d too (a lowest, e highest)
+    assert _shares(five, dict.fromkeys("abcde", 1), "trimmed-mean") == pytest.approx(
+        {"a": 0.0, "b": 1 / 3, "c": 1 / 3, "d": 1 / 3, "e": 0.0})
+    spread = _states({"a": [0, 9], "b": [1, 1], "c": [2, 2], "d": [3, 3], "e": [100, 0]})
+    # w1 = [9, 1, 2, 3, 0]: e lowest, a highest, so b, c, d kept; w0: a and e trimmed
+    assert _shares(spread, dict.fromkeys("abcde", 1), "trimmed-mean") == pytest.approx(
+        {"a": 0.0, "b": 1 / 3, "c": 1 / 3, "d": 1 / 3, "e": 0.0})
+    krum = _states({"a": [0], "b": [1], "c": [2], "d": [3], "e": [100]})
+    assert _shares(krum, {"a": 1, "b": 2, "c": 3, "d": 4, "e": 10}, "multi-krum") == \
+        pytest.approx({"a": 0.1, "b": 0.2, "c": 0.3, "d": 0.4, "e": 0.0})
+
+
+def test_shares_average_over_the_parameters_of_each_devices_layers() -> None:
+    """Mixed cuts: l1 (3 parameters) held by a, b, c; l2 (1 parameter) by a and c. a's share
+    is (3 × 1/6 + 1 × 1/4) / 4; b holds l1 only, so its share is l1's, 2/6."""
+    states = {"a": {"l1": np.zeros(3), "l2": np.zeros(1)}, "b": {"l1": np.zeros(3)},
+              "c": {"l1": np.zeros(3), "l2": np.zeros(1)}}
+    shares = _shares(states, {"a": 1, "b": 2, "c": 3}, "mean")
+    assert shares == pytest.approx({"a": (3 / 6 + 1 / 4) / 4, "b": 2 / 6,
+                                    "c": (3 * 3 / 6 + 3 / 4) / 4})
+    twice = Shares()  # two aggregates in one round (Ampere's client and aux blocks)
+    twice.add({"a": 1.0}, 10)
+    twice.add({"a": 0.0, "b": 1.0}, 30)
+    assert twice.result() == {"a": 0.25, "b": 1.0}
+    twice.clear()
+    assert twice.result() == {}

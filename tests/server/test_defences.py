@@ -51,6 +51,11 @@ def test_the_defences_cost_a_clean_run_nothing_and_contain_an_attacker(tmp_path:
     clean, rows = _run(tmp_path / "clean")
     unbounded, _ = _run(tmp_path / "unbounded", activation_bound=0.0)
     assert all(r["bounded"] == {} and r["aggregation"] == {} for r in rows)
+    assert all(r["activation_scale"] == {} for r in rows)
+    for r in rows:  # every device's share of the client average, by its size (iid shards)
+        assert sorted(r["influence"]) == ["a0", "a1", "a2", "a3", "a4"]
+        assert sum(r["influence"].values()) == pytest.approx(1.0, abs=1e-5)
+        assert min(r["influence"].values()) > 0.15
     assert clean["final_accuracy"] == unbounded["final_accuracy"]
     a, b = _weights(tmp_path / "clean"), _weights(tmp_path / "unbounded")
     assert a and all(a[k].tobytes() == b[k].tobytes() for k in a)
@@ -72,9 +77,13 @@ def test_the_defences_cost_a_clean_run_nothing_and_contain_an_attacker(tmp_path:
     krum, rows = _run(tmp_path / "krum", "scale:1000", aggregator="multi-krum")
     assert [sorted(r["aggregation"]) for r in rows] == [["a4"], ["a4"]]
     assert all(r["aggregation"]["a4"].startswith("left out by multi-krum") for r in rows)
+    assert all(r["influence"]["a4"] == 0.0 for r in rows)
+    assert all(sum(r["influence"].values()) == pytest.approx(1.0, abs=1e-5) for r in rows)
     assert krum["final_accuracy"] >= accuracy - 0.1
     assert 0.5 * clean_norm < client_norm(tmp_path / "krum") < 2 * clean_norm
 
     bounded, rows = _run(tmp_path / "bounded", "activation-scale:1000000")
     assert [sorted(r["bounded"]) for r in rows] == [["a4"], ["a4"]]
+    assert [sorted(r["activation_scale"]) for r in rows] == [["a4"], ["a4"]]
+    assert all(1e-8 < r["activation_scale"]["a4"] < 1e-4 for r in rows)  # ~ × 10^-6 back
     assert bounded["final_accuracy"] >= accuracy - 0.1

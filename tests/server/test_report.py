@@ -54,6 +54,7 @@ def _row(round_: int, *, agents: bool, accuracy: float | None) -> dict[str, Any]
         "device_gflops": {"a0": 0.5, "a1": 0.5},
         "phases_s": {"forward": 0.5, "server": 0.3}, "seconds": 3.0 + round_,
         "tier_bytes": {"device-edge": 1_500_000, "edge-cloud": 500_000},
+        "influence": {}, "activation_scale": {"a1": 1e-3} if round_ == 1 else {},
     }
     if agents:
         row["agents"] = {a: _agent(p, round_, rich=a == "a0") for a, p in AGENTS.items()}
@@ -97,7 +98,8 @@ def test_report_with_agent_books(tmp_path: Path) -> None:
     assert path == run / "report.md" and text.startswith("# Trial of PSL\n")
     links = _image_links(text)
     assert set(links) == {"accuracy.png", "loss.png", "accuracy_vs_cost.png", "round_time.png",
-                          "bytes.png", "tier_bytes.png", "agent_time.png", "agent_memory.png"}
+                          "bytes.png", "tier_bytes.png", "agent_time.png", "agent_memory.png",
+                          "influence.png"}
     _assert_pngs(run, links)
     assert "Skipped" not in text
     # summary paragraph: algorithm, rounds, agents with profiles, accuracy, traffic, time
@@ -120,7 +122,7 @@ def test_report_without_agent_books_and_a_missing_accuracy(tmp_path: Path) -> No
     assert text.startswith("# jetsplit run trial-test\n")
     links = _image_links(text)
     assert set(links) == {"accuracy.png", "loss.png", "accuracy_vs_cost.png", "round_time.png",
-                          "bytes.png", "tier_bytes.png"}
+                          "bytes.png", "tier_bytes.png", "influence.png"}
     _assert_pngs(run, links)
     assert text.count("_Skipped: the metrics rows carry no per-agent `agents` field") == 2
     assert "no accuracy in the last round (last measured: 60.00% in round 3)" in text

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from jetsplit.server.report import write_report
-from jetsplit.server.report_defences import MAX_NOTE, defences_section
+from jetsplit.server.report_defences import MAX_NOTE, defences_section, plot_influence
 
 pytestmark = pytest.mark.fast
 
@@ -41,3 +41,24 @@ def test_a_clean_run_says_so(tmp_path: Path) -> None:
     (run / "summary.json").write_text(json.dumps({"final_accuracy": 0.5}))
     report = write_report(run).read_text()
     assert "## Defences" in report and "| 0 | a9 | activations bounded: \\|x\\| |" in report
+
+
+def test_the_influence_plot_draws_shares_and_scales_and_skips_junk(tmp_path: Path) -> None:
+    from matplotlib.figure import Figure
+
+    rows = [{"round": 0, "influence": {"a0": 0.5, "a1": 0.5, "a9": "x", "a8": 1e400},
+             "activation_scale": {"a1": 1e-6, "a7": -3}},
+            {"round": 1, "influence": {"a0": 1.0, "a1": 0.0}, "activation_scale": "junk"}]
+    drawn: list[list[str]] = []
+
+    class Recording(Figure):  # type: ignore[misc]
+        def savefig(self, *args: object, **kwargs: object) -> None:
+            drawn.append([line.get_label() for ax in self.axes for line in ax.get_lines()])
+            super().savefig(*args, **kwargs)
+
+    path = tmp_path / "influence.png"
+    assert plot_influence(rows, path, Recording) is None
+    assert path.stat().st_size > 1000
+    assert drawn == [["a0", "a1", "a1"]]  # shares of a0 and a1; a1's scale; no junk
+    assert plot_influence([{"round": 0, "influence": {}}], path, Recording) == (
+        "no round records a device's share of an average or a bounded activation")
