@@ -42,13 +42,24 @@ def test_guard_lets_a_learning_loss_pass_and_stops_growth_and_nan() -> None:
     guard = DivergenceGuard(Settings(algorithm="scala"), classes=10)
     for loss in (2.4, 2.0, 9.0, 1.2, None):  # noisy but within an order of magnitude
         guard.check(loss, 0, "server")
-    with pytest.raises(Diverged, match="over 10x the first loss"):
+    # SplitFed V1's first steps on AlexNet/MNIST at its defaults: one spike, then it learns
+    for loss in (41.1, 7.2, 3.6, 30.0, 25.0, 2.5, 25.0, 2.4):
+        guard.check(loss, 0, "server")
+    guard.check(24.1, 1, "device")  # another tier's count is its own
+    guard.check(24.1, 1, "server")
+    guard.check(24.1, 1, "server")
+    with pytest.raises(Diverged, match="over 10x the first loss .2.4. for 3 checks in a row"):
         guard.check(24.1, 1, "server")
     with pytest.raises(Diverged, match="training loss is nan"):
         guard.check(math.nan, 2, "server")
+    with pytest.raises(Diverged, match="over 100x the first loss"):
+        DivergenceGuard(Settings(algorithm="scala"), 10, first=2.4).check(241.0, 0, "server")
+    DivergenceGuard(Settings(algorithm="scala"), 10, first=2.4).check(239.0, 0, "server")
     first = DivergenceGuard(Settings(algorithm="fedavg"), classes=10)
+    first.check(26.9, 0, "device")  # before any loss was seen: against the chance level
+    first.check(26.9, 1, "device")
     with pytest.raises(Diverged, match="over 10x the chance level"):
-        first.check(26.9, 0, "device")  # diverged before any loss was seen
+        first.check(26.9, 2, "device")
 
 
 def test_summed_server_loss_blamed_on_its_reduction(archive: Path, tmp_path: Path) -> None:
@@ -88,6 +99,6 @@ def test_an_outsized_upload_is_named_after_round_0_under_the_plain_mean() -> Non
         guard = DivergenceGuard(Settings(algorithm=algorithm, aggregator=aggregator), 10)
         guard.check(2.3, 0, "server")
         with pytest.raises(Diverged) as stopped:
-            guard.check(1e6, round_, "server")
+            guard.check(1e6, round_, "server")  # a hundred times over: at once
         assert (upload in str(stopped.value)) is named, (algorithm, aggregator, round_)
         assert "server learning rate" in str(stopped.value)
