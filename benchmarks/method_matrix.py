@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from jetsplit.catalog import NAMES
+from jetsplit.server.divergence import Diverged
 from jetsplit.server.settings import Settings
 from jetsplit.server.simulate import sherl_topology, simulate
 
@@ -37,6 +38,9 @@ def main() -> int:
     parser.add_argument("--partitions", nargs="+", default=["iid", "dirichlet:0.1"])
     add_run_options(parser)
     parser.add_argument("--fraction", type=float, default=0.5)
+    parser.add_argument("--reuse", action="store_true",
+                        help="a run whose --out folder already holds its summary, made with "
+                             "these same arguments, is read instead of run again")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny: digits, 2 methods, 1 seed, 2 rounds × 1 step (seconds)")
     args = parser.parse_args()
@@ -51,7 +55,7 @@ def main() -> int:
     print(f"# {args.dataset}, {args.model} split {args.split}, {args.agents} agents, fraction "
           f"{args.fraction}, {args.rounds} rounds × {args.local_steps} local steps, batch "
           f"{args.batch}, lr {args.lr}, seeds {args.seeds}", flush=True)
-    finals: dict[tuple[str, str], list[float]] = {}
+    finals: dict[tuple[str, str], list[float | None]] = {}  # None: the run diverged
     for partition in args.partitions:
         for method in args.methods:
             for seed in args.seeds:
@@ -60,25 +64,54 @@ def main() -> int:
                                     local_steps=args.local_steps, fraction=args.fraction,
                                     batch=args.batch, lr=args.lr, seed=seed, edges=edges)
                 run_dir = out / f"{method}-{partition.replace(':', '')}-seed{seed}"
+                shape = dict(model=args.model, split=args.split, dataset=args.dataset,
+                             clients=args.agents, partition_scheme=partition)
                 started = time.perf_counter()
-                summary = simulate(settings, model=args.model, split=args.split,
-                                   dataset=args.dataset, clients=args.agents,
-                                   partition_scheme=partition, out_dir=run_dir,
-                                   checkpoint=False)
-                acc = float(summary["final_accuracy"])
+                acc = finished(run_dir, settings, shape) if args.reuse else None
+                reused = acc is not None
+                try:
+                    if acc is None:
+                        summary = simulate(settings, out_dir=run_dir, checkpoint=False, **shape)
+                        acc = float(summary["final_accuracy"])
+                    result = f"final accuracy {acc:.4f}" + (" (reused)" if reused else "")
+                except Diverged as exc:
+                    result = f"DIVERGED: {exc}"
                 finals.setdefault((method, partition), []).append(acc)
-                print(f"{method:24s} {partition:14s} seed {seed}: final accuracy {acc:.4f} "
+                print(f"{method:24s} {partition:14s} seed {seed}: {result} "
                       f"({time.perf_counter() - started:.0f}s)", flush=True)
     print(f"\ncommand: {command}\n")
     print("| method | " + " | ".join(args.partitions) + " |")
     print("|---|" + "---|" * len(args.partitions))
     for method in args.methods:
-        cells = [mean_spread(finals[(method, p)]) for p in args.partitions]
+        cells = [matrix_cell(finals[(method, p)]) for p in args.partitions]
         print(f"| {method} | " + " | ".join(cells) + " |")
     (out / "method_matrix.json").write_text(json.dumps(
         {"command": command, "final_accuracy": {f"{m} {p}": v for (m, p), v in finals.items()}},
         indent=2))
     return 0
+
+
+def finished(run_dir: Path, settings: Settings, shape: dict[str, object]) -> float | None:
+    """The final accuracy of an earlier run in `run_dir` made with these same settings and
+    run shape (its simulation.json says), or None: anything else is run again."""
+    try:
+        saved = json.loads((run_dir / "simulation.json").read_text())
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    same = (saved.get("settings") == json.loads(json.dumps(settings.__dict__))
+            and all(saved.get(k) == v for k, v in shape.items()))
+    accuracy = summary.get("final_accuracy") if same else None
+    return float(accuracy) if isinstance(accuracy, int | float) else None
+
+
+def matrix_cell(values: list[float | None]) -> str:
+    """mean ± spread over the seeds that trained, and how many diverged."""
+    trained = [v for v in values if v is not None]
+    diverged = len(values) - len(trained)
+    if not trained:
+        return f"diverged ({diverged} of {len(values)})"
+    return mean_spread(trained) + (f" ({diverged} of {len(values)} diverged)" if diverged else "")
 
 
 def add_run_options(parser: argparse.ArgumentParser, *, agents: int = 10, rounds: int = 10,

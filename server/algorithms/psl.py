@@ -121,7 +121,8 @@ class PSL(SplitMethod):
     def save(self, out_dir: Path) -> None:
         save_arrays(to_arrays(self.trainer.server, "server"), out_dir / "server.safetensors")
         (out_dir / "clients").mkdir(exist_ok=True)
-        t = self.trainer
-        for agent, state in t.pull(t.engine.registry.eligible()).items():
+        t = self.trainer  # a client never selected holds no bundle, so no block to save
+        held = [a for a in t.engine.registry.eligible() if not t.needs_bundle(a)]
+        for agent, state in t.pull(held).items():
             save_arrays(t.completions.whole(agent, state),
                          out_dir / "clients" / f"{agent}.safetensors")
