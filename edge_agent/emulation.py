@@ -11,6 +11,10 @@ Under emulation an agent's compute time is its process CPU time × slowdown (tor
 thread per trial agent), and it sleeps until its wall time reaches that: agents sharing a
 2-core machine are not charged for waiting on each other's CPU (that shows as waiting).
 Without emulation compute time is wall time, as on a real device.
+
+A trace (`edge_agent/traces.py`) makes the device change during the run: from a given round
+(or second) its speed falls to a fraction of the profile's, its links change, its power
+mode is relabelled. The clock applies the row in force at each command's round.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 from typing_extensions import Annotated
+
+from jetsplit.edge_agent.traces import Trace, TraceState
 
 Direction = Literal["up", "down"]
 MAX_LINK_SLEEP_S = 600.0  # one message never blocks the agent longer (watchdog headroom)
@@ -37,6 +43,7 @@ class EmulationSection(BaseModel):
     compute_slowdown: Annotated[float, Field(ge=1.0, le=10_000.0)] = 1.0
     uplink_mbps: Optional[Annotated[float, Field(gt=0, le=1e6)]] = None
     downlink_mbps: Optional[Annotated[float, Field(gt=0, le=1e6)]] = None
+    trace: Optional[Trace] = None  # how the device changes during the run
 
 
 class DeviceClock:
@@ -57,12 +64,34 @@ class DeviceClock:
         self._setup_wall = 0.0
         self.started = time.monotonic()
         self._lock = threading.Lock()
+        self.round = 0  # the round of the command being handled (a trace's key)
+        self.conditions = TraceState()
 
     @property
     def emulating(self) -> bool:
         s = self.section
         return s.compute_slowdown > 1.0 or s.uplink_mbps is not None \
-            or s.downlink_mbps is not None
+            or s.downlink_mbps is not None or s.trace is not None
+
+    def enter_round(self, round_: int) -> None:
+        """Apply the trace row in force at this round (or at this many seconds since start)."""
+        self.round = max(0, round_)
+        if self.section.trace is not None:
+            self.conditions = self.section.trace.state(
+                self.round, time.monotonic() - self.started)
+
+    @property
+    def slowdown(self) -> float:
+        """The compute stretch now: the profile's, divided by the trace's speed fraction
+        (never below 1: this machine cannot run faster than it does)."""
+        return max(1.0, self.section.compute_slowdown / self.conditions.compute)
+
+    def link_mbps(self, direction: Direction) -> Optional[float]:
+        """The link rate now: the trace's where it sets one, else the profile's."""
+        c, s = self.conditions, self.section
+        if direction == "up":
+            return c.uplink_mbps if c.uplink_mbps is not None else s.uplink_mbps
+        return c.downlink_mbps if c.downlink_mbps is not None else s.downlink_mbps
 
     @contextlib.contextmanager
     def compute(self) -> Iterator[None]:
@@ -76,8 +105,7 @@ class DeviceClock:
             skip_cpu = self._setup_cpu - setup_cpu
             spent = time.perf_counter() - wall - (self._setup_wall - setup_wall)
             if self.emulating:  # the device's time: CPU work × slowdown
-                spent, late = (self._cpu() - cpu - skip_cpu) * self.section.compute_slowdown, \
-                    spent
+                spent, late = (self._cpu() - cpu - skip_cpu) * self.slowdown, spent
                 if spent > late:
                     time.sleep(spent - late)
             with self._lock:
@@ -102,7 +130,7 @@ class DeviceClock:
 
     def transfer(self, nbytes: int, direction: Direction, spent_s: float = 0.0) -> None:
         """Account one message; on an emulated link, wait for its bytes to pass."""
-        mbps = self.section.uplink_mbps if direction == "up" else self.section.downlink_mbps
+        mbps = self.link_mbps(direction)
         if mbps is not None:
             wait = min(nbytes * 8 / (mbps * 1e6), MAX_LINK_SLEEP_S) - spent_s
             if wait > 0:
@@ -120,4 +148,5 @@ class DeviceClock:
                     "setup_s": round(self.setup_s, 4),
                     "uptime_s": round(time.monotonic() - self.started, 4),
                     "profile": self.section.profile,
-                    "compute_slowdown": self.section.compute_slowdown}
+                    "compute_slowdown": round(self.slowdown, 4),
+                    "power_mode": self.conditions.power_mode}

@@ -250,6 +250,7 @@ class AgentWorker(EdgeRole):
             self.last_command = kind
             self.last_round = round_ if self.last_round is None else max(self.last_round,
                                                                           round_)
+            self.clock.enter_round(round_)  # a trace's conditions for this round
         with self.clock.compute():
             result: Result = handler(args, round_, step, tensors)
         self.commands_done += 1

@@ -177,16 +177,22 @@ def simulated_attacks(attacks: dict[str, str], clients: int, seed: int,
 
 def parse_attack_options(options: list[str]) -> dict[str, str]:
     """`--attack a3=scale:1000` options as {agent: spec}; a malformed one is one line."""
+    return parse_agent_options(options, "--attack", "a3=scale:1000")
+
+
+def parse_agent_options(options: list[str], flag: str, example: str) -> dict[str, str]:
+    """Repeated `FLAG AGENT=VALUE` options as {agent: value}; a malformed or repeated one is
+    one line showing `example`."""
     from jetsplit.errors import ConfigError
 
-    attacks: dict[str, str] = {}
+    values: dict[str, str] = {}
     for option in options:
-        agent, sep, spec = option.partition("=")
-        if not sep or not agent or not spec or agent in attacks:
-            raise ConfigError(f"--attack {option!r}: write AGENT=SPEC (e.g. a3=scale:1000), "
+        agent, sep, value = option.partition("=")
+        if not sep or not agent or not value or agent in values:
+            raise ConfigError(f"{flag} {option!r}: write AGENT=VALUE (e.g. {example}), "
                               f"once per agent")
-        attacks[agent] = spec
-    return attacks
+        values[agent] = value
+    return values
 
 
 def agent_name(index: int) -> str:

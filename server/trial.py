@@ -33,6 +33,7 @@ import typer
 from jetsplit import catalog
 from jetsplit.data.checks import check_data_options
 from jetsplit.edge_agent.emulation import EmulationSection
+from jetsplit.edge_agent.traces import Trace
 from jetsplit.errors import ConfigError, JetsplitError
 from jetsplit.server.preflight import (
     check_port,
@@ -43,6 +44,7 @@ from jetsplit.server.preflight import (
 from jetsplit.server.simulate import (
     agent_name,
     edge_name,
+    parse_agent_options,
     parse_attack_options,
     sherl_topology,
     simulated_attacks,
@@ -88,6 +90,9 @@ class TrialSpec:
     # {agent: attack spec}: tests and benchmarks only (JETSPLIT_ALLOW_ATTACKS=1), written
     # into those agents' [attack] (edge_agent/attacks.py)
     attacks: dict[str, str] = field(default_factory=dict)
+    # {agent: trace name or file}: how that agent's device changes during the run
+    # (edge_agent/traces.py), replayed by its emulation
+    traces: dict[str, str] = field(default_factory=dict)
 
     def host_groups(self) -> list[tuple[str, int, int, int]]:
         """(profile, first, stride, count) per fleet-host process: clients of one profile
@@ -204,6 +209,21 @@ def predicted_row(plan: dict[str, Any]) -> Any:
 # --------------------------------------------------------------------------- agents
 
 
+def trial_traces(spec: TrialSpec) -> dict[str, Trace]:
+    """Each traced agent's trace, loaded and checked: agents of this trial only, one per
+    process (a fleet host's agents share one config)."""
+    from jetsplit.edge_agent.traces import load_trace
+
+    if spec.traces and spec.agents_per_process > 1:
+        raise ConfigError("--trace needs one agent per process (--agents-per-process 1)")
+    known = spec.device_profiles()
+    for agent in spec.traces:
+        if agent not in known:
+            raise ConfigError(f"--trace {agent}={spec.traces[agent]}: no trial agent "
+                              f"{agent!r} (they are {', '.join(known)})")
+    return {agent: load_trace(name) for agent, name in spec.traces.items()}
+
+
 def agent_config(spec: TrialSpec, agent: str, broker_url: str, state_dir: Path,
                  emulation: EmulationSection, *, index: int | None = None) -> str:
     """agent.toml for a trial agent: client aN keeps shard N of the dataset; edge eN has
@@ -222,7 +242,7 @@ def agent_config(spec: TrialSpec, agent: str, broker_url: str, state_dir: Path,
         "data": {"dataset": spec.dataset, "partition": spec.partition,
                  "clients": spec.agents, "index": 0 if edge else index, "seed": spec.seed,
                  "test_fraction": spec.test_fraction},
-        "emulation": {k: v for k, v in emulation.model_dump().items() if v is not None},
+        "emulation": emulation.model_dump(exclude_none=True),
     }
     if agent in spec.attacks:
         doc["attack"] = {"kind": spec.attacks[agent]}
@@ -314,6 +334,7 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
             raise ConfigError("--attack needs one agent per process (--agents-per-process 1)")
         simulated_attacks(spec.attacks, spec.agents, spec.seed, who="trial agent")  # names,
         # specs and permission, before any process starts
+    traces = trial_traces(spec)  # names and rows, before any process starts
     if spec.agents_per_process < 1:
         raise ConfigError(f"--agents-per-process must be at least 1, got "
                           f"{spec.agents_per_process}")
@@ -341,7 +362,8 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
                                    dataset_size, dilation if spec.emulate else 1.0)
     plan["emulation"] = {"host_gflops_1_thread": round(host, 2),
                          "compute_dilation": round(dilation, 3),
-                         "profiles": {n: s.model_dump() for n, s in sections.items()}}
+                         "profiles": {n: s.model_dump() for n, s in sections.items()},
+                         "traces": dict(spec.traces)}
     (out_dir / "plan.json").write_text(json.dumps(plan, indent=2))
     log.info("cuts %s, server cut %d (planner); this machine %.1f GFLOPS on one thread; "
              "emulated compute runs %.2f× slower than the profiles say (the fastest at half "
@@ -370,8 +392,11 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
         if hosted and not agent.startswith("e"):
             continue
         path = agent_dir / f"{agent}.toml"
+        section = sections[name]
+        if agent in traces:
+            section = section.model_copy(update={"trace": traces[agent]})
         path.write_text(agent_config(spec, agent, address.url(), agent_dir / "state",
-                                     sections[name]))
+                                     section))
         configs.append(path)
     cfg = ServerConfig(fleet="trial", agents=len(device_profiles), seed=spec.seed,
                        model=ModelSection(name=spec.model, input_shape=list(test.input_shape),
@@ -516,6 +541,10 @@ def trial_command(
     attack: Annotated[list[str] | None, typer.Option(
         "--attack", help="Tests and benchmarks only (JETSPLIT_ALLOW_ATTACKS=1): AGENT=SPEC "
         "makes that agent process misbehave (repeat), e.g. a3=scale:1000.")] = None,
+    trace: Annotated[list[str] | None, typer.Option(
+        "--trace", help="AGENT=TRACE: that agent's device changes during the run as the "
+        "trace says (a file, or a name in profiles/traces/, e.g. a0=link-drop-recover); "
+        "repeat per agent.")] = None,
 ) -> None:
     """Field trial on this machine: broker, coordinator and emulated agents; report."""
     logging.basicConfig(level=logging.WARNING,
@@ -531,7 +560,9 @@ def trial_command(
                          edge_profile=edge_profile, device=device,
                          common_split=common_split, cuts=parse_cuts(cut),
                          agents_per_process=agents_per_process,
-                         attacks=parse_attack_options(attack or []))
+                         attacks=parse_attack_options(attack or []),
+                         traces=parse_agent_options(trace or [], "--trace",
+                                                    "a0=link-drop-recover"))
         out_dir = out or Path("runs") / time.strftime("trial-%Y%m%d-%H%M%S", time.gmtime())
     from jetsplit.server.tracking import Trackers
 
