@@ -59,6 +59,9 @@ class DeviceClock:
         self.compute_s = 0.0
         self.compute_wall_s = 0.0  # what compute really took here (emulation fidelity)
         self.transfer_s = 0.0
+        # per direction, for the coordinator's live link estimates (server/live_estimates.py)
+        self.transfer_dir_s = {"up": 0.0, "down": 0.0}
+        self.bytes_dir = {"up": 0, "down": 0}
         self.setup_s = 0.0  # one-time setup inside commands, never stretched (see `setup`)
         self._setup_cpu = 0.0
         self._setup_wall = 0.0
@@ -138,6 +141,8 @@ class DeviceClock:
                 spent_s += wait
         with self._lock:
             self.transfer_s += spent_s
+            self.transfer_dir_s[direction] += spent_s
+            self.bytes_dir[direction] += nbytes
 
     def snapshot(self) -> dict[str, float | str | None]:
         """Cumulative books since start; the coordinator differences them per round."""
@@ -145,6 +150,9 @@ class DeviceClock:
             return {"compute_s": round(self.compute_s, 4),
                     "compute_wall_s": round(self.compute_wall_s, 4),
                     "transfer_s": round(self.transfer_s, 4),
+                    "transfer_up_s": round(self.transfer_dir_s["up"], 6),
+                    "transfer_down_s": round(self.transfer_dir_s["down"], 6),
+                    "bytes_up": self.bytes_dir["up"], "bytes_down": self.bytes_dir["down"],
                     "setup_s": round(self.setup_s, 4),
                     "uptime_s": round(time.monotonic() - self.started, 4),
                     "profile": self.section.profile,

@@ -3,7 +3,8 @@ available (MemAvailable: Jetson memory is unified, so this is what the GPU can g
 CPU load, the hottest thermal zone, and — on a Jetson — GPU/EMC load and power.
 
 GPU figures come from jetson-stats (`jtop`, AGPL, optional and imported lazily; it needs its
-root service) or else one line of `tegrastats`, whose format differs per board and JetPack.
+root service) or else one line of `tegrastats`, whose format differs per board and JetPack;
+the power mode (MAXN, 15W, ...) from `nvpmodel -q` where it is on PATH.
 Those probes take up to a second, so they run in a background thread and their last result
 is cached: a status call never waits on them. Everything else is a few /proc and /sys reads.
 """
@@ -123,6 +124,21 @@ def _read_jtop(timeout_s: float) -> dict[str, Any]:
             "rails_mw": rails}
 
 
+_POWER_MODE = re.compile(r"NV Power Mode:\s*(\S.{0,31}?)\s*$", re.MULTILINE)
+
+
+def parse_nvpmodel(text: str) -> str | None:
+    """The mode name `nvpmodel -q` prints ("NV Power Mode: MAXN"), or None."""
+    found = _POWER_MODE.search(text)
+    return found.group(1) if found else None
+
+
+def _nvpmodel_mode(binary: str, timeout_s: float) -> str | None:
+    done = subprocess.run([binary, "-q"], capture_output=True, text=True, timeout=timeout_s,
+                          stdin=subprocess.DEVNULL)
+    return parse_nvpmodel(done.stdout) if done.returncode == 0 else None
+
+
 class GpuProbe:
     """Jetson GPU/EMC load and power, refreshed in the background at most every `ttl_s`.
 
@@ -132,9 +148,11 @@ class GpuProbe:
     """
 
     def __init__(self, ttl_s: float = 5.0, timeout_s: float = 1.5,
-                 tegrastats: str | None = None, use_jtop: bool | None = None) -> None:
+                 tegrastats: str | None = None, use_jtop: bool | None = None,
+                 nvpmodel: str | None = None) -> None:
         self.ttl_s, self.timeout_s = ttl_s, timeout_s
         self.tegrastats = tegrastats if tegrastats is not None else shutil.which("tegrastats")
+        self.nvpmodel = nvpmodel if nvpmodel is not None else shutil.which("nvpmodel")
         self.use_jtop = _jtop_importable() if use_jtop is None else use_jtop
         self._lock = threading.Lock()
         self._reading: dict[str, Any] | None = None
@@ -174,6 +192,12 @@ class GpuProbe:
 
     def _refresh(self) -> None:
         reading, note = self._probe()
+        if reading is not None:  # the power mode rides along (None: not a Jetson, or failed)
+            try:
+                mode = _nvpmodel_mode(self.nvpmodel, self.timeout_s) if self.nvpmodel else None
+            except (OSError, subprocess.SubprocessError):
+                mode = None
+            reading = {**reading, "power_mode": mode}
         with self._lock:
             if reading is not None:
                 self._reading = reading

@@ -1,5 +1,6 @@
-"""Per-round books of every agent: where its time went (compute / transfer / waiting) and
-its telemetry (memory, CPU, temperature), from one `status` poll after each round.
+"""Per-round books of every agent: where its time went (compute / transfer / waiting), its
+telemetry (memory, CPU, temperature), its power mode and the live estimates of its speed
+and links (server/live_estimates.py), from one `status` poll after each round.
 
 Agents keep cumulative books (`edge_agent.emulation.DeviceClock`); the coordinator takes
 differences per round, so a missed poll only merges two rounds. Replies are untrusted:
@@ -12,6 +13,7 @@ from typing import Any
 
 from jetsplit.server.engine import Command, Engine
 from jetsplit.server.finite import finite
+from jetsplit.server.live_estimates import LiveEstimates
 
 STATUS_DEADLINE_S = 15.0
 
@@ -23,7 +25,9 @@ class FleetBooks:
         self.engine, self.deadline_s = engine, deadline_s
         self.last: dict[str, dict[str, float]] = {}
         self.walls: dict[str, float] = {}
+        self.links: dict[str, dict[str, float]] = {}  # cumulative per-direction books
         self.telemetry: dict[str, dict[str, Any]] = {}
+        self.estimates = LiveEstimates()
 
     def collect(self, row: dict[str, Any]) -> dict[str, Any]:
         registry = self.engine.registry
@@ -39,10 +43,25 @@ class FleetBooks:
                 info["profile"] = name[:64]
             reply = out.replies.get(agent) if out is not None else None
             if reply is not None:
-                info.update(self._books(agent, reply.meta.get("time")))
+                books = reply.meta.get("time")
+                info.update(self._books(agent, books))
                 info.update(self._memory(agent, reply.meta.get("telemetry")))
+                info["power_mode"] = power_mode(books, reply.meta.get("telemetry"))
+                delta = {**self._links(agent, books), "compute_s": info.get("compute_s")}
+                gflops = (row.get("device_gflops") or {}).get(agent)
+                info["estimate"] = self.estimates.measure(agent, gflops, delta)
             agents[agent] = info
         return {"agents": agents}
+
+    def _links(self, agent: str, books: Any) -> dict[str, float]:
+        """This round's growth of the per-direction transfer books (seconds and bytes)."""
+        if not isinstance(books, dict):
+            return {}
+        keys = ("transfer_up_s", "transfer_down_s", "bytes_up", "bytes_down")
+        now = {k: finite(books.get(k), 0.0, 1e15) for k in keys}
+        before = self.links.get(agent, {})
+        self.links[agent] = {k: v for k, v in now.items() if v is not None}
+        return {k: max(0.0, v - before.get(k, 0.0)) for k, v in now.items() if v is not None}
 
     def _books(self, agent: str, books: Any) -> dict[str, float]:
         if not isinstance(books, dict):
@@ -71,3 +90,13 @@ class FleetBooks:
                "cpu_percent": finite(telemetry.get("cpu_process_pct"), 0, 1e5),
                "temperature_c": finite(telemetry.get("temp_c"), -100, 200)}
         return {k: v for k, v in out.items() if v is not None}
+
+
+def power_mode(books: Any, telemetry: Any) -> str:
+    """The device's power mode: an emulated trace's label, else what `nvpmodel -q` said on
+    the device, else `unknown` (not a Jetson, or no nvpmodel)."""
+    mode = books.get("power_mode") if isinstance(books, dict) else None
+    if not isinstance(mode, str) and isinstance(telemetry, dict):
+        gpu = telemetry.get("gpu")
+        mode = gpu.get("power_mode") if isinstance(gpu, dict) else None
+    return mode[:32] if isinstance(mode, str) and mode else "unknown"

@@ -39,8 +39,15 @@ class AgentView:
     error: str | None = None  # the agent answered the status request with an error
 
     def row(self) -> dict[str, Any]:
+        from jetsplit.server.fleet_books import power_mode
+        from jetsplit.server.live_estimates import LiveEstimates
+
         s = self.status or {}
         tele = s.get("telemetry") or {}
+        books = s.get("time") if isinstance(s.get("time"), dict) else {}
+        # the agent's links over its life so far (the coordinator's per-round estimates,
+        # with its speed, are in each metrics row's `agents`)
+        links = LiveEstimates().measure(self.agent, None, books)
         rss = tele.get("rss_mb")
         temp = tele.get("temp_c")
         state = self.state
@@ -54,6 +61,8 @@ class AgentView:
             "cut": s.get("split"), "last_round": s.get("last_round"),
             "rss_mb": rss if isinstance(rss, (int, float)) else None,
             "temp_c": temp if isinstance(temp, (int, float)) else None,
+            "power_mode": power_mode(books, tele) if self.status is not None else None,
+            "up_mbps": links.get("uplink_mbps"), "down_mbps": links.get("downlink_mbps"),
             "last_error": s.get("last_error") or self.error,
         }
 
@@ -196,7 +205,7 @@ def ls(broker: Broker = None, fleet: Fleet = None, config: Config = None,
        fleet_key_file: KeyFile = None, tls_ca: TlsCa = None, wait: Wait = 3.0,
        as_json: Annotated[bool, typer.Option("--json", help="One JSON list.")] = False) -> None:
     """List every agent with state, role, profile, bundle, cut, last round, RSS,
-    temperature and last error."""
+    temperature, power mode, measured link rates and last error."""
     if wait <= 0:
         raise ConfigError("--wait: must be > 0")
     with _client(broker, fleet, fleet_key_file, tls_ca, config) as client:
@@ -213,13 +222,12 @@ def ls(broker: Broker = None, fleet: Fleet = None, config: Config = None,
 
     table = Table(title=f"fleet {fleet} ({sum(r['state'] != 'offline' for r in rows)} of "
                   f"{len(rows)} online)")
-    for name in ("agent", "state", "role", "profile", "bundle", "cut", "last_round", "rss_mb",
-                 "temp_c", "last_error"):
+    columns = ("agent", "state", "role", "profile", "bundle", "cut", "last_round", "rss_mb",
+               "temp_c", "power_mode", "up_mbps", "down_mbps", "last_error")
+    for name in columns:
         table.add_column(name.replace("_", " "), overflow="fold")
     for r in rows:
-        table.add_row(*(_cell(r[k]) for k in ("agent", "state", "role", "profile", "bundle",
-                                             "cut", "last_round", "rss_mb", "temp_c",
-                                             "last_error")))
+        table.add_row(*(_cell(r[k]) for k in columns))
     Console(width=160).print(table)
 
 

@@ -236,3 +236,26 @@ def test_probe_falls_back_from_a_dead_jtop_service(monkeypatch: pytest.MonkeyPat
     no_fallback.wait(10)
     reading, note = no_fallback.read()
     assert reading is None and note.startswith("error: jtop: The jtop.service is not active")
+
+
+def test_probe_reads_the_power_mode_from_nvpmodel_where_present(tmp_path: Path) -> None:
+    from jetsplit.edge_agent.telemetry import parse_nvpmodel
+
+    assert parse_nvpmodel("NV Power Mode: MAXN\n0\n") == "MAXN"
+    assert parse_nvpmodel("NVPM WARN: fan mode is not set!\nNV Power Mode: 15W\n2\n") == "15W"
+    assert parse_nvpmodel("nvpmodel: command failed\n") is None
+    tegra = _fake_tegrastats(tmp_path, f'echo "{ORIN_NANO_JP6}"')
+    nvp = tmp_path / "nvpmodel"
+    nvp.write_text('#!/bin/sh\n[ "$1" = "-q" ] && printf "NV Power Mode: 10W\\n1\\n"\n')
+    nvp.chmod(0o755)
+    probe = GpuProbe(tegrastats=tegra, use_jtop=False, nvpmodel=str(nvp), ttl_s=60,
+                     timeout_s=5)
+    probe.read()
+    probe.wait(10)
+    reading, _ = probe.read()
+    assert reading is not None and reading["power_mode"] == "10W"
+    absent = GpuProbe(tegrastats=tegra, use_jtop=False, nvpmodel="", ttl_s=60, timeout_s=5)
+    absent.read()
+    absent.wait(10)
+    reading, _ = absent.read()
+    assert reading is not None and reading["power_mode"] is None  # no nvpmodel: unknown

@@ -54,6 +54,8 @@ def test_fleet_ls_status_logs_stop(mosquitto, tmp_path: Path,
         assert [(r["agent"], r["profile"], r["role"]) for r in rows] == [
             (f"a{i}", p, "client") for i, p in enumerate(PROFILES)]
         assert all(r["rss_mb"] and r["rss_mb"] > 10 and r["bundle"] is None for r in rows)
+        # not a Jetson and no trace: the power mode is unknown; too few bytes yet for a rate
+        assert all(r["power_mode"] == "unknown" and r["up_mbps"] is None for r in rows)
         server_toml = tmp_path / "server.toml"  # fleet and [mqtt] from the coordinator's config
         server_toml.write_text(f'fleet = "ops"\n[mqtt]\nbroker = "{url}"\n')
         assert main(["fleet", "ls", "--config", str(server_toml), "--json"]) == 0
