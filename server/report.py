@@ -159,6 +159,8 @@ class AgentTotals:
     max_temperature_c: float | None = None
     gflops: float | None = None
     cut: int | None = None  # the last layer its device trains (per-device cuts)
+    power_mode: str | None = None  # the last reported (trace label or nvpmodel)
+    estimate: dict[str, float] = field(default_factory=dict)  # the last live estimates
     compute_rounds: int = 0  # rounds that reported compute_s (for per-round means)
     transfer_rounds: int = 0
 
@@ -169,6 +171,13 @@ class AgentTotals:
             self.cut = info["cut"]
         if isinstance(info.get("state"), str):
             self.state = info["state"]
+        if isinstance(info.get("power_mode"), str):
+            self.power_mode = info["power_mode"][:32]
+        estimate = info.get("estimate")
+        for key, value in (estimate.items() if isinstance(estimate, dict) else ()):
+            number = finite(value, 0.0, 1e12)
+            if number is not None and key in ("gflops", "uplink_mbps", "downlink_mbps"):
+                self.estimate[key] = number
         self.compute_rounds += finite(info.get("compute_s")) is not None
         self.transfer_rounds += finite(info.get("transfer_s")) is not None
         self.compute_s = _add(self.compute_s, info.get("compute_s"))
@@ -622,6 +631,11 @@ def agents_table(run: RunData) -> list[str]:
         ("samples", lambda a: _fmt(facts.get(a.agent, {}).get("dataset_size"))),
         ("offline events", lambda a: _fmt(facts.get(a.agent, {}).get("offline_events"))),
         ("cut", lambda a: _fmt(a.cut)),  # the plan's prediction at it: "Split plan"
+        ("power mode", lambda a: _fmt(a.power_mode if a.power_mode != "unknown" else None)),
+        # the live estimates at the end of the run (server/live_estimates.py)
+        ("GFLOPS (live)", lambda a: _fmt(a.estimate.get("gflops"), ".2f")),
+        ("up Mbit/s (live)", lambda a: _fmt(a.estimate.get("uplink_mbps"), ".1f")),
+        ("down Mbit/s (live)", lambda a: _fmt(a.estimate.get("downlink_mbps"), ".1f")),
     ]
     columns: list[tuple[str, Callable[[AgentTotals], str]]] = [
         ("agent", lambda a: _fmt(a.agent)), ("profile", lambda a: _fmt(a.profile)),

@@ -31,7 +31,9 @@ def _agent(profile: str, round_: int, *, rich: bool) -> dict[str, Any]:
                             "wait_s": 0.2 * round_, "rss_mb": 900.0 + 10 * round_}
     if rich:
         info.update(available_mb=3000.0 - 50 * round_, cpu_percent=85.0,
-                    temperature_c=48.5 + round_)
+                    temperature_c=48.5 + round_, power_mode="15W" if round_ else "MAXN",
+                    estimate={"gflops": 10.0 + round_, "uplink_mbps": 48.0, "bad": 1.0,
+                              "downlink_mbps": "junk"})
     else:
         info.update(available_mb=None, temperature_c=None)
     return info
@@ -112,6 +114,12 @@ def test_report_with_agent_books(tmp_path: Path) -> None:
     agent_line = next(line for line in text.splitlines() if line.startswith("| a0 |"))
     assert "| orin-nano-8gb | 4 | 0 | 6.60 | 1.60 | 1.20 | 0.91 | 2.000 |" in agent_line
     assert "mean CPU %" in text and "max °C" in text
+    # the last power mode and live estimates; the poorer agent reports none
+    assert "| power mode | GFLOPS (live) | up Mbit/s (live) |" in text
+    assert "down Mbit/s (live)" not in text  # nobody reported a number for it
+    assert agent_line.endswith("| 15W | 13.00 | 48.0 |"), agent_line
+    a1_line = next(line for line in text.splitlines() if line.startswith("| a1 |"))
+    assert a1_line.endswith("| — | — | — |"), a1_line
     assert "| name | k | est_ms | bytes |" in text and "| orin-nano-8gb | 3 | 41.5 |" in text
     assert '```toml\n[train]\nalgorithm = "psl"' in text
 
