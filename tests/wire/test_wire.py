@@ -27,7 +27,7 @@ from jetsplit.wire import (
 )
 from jetsplit.wire import errors as wire_errors
 
-from wire_fuzz import mutate_bytes  # testing/ (see conftest.py)
+from wire_fuzz import mutate_bytes, seeds  # testing/ (see conftest.py)
 
 # torch-free device side: `.ci/run` also runs this on Python 3.9
 pytestmark = pytest.mark.device_pure
@@ -198,18 +198,9 @@ def test_reassembly_is_bounded_and_times_out() -> None:
 
 
 def _valid_messages() -> list[bytes]:
-    rng = np.random.default_rng(0)
-    out = []
-    for codec in CODECS:
-        for compression in COMPRESSIONS:
-            msg = Message(MessageType.REPLY, run="r", sender="s", seq=7, kind="activations",
-                          meta={"n": 3},
-                          tensors={"act": rng.standard_normal((2, 3, 4, 4)).astype(np.float32),
-                                   "labels": np.arange(2)})
-            out.append(encode_message(msg, codec=codec, compression=compression))
-    out.append(encode_message(Message(MessageType.ACK, run="r", sender="s", seq=1),
-                              fleet_key=KEY))
-    return out
+    """The fuzzer's seeds (every codec and compression, a chunk, an ACK) and a signed ACK."""
+    return [*seeds(), encode_message(Message(MessageType.ACK, run="r", sender="s", seq=1),
+                                     fleet_key=KEY)]
 
 
 def test_ten_thousand_hostile_inputs_are_rejected_with_typed_errors() -> None:
