@@ -99,7 +99,8 @@ def finished(run_dir: Path, settings: Settings, shape: dict[str, object]) -> flo
         summary = json.loads((run_dir / "summary.json").read_text())
     except (OSError, json.JSONDecodeError):
         return None
-    same = (saved.get("settings") == json.loads(json.dumps(settings.__dict__))
+    same = (isinstance(saved, dict) and isinstance(summary, dict)
+            and saved.get("settings") == json.loads(json.dumps(settings.__dict__))
             and all(saved.get(k) == v for k, v in shape.items()))
     accuracy = summary.get("final_accuracy") if same else None
     return float(accuracy) if isinstance(accuracy, int | float) else None
