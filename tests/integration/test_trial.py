@@ -24,10 +24,12 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def test_short_trial_writes_report_with_plots(tmp_path: Path) -> None:
     out = tmp_path / "trial"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    trace = tmp_path / "drop.csv"  # a1's device drops to a 10 W mode from round 1
+    trace.write_text("round,compute,power_mode\n1,0.5,10W\n")
     done = subprocess.run(
         [sys.executable, "-m", "jetsplit.cli", "trial", "--agents", "2", "--rounds", "2",
          "--local-steps", "3", "--model", "mobilenetv3-small", "--dataset", "digits",
-         "--batch", "32", "--out", str(out)],
+         "--batch", "32", "--out", str(out), "--trace", f"a1={trace}"],
         capture_output=True, text=True, env=env, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert f"report: {out / 'report.md'}" in done.stdout
@@ -43,10 +45,14 @@ def test_short_trial_writes_report_with_plots(tmp_path: Path) -> None:
         assert set(row["agents"]) == {"a0", "a1"}
         for info in row["agents"].values():
             assert info["compute_s"] > 0 and info["rss_mb"] > 0 and info["state"] == "online"
+            assert info["estimate"]["gflops"] > 0  # the live estimate of its speed
+    assert [r["agents"]["a1"]["power_mode"] for r in rows] == ["unknown", "10W"]
+    assert [r["agents"]["a0"]["power_mode"] for r in rows] == ["unknown", "unknown"]
     assert rows[0]["agents"]["a0"]["profile"] == "jetson-nano-4gb"
     assert rows[0]["agents"]["a1"]["profile"] == "orin-nx-16gb"
     plan = json.loads((out / "plan.json").read_text())
     assert plan["used_split"] >= 1 and plan["emulation"]["host_gflops_1_thread"] > 0
+    assert plan["emulation"]["traces"] == {"a1": str(trace)}
     assert json.loads((out / "trial.json").read_text())["agents"] == 2
     assert (out / "config.toml").is_file() and (out / "checkpoint" / "state.json").is_file()
 
