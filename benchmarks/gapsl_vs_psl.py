@@ -50,12 +50,9 @@ def main() -> int:
     parser.add_argument("--validation", type=float, default=0.2)
     parser.add_argument("--partition", default="dirichlet:0.1")
     parser.add_argument("--fraction", type=float, default=0.5)
-    add_run_options(parser)
+    add_run_options(parser, reuse=True)
     parser.add_argument("--plot", type=Path, default=None,
                         help="write the per-round test-accuracy curves here (PNG)")
-    parser.add_argument("--reuse", action="store_true",
-                        help="a run whose --out folder already holds its results, made with "
-                             "these same arguments, is read instead of run again")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny: digits, 2 rates, 1 seed, 1 round × 1 step (seconds)")
     args = parser.parse_args()

@@ -36,11 +36,8 @@ def main() -> int:
     parser.add_argument("--methods", nargs="+", default=list(NAMES), choices=NAMES)
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--partitions", nargs="+", default=["iid", "dirichlet:0.1"])
-    add_run_options(parser)
+    add_run_options(parser, reuse=True)
     parser.add_argument("--fraction", type=float, default=0.5)
-    parser.add_argument("--reuse", action="store_true",
-                        help="a run whose --out folder already holds its summary, made with "
-                             "these same arguments, is read instead of run again")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny: digits, 2 methods, 1 seed, 2 rounds × 1 step (seconds)")
     args = parser.parse_args()
@@ -117,8 +114,10 @@ def matrix_cell(values: list[float | None]) -> str:
 
 def add_run_options(parser: argparse.ArgumentParser, *, agents: int = 10, rounds: int = 10,
                     local_steps: int = 10, batch: int = 64, lr: float = 0.01,
-                    model: str = "alexnet", split: int = 2, dataset: str = "mnist") -> None:
-    """The options every training benchmark shares (one run's shape), with its defaults."""
+                    model: str = "alexnet", split: int = 2, dataset: str = "mnist",
+                    reuse: bool = False) -> None:
+    """The options every training benchmark shares (one run's shape), with its defaults;
+    `reuse` adds --reuse for a benchmark that reads its earlier runs (see `finished`)."""
     parser.add_argument("--agents", type=int, default=agents)
     parser.add_argument("--rounds", type=int, default=rounds)
     parser.add_argument("--local-steps", type=int, default=local_steps)
@@ -129,6 +128,10 @@ def add_run_options(parser: argparse.ArgumentParser, *, agents: int = 10, rounds
     parser.add_argument("--dataset", default=dataset)
     parser.add_argument("--out", type=Path, default=None,
                         help="every run's folder goes here (default: a new temp dir)")
+    if reuse:
+        parser.add_argument("--reuse", action="store_true",
+                            help="a run whose --out folder already holds its results, made "
+                                 "with these same arguments, is read instead of run again")
 
 
 def mean_spread(values: list[float], digits: int = 3) -> str:
