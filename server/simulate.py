@@ -177,11 +177,12 @@ def simulated_attacks(attacks: dict[str, str], clients: int, seed: int,
 
 def parse_attack_options(options: list[str]) -> dict[str, str]:
     """`--attack a3=scale:1000` options as {agent: spec}; a malformed one is one line."""
-    return parse_agent_options(options, "--attack", "a3=scale:1000")
+    return parse_agent_options(options, "--attack", "SPEC", "a3=scale:1000")
 
 
-def parse_agent_options(options: list[str], flag: str, example: str) -> dict[str, str]:
-    """Repeated `FLAG AGENT=VALUE` options as {agent: value}; a malformed or repeated one is
+def parse_agent_options(options: list[str], flag: str, what: str, example: str
+                        ) -> dict[str, str]:
+    """Repeated `FLAG AGENT=WHAT` options as {agent: value}; a malformed or repeated one is
     one line showing `example`."""
     from jetsplit.errors import ConfigError
 
@@ -189,7 +190,7 @@ def parse_agent_options(options: list[str], flag: str, example: str) -> dict[str
     for option in options:
         agent, sep, value = option.partition("=")
         if not sep or not agent or not value or agent in values:
-            raise ConfigError(f"{flag} {option!r}: write AGENT=VALUE (e.g. {example}), "
+            raise ConfigError(f"{flag} {option!r}: write AGENT={what} (e.g. {example}), "
                               f"once per agent")
         values[agent] = value
     return values

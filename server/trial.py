@@ -561,7 +561,7 @@ def trial_command(
                          common_split=common_split, cuts=parse_cuts(cut),
                          agents_per_process=agents_per_process,
                          attacks=parse_attack_options(attack or []),
-                         traces=parse_agent_options(trace or [], "--trace",
+                         traces=parse_agent_options(trace or [], "--trace", "TRACE",
                                                     "a0=link-drop-recover"))
         out_dir = out or Path("runs") / time.strftime("trial-%Y%m%d-%H%M%S", time.gmtime())
     from jetsplit.server.tracking import Trackers

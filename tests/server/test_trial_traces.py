@@ -37,7 +37,7 @@ def test_the_traced_agent_config_carries_its_trace(tmp_path: Path) -> None:
     (["--trace", "a9=power-mode-drop"], "--trace a9=power-mode-drop: no trial agent 'a9'"),
     (["--trace", "a1=power-mode-drop", "--agents-per-process", "2"], "one agent per process"),
     (["--trace", "a1=nope"], "trace nope: no such file or bundled trace"),
-    (["--trace", "a1"], "--trace 'a1': write AGENT=VALUE (e.g. a0=link-drop-recover)"),
+    (["--trace", "a1"], "--trace 'a1': write AGENT=TRACE (e.g. a0=link-drop-recover)"),
     (["--trace", "a1=BAD"], "row 2: compute: input should be greater than 0"),
 ])
 def test_trial_trace_is_checked_before_anything_starts(
