@@ -69,6 +69,7 @@ class DeviceClock:
         self._lock = threading.Lock()
         self.round = 0  # the round of the command being handled (a trace's key)
         self.conditions = TraceState()
+        self._looked_up = False  # whether `conditions` holds the trace's row for `round`
 
     @property
     def emulating(self) -> bool:
@@ -77,11 +78,13 @@ class DeviceClock:
             or s.downlink_mbps is not None or s.trace is not None
 
     def enter_round(self, round_: int) -> None:
-        """Apply the trace row in force at this round (or at this many seconds since start)."""
-        self.round = max(0, round_)
-        if self.section.trace is not None:
-            self.conditions = self.section.trace.state(
-                self.round, time.monotonic() - self.started)
+        """Apply the trace row in force at this round (or at this many seconds since start).
+        Called for every command: a round-keyed trace is looked up once per round."""
+        trace = self.section.trace
+        if trace is None or (trace.by_round and round_ == self.round and self._looked_up):
+            return
+        self.round, self._looked_up = max(0, round_), True
+        self.conditions = trace.state(self.round, time.monotonic() - self.started)
 
     @property
     def slowdown(self) -> float:
