@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 TORCH_PIN := torch==2.13.0
 
-.PHONY: demo test lint vermin bench setup clean device-check fast mutation
+.PHONY: demo test lint vermin bench setup clean device-check fast mutation cuda-check
 
 $(VENV)/.installed: pyproject.toml
 	@# Reuse a system torch (NVIDIA's wheel on Jetson) via system site-packages; never reinstall it.
@@ -76,6 +76,12 @@ vermin: setup
 # the device tests. Needs root; the userland is cached outside the clone.
 device-check: setup
 	$(PY) scripts/device_check.py
+
+# CUDA against CPU, method by method, on a machine with a GPU (skipped where torch sees none),
+# then the server step's CPU/CUDA ratio.
+cuda-check: setup
+	$(PY) -m pytest -q -o addopts= tests/server/test_cuda.py -rs
+	$(PY) benchmarks/bench_server.py
 
 clean:
 	rm -rf $(VENV) .venv38 .venv39 build *.egg-info

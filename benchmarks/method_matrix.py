@@ -2,8 +2,9 @@
 
 Defaults follow the issue's setting: MNIST-5k, AlexNet split 2 (the default model), 10
 agents at fraction 0.5, `iid` and `dirichlet:0.1`, 10 rounds × 10 local steps, batch 64,
-lr 0.01, seeds 0 1 2, in-process engine, each method at its catalog defaults (SHeRL-FL
-with one edge serving every agent). Prints one table, method × partition, of the mean ±
+seeds 0 1 2, in-process engine, each method at its catalog defaults, its learning rate
+included (0.01; PSL and GAPSL 0.003; SHeRL-FL Adam at 1e-3), SHeRL-FL with one edge
+serving every agent. Prints one table, method × partition, of the mean ±
 spread (population std) of the final accuracy over the seeds, with the command line that
 produced it. Every method is iterated from `jetsplit.catalog.NAMES`, so a new method shows
 up here without an edit. `tests/server/test_method_matrix.py` is the fast check in
@@ -51,7 +52,7 @@ def main() -> int:
 
     print(f"# {args.dataset}, {args.model} split {args.split}, {args.agents} agents, fraction "
           f"{args.fraction}, {args.rounds} rounds × {args.local_steps} local steps, batch "
-          f"{args.batch}, lr {args.lr}, seeds {args.seeds}", flush=True)
+          f"{args.batch}, lr {args.lr or 'each method default'}, seeds {args.seeds}", flush=True)
     finals: dict[tuple[str, str], list[float | None]] = {}  # None: the run diverged
     for partition in args.partitions:
         for method in args.methods:
@@ -113,7 +114,7 @@ def matrix_cell(values: list[float | None]) -> str:
 
 
 def add_run_options(parser: argparse.ArgumentParser, *, agents: int = 10, rounds: int = 10,
-                    local_steps: int = 10, batch: int = 64, lr: float = 0.01,
+                    local_steps: int = 10, batch: int = 64, lr: float | None = None,
                     model: str = "alexnet", split: int = 2, dataset: str = "mnist",
                     reuse: bool = False) -> None:
     """The options every training benchmark shares (one run's shape), with its defaults;
@@ -122,7 +123,9 @@ def add_run_options(parser: argparse.ArgumentParser, *, agents: int = 10, rounds
     parser.add_argument("--rounds", type=int, default=rounds)
     parser.add_argument("--local-steps", type=int, default=local_steps)
     parser.add_argument("--batch", type=int, default=batch)
-    parser.add_argument("--lr", type=float, default=lr)
+    parser.add_argument("--lr", type=float, default=lr,
+                        help="every method's rate (default: each method's own, "
+                             "server/optim.py)" if lr is None else None)
     parser.add_argument("--model", default=model)
     parser.add_argument("--split", type=int, default=split)
     parser.add_argument("--dataset", default=dataset)

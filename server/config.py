@@ -45,7 +45,8 @@ class TrainSection(BaseModel):
     rounds: Annotated[int, Field(ge=1, le=100_000)] = 10
     local_steps: Annotated[int, Field(ge=1, le=1_000_000)] = 10
     batch: Annotated[int, Field(ge=1, le=1 << 20)] = 64  # B over all selected agents
-    lr: Annotated[float, Field(gt=0, le=10)] = 0.01
+    # unset: the method's rate in its preset, else 0.01 (server/optim.py)
+    lr: Annotated[float, Field(gt=0, le=10)] | None = None
     fraction: Annotated[float, Field(gt=0, le=1)] = 1.0
     deadline_s: Annotated[float, Field(gt=0, le=86400)] = 60.0
     bundle_deadline_s: Annotated[float, Field(gt=0, le=86400)] = 300.0
@@ -76,7 +77,7 @@ class TrainSection(BaseModel):
     psl_reduction: Literal["sum", "mean"] | None = None
     preset: Literal["default", "paper"] = "default"  # per-method defaults (server/optim.py)
     patience: Annotated[int, Field(ge=1, le=100_000)] = 5  # Ampere
-    device_epochs: Annotated[int, Field(ge=1, le=100_000)] = 100
+    device_epochs: Annotated[int, Field(ge=1, le=100_000)] | None = None  # None: rounds // 2
     validation_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.2
     upload_mb: Annotated[float, Field(gt=0, le=4096)] = 8.0
     activation_dir: str | None = None

@@ -10,6 +10,9 @@ way:
     > the method's value in the chosen preset ([train] preset: `default` or `paper`; the
       presets live in the method catalog, jetsplit/catalog.py)
     > the general setting ([train] lr, optimizer, momentum).
+
+The general `lr` itself, when none is given, is the preset's `lr` (a method's own default
+rate: PSL's and GAPSL's), else DEFAULT_LR; a given `lr` always beats the preset's `lr`.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from jetsplit.catalog import METHODS, PRESETS
 from jetsplit.optimizers import build_optimizer
 
 TIERS = ("client", "server", "edge", "cloud")
+#: The learning rate of a method whose preset names none, when no `lr` is given.
+DEFAULT_LR = 0.01
 REDUCTIONS = ("mean", "sum")
 
 
@@ -59,13 +64,19 @@ def _setting(settings: Any, name: str, fallback: Any) -> Any:
     return fallback if entry is None else entry.preset(preset).get(name, fallback)
 
 
+def learning_rate(settings: Any, tier: str) -> float:
+    """The rate `tier` trains at under `settings` (see the module docstring)."""
+    general = _setting(settings, "lr", DEFAULT_LR)
+    return float(_setting(settings, f"{tier}_lr", general))
+
+
 def tier_optimizer(settings: Any, tier: str) -> TierOptimizer:
     """The optimiser `tier` trains with under `settings` (see the module docstring)."""
     if tier not in TIERS:
         raise ValueError(f"unknown tier {tier!r}; one of {', '.join(TIERS)}")
     name = _setting(settings, "optimizer", "sgd")
     return TierOptimizer(
-        name=name, lr=float(_setting(settings, f"{tier}_lr", settings.lr)),
+        name=name, lr=learning_rate(settings, tier),
         momentum=float(_setting(settings, "momentum", 0.0)) if name == "sgd" else 0.0,
         weight_decay=float(getattr(settings, "weight_decay", 0.0) or 0.0))
 

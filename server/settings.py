@@ -25,7 +25,7 @@ class Settings:
     local_steps: int = 10
     fraction: float = 1.0
     batch: int = 64  # B: per iteration over all selected agents, B_k ∝ |D_k|
-    lr: float = 0.01
+    lr: float | None = None  # None: the method's preset rate (server/optim.py)
     seed: int = 0
     deadline_s: float = 60.0
     bundle_deadline_s: float = 300.0
@@ -57,7 +57,7 @@ class Settings:
     # replies of at most `upload_mb` into a store bounded by `activation_gb`, kept in
     # `activation_dir` (default: a folder per run in the system temp dir, removed at the end).
     patience: int = 5
-    device_epochs: int = 100
+    device_epochs: int | None = None  # None: half the rounds
     validation_fraction: float = 0.2
     upload_mb: float = 8.0
     activation_dir: str | None = None

@@ -61,7 +61,8 @@ HELP: dict[str, str] = {
     "eta": "gapsl: threshold width η.",
     "patience": "ampere: device epochs without a better validation accuracy before "
                 "phase 2.",
-    "device_epochs": "ampere: at most this many device epochs (N_d).",
+    "device_epochs": "ampere: at most this many device epochs (N_d; default: half the "
+                     "rounds).",
     "server_batch": "ampere: server batch B(s) (default --batch).",
     "server_epochs": "ampere: at most this many server epochs (N_s).",
     "tau1": "sherl: iterations between edge aggregations (default tau2).",

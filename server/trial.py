@@ -71,7 +71,7 @@ class TrialSpec:
     partition: str = "dirichlet:0.5"
     local_steps: int = 10
     batch: int = 64
-    lr: float = 0.01
+    lr: float | None = None  # None: the method's default rate
     fraction: float = 1.0
     seed: int = 0
     codec: str = "fp32"

@@ -32,7 +32,11 @@ block and aux head (a role-true client bundle, eq. 27); the coordinator's full c
 zero server block, which never leaves it.
 
 Rounds: `rounds` is the whole budget; phase 1 takes up to min(N_d, rounds − 1) of them and
-every remaining round is one server epoch (N_s = rounds − phase-1 rounds). `local_steps` is
+every remaining round is one server epoch (N_s = rounds − phase-1 rounds). N_d defaults to
+half the rounds: the paper trains each side to convergence, and with a fixed budget a phase
+1 that kept improving would leave the server block, trained from scratch, one epoch (10
+rounds on AlexNet/MNIST: 0.33 at iid, at chance without consolidation under
+`dirichlet:0.1`, benchmarks/method_matrix.py). `local_steps` is
 not used. Rows carry `phase` and `validation_accuracy` besides the usual fields; in phase 1
 `accuracy` is client∘server with the still untrained server block, which is what the
 system would serve at that point.
@@ -284,8 +288,14 @@ class Ampere(Method):
     def _device_training_done(self) -> bool:
         t, s = self.trainer, self.trainer.settings
         last_round_next = t.round + 2 >= s.rounds  # phase 2 needs at least one round
-        return (self.stale >= self.options.patience or self.epoch >= self.options.device_epochs
+        return (self.stale >= self.options.patience or self.epoch >= self.device_epochs
                 or last_round_next)
+
+    @property
+    def device_epochs(self) -> int:
+        """N_d: the option, else half the rounds (the server block trains on the rest)."""
+        given = self.options.device_epochs
+        return given if given is not None else max(1, self.trainer.settings.rounds // 2)
 
     def _end_phase1(self) -> None:
         t = self.trainer

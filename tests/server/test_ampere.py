@@ -263,6 +263,26 @@ class Killed(Exception):
     """Stands in for SIGKILL after a round's checkpoint."""
 
 
+@pytest.mark.parametrize(("rounds", "device_epochs", "phases"), [
+    (5, None, [1, 1, 2, 2, 2]),  # N_d unset: half the rounds (5 // 2)
+    (7, None, [1, 1, 1, 2, 2, 2, 2]),
+    (5, 4, [1, 1, 1, 1, 2]),  # a given N_d is kept, one round left for phase 2
+])
+def test_phase_one_takes_half_the_rounds_unless_told(archive: Path, tmp_path: Path,
+                                                     rounds: int, device_epochs: int | None,
+                                                     phases: list[int]) -> None:
+    """Phase 1 keeps improving here (patience far off), so only N_d ends it: by default
+    half the rounds, leaving the untrained server block the other half."""
+    from jetsplit.server.round_loop import run_training
+
+    _, test = load_dataset_split("digits", 0.2, 0)
+    settings = Settings(algorithm="ampere", rounds=rounds, batch=48, lr=0.1, patience=100,
+                        device_epochs=device_epochs)
+    run_training(fleet(2, rows=60), archive, settings, test, tmp_path)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]
+    assert [r["phase"] for r in rows] == phases
+
+
 def test_resume_after_the_upload_round_equals_the_uninterrupted_run(archive: Path,
                                                                     tmp_path: Path) -> None:
     """`run_training` checkpoints after every round; a coordinator that dies after the

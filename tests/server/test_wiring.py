@@ -349,6 +349,25 @@ def test_tier_settings_resolve_own_then_paper_then_general() -> None:
     assert client_batch(plain) is None
 
 
+def test_an_unset_lr_is_the_methods_own_default() -> None:
+    """PSL and GAPSL default to their preset's rate (jetsplit/catalog.py: why), every other
+    method to DEFAULT_LR; a given lr beats the preset's rate, a tier's own beats both."""
+    from jetsplit.server.optim import DEFAULT_LR, tier_optimizer
+
+    assert DEFAULT_LR == 0.01
+    for name in ("psl", "gapsl"):
+        for tier in ("client", "server"):
+            assert tier_optimizer(Settings(algorithm=name), tier).lr == 0.003
+            assert tier_optimizer(Settings(algorithm=name, lr=0.02), tier).lr == 0.02
+        assert tier_optimizer(Settings(algorithm=name, server_lr=0.2), "server").lr == 0.2
+    for name in ("splitfed-v1", "scala", "ampere", "fedavg"):
+        assert tier_optimizer(Settings(algorithm=name), "client").lr == DEFAULT_LR
+    paper = Settings(algorithm="gapsl", preset="paper")  # its tier rates, not 0.003
+    assert (tier_optimizer(paper, "client").lr, tier_optimizer(paper, "server").lr) == (
+        0.005, 0.01)
+    assert tier_optimizer(Settings(algorithm="psl", preset="paper"), "server").lr == DEFAULT_LR
+
+
 def test_agents_train_with_the_client_optimiser_the_coordinator_sends(
         archive: Path, digits: Any) -> None:
     engine = skewed_engine(digits, sizes=(40, 40))
