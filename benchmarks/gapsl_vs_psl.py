@@ -13,9 +13,11 @@ batch, fraction and seeds, each at its catalog defaults except the learning rate
 
 Prints the sweep table, the result table (mean ± spread over seeds, and the paired
 per-seed difference GAPSL − PSL in points), and writes the per-round curves to `--plot`.
+`--methods` sweeps other catalog methods the same way (how a method's default rate is
+chosen, jetsplit/catalog.py); the GAPSL − PSL line needs both.
 
 Run: `.venv/bin/python benchmarks/gapsl_vs_psl.py [--grid 0.001 0.003 0.01 0.03 0.1]
-[--seeds 0 1 2] [--plot docs/img/gapsl_vs_psl.png] [--smoke]`
+[--seeds 0 1 2] [--methods psl gapsl] [--plot docs/img/gapsl_vs_psl.png] [--smoke]`
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from pathlib import Path
 
 from method_matrix import add_run_options, finished, mean_spread  # benchmarks/ on sys.path
 
+from jetsplit.catalog import NAMES
 from jetsplit.server.divergence import Diverged
 from jetsplit.server.settings import Settings
 from jetsplit.server.simulate import simulate
@@ -42,6 +45,7 @@ PAPER_GAIN_POINTS = 16.0  # GAPSL paper, Table II: CIFAR-10, VGG-16, non-IID
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=NAMES)
     parser.add_argument("--grid", nargs="+", type=float,
                         default=[0.001, 0.003, 0.01, 0.03, 0.1])
     parser.add_argument("--sweep-seeds", nargs="+", type=int, default=[0])
@@ -89,44 +93,38 @@ def main() -> int:
               flush=True)
         return accs
 
+    methods = tuple(args.methods)
     scores: dict[tuple[str, float], float] = {}
-    for method in METHODS:
+    for method in methods:
         for lr in args.grid:
             tails = [statistics.mean(curve(method, lr, s, args.validation)[-args.score_rounds:])
                      for s in args.sweep_seeds]
             scores[(method, lr)] = statistics.mean(tails)
     chosen = {m: max(sorted(args.grid), key=lambda lr, m=m: (scores[(m, lr)], -lr))
-              for m in METHODS}
+              for m in methods}
 
-    curves = {m: {s: curve(m, chosen[m], s, 0.0) for s in args.seeds} for m in METHODS}
-    finals = {m: [c[-1] for c in curves[m].values()] for m in METHODS}
-    gains = [100 * (curves["gapsl"][s][-1] - curves["psl"][s][-1]) for s in args.seeds]
+    curves = {m: {s: curve(m, chosen[m], s, 0.0) for s in args.seeds} for m in methods}
+    finals = {m: [c[-1] for c in curves[m].values()] for m in methods}
 
     print(f"\ncommand: {command}\n")
     print(f"sweep: validation accuracy, mean of the last {args.score_rounds} rounds")
     print("| method | " + " | ".join(f"lr {lr:g}" for lr in args.grid) + " | chosen |")
     print("|---|" + "---|" * (len(args.grid) + 1))
-    for m in METHODS:
+    for m in methods:
         cells = [f"{scores[(m, lr)]:.3f}" for lr in args.grid]
         print(f"| {m} | " + " | ".join(cells) + f" | {chosen[m]:g} |")
-    for m in METHODS:  # a best rate at the grid's edge may not be the best rate
+    for m in methods:  # a best rate at the grid's edge may not be the best rate
         if len(args.grid) > 1 and chosen[m] in (min(args.grid), max(args.grid)):
             edge = "smallest" if chosen[m] == min(args.grid) else "largest"
             print(f"note: {m}'s best rate is the grid's {edge}; a wider --grid may find a "
                   f"better one")
     print("\n| method | lr | final test accuracy (mean ± spread) | per seed |")
     print("|---|---|---|---|")
-    for m in METHODS:
+    for m in methods:
         per_seed = ", ".join(f"{a:.3f}" for a in finals[m])
         print(f"| {m} | {chosen[m]:g} | {mean_spread(finals[m])} | {per_seed} |")
-    gain = statistics.mean(gains)
-    spread = statistics.pstdev(gains) if len(gains) > 1 else 0.0
-    verdict = ("GAPSL above PSL on every seed" if min(gains) > 0 else
-               "GAPSL below PSL on every seed" if max(gains) < 0 else
-               "no difference on any seed" if not any(gains) else "the seeds disagree")
-    print(f"\nGAPSL - PSL: {gain:+.1f} ± {spread:.1f} points (per seed "
-          f"{', '.join(f'{g:+.1f}' for g in gains)}): {verdict}; the paper reports "
-          f"{PAPER_GAIN_POINTS:+.1f}")
+    if set(METHODS) <= set(methods):
+        print_gain(curves, args.seeds)
     (out / "gapsl_vs_psl.json").write_text(json.dumps({
         "command": command, "sweep": {f"{m} {lr:g}": v for (m, lr), v in scores.items()},
         "chosen": chosen, "curves": {m: {str(s): c for s, c in cs.items()}
@@ -136,6 +134,19 @@ def main() -> int:
                     f"{args.model}, {args.agents} agents")
         print(f"curves: {args.plot}")
     return 0
+
+
+def print_gain(curves: dict[str, dict[int, list[float]]], seeds: list[int]) -> None:
+    """The paired per-seed difference GAPSL − PSL in points, against the paper's."""
+    gains = [100 * (curves["gapsl"][s][-1] - curves["psl"][s][-1]) for s in seeds]
+    gain = statistics.mean(gains)
+    spread = statistics.pstdev(gains) if len(gains) > 1 else 0.0
+    verdict = ("GAPSL above PSL on every seed" if min(gains) > 0 else
+               "GAPSL below PSL on every seed" if max(gains) < 0 else
+               "no difference on any seed" if not any(gains) else "the seeds disagree")
+    print(f"\nGAPSL - PSL: {gain:+.1f} ± {spread:.1f} points (per seed "
+          f"{', '.join(f'{g:+.1f}' for g in gains)}): {verdict}; the paper reports "
+          f"{PAPER_GAIN_POINTS:+.1f}")
 
 
 def round_accuracies(metrics: Path) -> list[float]:
