@@ -113,6 +113,23 @@ class MethodEntry:
         return self.planner_proxy or self.name
 
     @property
+    def replans(self) -> bool:
+        """Whether live re-planning may move its devices' cuts between rounds
+        (server/replanning.py): split methods with per-device cuts and a server gradient.
+        FedAvg and SHeRL-FL train one common cut; Ampere's per-cut aux heads would need
+        their own move (not built)."""
+        return self.splits and not self.common_cut and self.client_content == CLIENT_BLOCK
+
+    @property
+    def replan_note(self) -> str:
+        """Why a method keeps its cuts (empty where it re-plans)."""
+        if self.replans:
+            return ""
+        if not self.splits or self.common_cut:
+            return "one common cut for every device"
+        return "per-cut aux heads are not moved between cuts"
+
+    @property
     def reduces_server_loss(self) -> bool:
         """Whether its server loss combines the clients' losses by ``psl_reduction``."""
         return issubclass(self.options, PslOptions)

@@ -143,6 +143,14 @@ class Completions:
             if self.shallow(agent) and (fresh or agent not in self.copies):
                 self.load(agent, global_client)
 
+    def move(self, agent: str, cut: int) -> None:
+        """Agent's cut is now `cut` (live re-planning): its copy, built for the old cut, is
+        dropped; the next `begin_round` (or a method's `load`) builds the new one."""
+        self.cuts[agent] = cut
+        self.copies.pop(agent, None)
+        self.optimizers.pop(agent, None)
+        self._pending.pop(agent, None)
+
     def state(self, agent: str) -> Arrays:
         module = self.copies.get(agent)
         return {} if module is None else to_arrays(module, "client")

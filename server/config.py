@@ -59,6 +59,10 @@ class TrainSection(BaseModel):
     # the share trimmed at each end (`trimmed-mean`) and the assumed attackers
     # (`multi-krum`'s f = ⌊β·n⌋).
     aggregator: Literal["mean", "clipped", "median", "trimmed-mean", "multi-krum"] = "mean"
+    # Live re-planning (server/replanning.py): move cuts between rounds when the planner,
+    # fed what the run measures of each device, predicts a round this much shorter.
+    replan: Literal["off", "on"] = "off"
+    replan_threshold: Annotated[float, Field(gt=0, lt=1)] = 0.2
     clip_factor: Annotated[float, Field(gt=0, le=1000)] = DEFAULT_CLIP_FACTOR
     robust_fraction: Annotated[float, Field(ge=0, lt=0.5)] = DEFAULT_ROBUST_FRACTION
     # After this many deadline misses in a row an agent sits out 1, 2, 4 … rounds

@@ -35,21 +35,18 @@ def plan_cuts(algorithm: str, model: str, input_shape: tuple[int, int, int], cla
     as JSON with per-agent predictions). `split` forces one common cut;
     `common_split` asks the planner for one. A trial plans the fleet it emulates: every
     device's compute `compute_dilation` times slower than its profile (links unchanged)."""
-    from jetsplit.export.cost_model import get_costs
     from jetsplit.export.plan_json import per_device, plan_to_dict
-    from jetsplit.export.planner import ALGORITHMS, PlanSettings, check_feasible, plan_fleet
+    from jetsplit.export.planner import ALGORITHMS, check_feasible, plan_fleet
     from jetsplit.profiles import resolve_profile
 
-    planned, three_tiers = _planned_as(algorithm)
-    settings = PlanSettings(algorithm=planned, batch=batch, local_steps=local_steps,
-                            rounds=rounds, dataset_size=dataset_size, codec=codec,
-                            common_split=common_split or split is not None or three_tiers)
-    costs = get_costs(model, input_shape, classes)
-    resolved = {a: resolve_profile(p) if isinstance(p, str) else p
-                for a, p in sorted(agent_profiles.items())}
+    planned, _ = _planned_as(algorithm)
+    costs, resolved, settings = _planning_inputs(
+        algorithm, model, input_shape, classes, agent_profiles, batch=batch,
+        local_steps=local_steps, rounds=rounds, dataset_size=dataset_size, codec=codec,
+        common_split=common_split or split is not None, compute_dilation=compute_dilation)
     label = {a: p if isinstance(p, str) else p.name for a, p in agent_profiles.items()}
     name = {a: r.name for a, r in resolved.items()}  # a path's profile goes by its name
-    devices = list({r.name: dilated(r, compute_dilation) for r in resolved.values()}.values())
+    devices = list({r.name: r for r in resolved.values()}.values())
     plan = plan_fleet(costs, devices, resolve_profile(server_profile), settings)
     check_feasible(plan)
     if not ALGORITHMS[planned].splits:  # the whole model trains on the device
@@ -76,6 +73,52 @@ def plan_cuts(algorithm: str, model: str, input_shape: tuple[int, int, int], cla
     return server_cut, cuts, {**plan_to_dict(plan), "planned_as": planned,
                               "used_split": server_cut, "per_device": predicted,
                               "agents": agents}
+
+
+def _planning_inputs(algorithm: str, model: str, input_shape: tuple[int, int, int],
+                     classes: int, agent_profiles: Mapping[str, Any], *, batch: int,
+                     local_steps: int, rounds: int, dataset_size: int | None, codec: str,
+                     common_split: bool, compute_dilation: float
+                     ) -> tuple[Any, dict[str, Any], Any]:
+    """What the planner costs a fleet with: (the model's costs, each agent's profile as
+    planned — resolved, compute dilated as a trial emulates it —, the PlanSettings)."""
+    from jetsplit.export.cost_model import get_costs
+    from jetsplit.export.planner import PlanSettings
+    from jetsplit.profiles import resolve_profile
+
+    planned, three_tiers = _planned_as(algorithm)
+    settings = PlanSettings(algorithm=planned, batch=batch, local_steps=local_steps,
+                            rounds=rounds, dataset_size=dataset_size, codec=codec,
+                            common_split=common_split or three_tiers)
+    resolved = {a: dilated(resolve_profile(p) if isinstance(p, str) else p, compute_dilation)
+                for a, p in sorted(agent_profiles.items())}
+    return get_costs(model, input_shape, classes), resolved, settings
+
+
+def replanner_for(algorithm: str, model: str, input_shape: tuple[int, int, int],
+                  classes: int, agent_profiles: Mapping[str, Any], *, batch: int,
+                  local_steps: int, rounds: int, dataset_size: int | None, codec: str,
+                  server_profile: str, server_cut: int, threshold: float,
+                  compute_dilation: float = 1.0,
+                  bundle_bytes: Any = None) -> Any:
+    """The live re-planner (server/replanning.py) for a fleet planned by `plan_cuts` with
+    these same inputs, or None with one log line where the method keeps its cuts."""
+    import logging
+
+    from jetsplit.profiles import resolve_profile
+    from jetsplit.server.replanning import Replanner
+
+    entry = catalog.method(algorithm)
+    if not entry.replans:
+        logging.getLogger("jetsplit.coordinator").info(
+            "replan: %s keeps its cuts (%s)", algorithm, entry.replan_note)
+        return None
+    costs, resolved, settings = _planning_inputs(
+        algorithm, model, input_shape, classes, agent_profiles, batch=batch,
+        local_steps=local_steps, rounds=rounds, dataset_size=dataset_size, codec=codec,
+        common_split=False, compute_dilation=compute_dilation)
+    return Replanner(costs, resolved, resolve_profile(server_profile), settings, server_cut,
+                     threshold=threshold, bundle_bytes=bundle_bytes)
 
 
 def dilated(profile: Any, factor: float) -> Any:

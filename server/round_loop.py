@@ -26,9 +26,10 @@ import torch
 from jetsplit.bundle import Bundle
 from jetsplit.data import ArrayDataset
 from jetsplit.devices import torch_threads
-from jetsplit.errors import JetsplitError
+from jetsplit.errors import ConfigError, JetsplitError
 from jetsplit.protocol import Kind
 from jetsplit.server.engine import Engine
+from jetsplit.server.replanning import Replanner
 from jetsplit.server.settings import Settings
 from jetsplit.server.trainer import Trainer
 
@@ -51,6 +52,7 @@ def run_training(
     resume: bool = False,
     row_extras: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     cuts: Mapping[str, int] | None = None,
+    replanner: Replanner | None = None,
 ) -> dict[str, Any]:
     """Train `settings.algorithm` for `settings.rounds` rounds; returns the summary.
 
@@ -59,18 +61,21 @@ def run_training(
     its metrics rows are kept) and ends exactly where an uninterrupted run would.
     `row_extras(row)` may add fields to each metrics row before it is written. The
     coordinator's compute runs with `settings.threads` intra-op threads (0: as it is).
-    `cuts` trains a fleet of per-device cuts (see Trainer and server/completions.py)."""
+    `cuts` trains a fleet of per-device cuts (see Trainer and server/completions.py);
+    `replanner` may move them between rounds (server/replanning.py), reading each row
+    after `row_extras` (the fleet books' live estimates) and adding `replan` to the row of
+    the round after which it switched."""
     with torch_threads(settings.threads):
         return _train(engine, archive, settings, test, out_dir, on_round=on_round,
                       bundle=bundle, checkpoint=checkpoint, resume=resume,
-                      row_extras=row_extras, cuts=cuts)
+                      row_extras=row_extras, cuts=cuts, replanner=replanner)
 
 
 def _train(engine: Engine, archive: Path, settings: Settings, test: ArrayDataset,
            out_dir: Path, *, on_round: Callable[[dict[str, Any]], None] | None,
            bundle: Bundle | None, checkpoint: bool, resume: bool,
            row_extras: Callable[[dict[str, Any]], dict[str, Any]] | None,
-           cuts: Mapping[str, int] | None) -> dict[str, Any]:
+           cuts: Mapping[str, int] | None, replanner: Replanner | None) -> dict[str, Any]:
     from jetsplit.server.algorithms import build_method
     from jetsplit.server.checkpoint import load_checkpoint
 
@@ -132,6 +137,10 @@ def _train(engine: Engine, archive: Path, settings: Settings, test: ArrayDataset
             }
             if row_extras is not None:  # e.g. a trial's per-agent time and telemetry
                 row.update(row_extras(row))
+            if replanner is not None and round_ + 1 < settings.rounds:
+                switch = _replan(replanner, row, trainer, method)
+                if switch is not None:
+                    row["replan"] = switch
             rows.append(row)
             metrics.write(json.dumps(row) + "\n")
             metrics.flush()
@@ -177,6 +186,24 @@ def _train(engine: Engine, archive: Path, settings: Settings, test: ArrayDataset
     return summary
 
 
+def _replan(replanner: Replanner, row: dict[str, Any], trainer: Trainer, method: Any
+            ) -> dict[str, Any] | None:
+    """Feed the replanner this round's row; make its switch, if any (the `replan` field)."""
+    registered = sorted(trainer.engine.registry.registered())
+    if not registered:
+        return None
+    batches = trainer.batches(registered)
+    selected = max(1, round(trainer.settings.fraction * len(registered)))
+    batches = {a: max(1, round(b * len(registered) / selected)) for a, b in batches.items()}
+    replanner.observe(row, batches)
+    switch = replanner.consider(int(row["round"]), trainer.cuts_of(registered), batches)
+    if switch is None:
+        return None
+    moved = method.switch_cuts(switch.after)
+    log.info("round %d: re-planned %s", row["round"] + 1, switch.reason)
+    return {**switch.row(), "moved_agents": moved}
+
+
 def _or_nan(value: float | None) -> float:
     return math.nan if value is None else value
 
@@ -205,6 +232,7 @@ def _save(directory: Path, round_: int, settings: Settings, trainer: Trainer,
         "numpy_rng": trainer.rng.bit_generator.state, "last_pool": trainer.last_pool,
         "method": method_meta, "bytes": engine.counters.snapshot(),
         "missed": [m.__dict__ for m in engine.registry.missed],
+        "cuts": dict(sorted(trainer.cuts.items())),  # as re-planned (server/replanning.py)
     }
     save_checkpoint(directory, round_, meta, arrays, archive)
 
@@ -232,7 +260,10 @@ def _restore(saved: Any, settings: Settings, trainer: Trainer, method: Any) -> N
         engine.counters.load(meta.get("bytes", {}))
         for miss in meta.get("missed", []):
             engine.registry.missed.append(MissedStep(**miss))
-    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+        for agent, cut in (meta.get("cuts") or {}).items():  # a re-planned run's cuts
+            if trainer.cut(str(agent)) != cut:
+                trainer.set_cut(str(agent), cut)
+    except (KeyError, TypeError, ValueError, RuntimeError, ConfigError) as exc:
         raise CheckpointError(f"checkpoint state is damaged: {exc}") from None
     method.restore({k: v for k, v in saved.arrays.items() if not k.startswith("trainer/")},
                    meta.get("method", {}))

@@ -19,6 +19,7 @@ from typing import Any
 from jetsplit.data import ArrayDataset
 from jetsplit.server.checkpoint import BUNDLE_FILE
 from jetsplit.server.engine import Engine
+from jetsplit.server.replanning import Replanner
 from jetsplit.server.settings import Settings
 
 Row = dict[str, Any]
@@ -59,6 +60,7 @@ class RunSpec:
     on_round: list[OnRound | None] = field(default_factory=list)  # after each metrics row
     row_extras: list[RowExtras] = field(default_factory=list)  # fields added to each row
     report_title: str | None = None  # write report.md at the end (None: no report)
+    replanner: Replanner | None = None  # moves cuts between rounds (server/replanning.py)
 
 
 def chain_extras(extras: list[RowExtras]) -> RowExtras | None:
@@ -98,7 +100,8 @@ def execute(engine: Engine, spec: RunSpec) -> dict[str, Any]:
                            on_round=chain_rounds(*spec.on_round),
                            row_extras=chain_extras(spec.row_extras), resume=spec.resume,
                            checkpoint=spec.checkpoint,
-                           cuts=device_cuts(spec.cuts, spec.server_cut))
+                           cuts=device_cuts(spec.cuts, spec.server_cut),
+                           replanner=spec.replanner)
     if spec.report_title is not None:
         from jetsplit.server.report import write_report
 

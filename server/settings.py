@@ -86,6 +86,10 @@ class Settings:
     server_epochs: int | None = None
     edges: dict[str, list[str]] = field(default_factory=dict)
     edge_split: int | None = None
+    # Live re-planning (server/replanning.py): "on" moves devices' cuts between rounds when
+    # the planner, fed the live estimates, predicts a round `replan_threshold` shorter.
+    replan: str = "off"
+    replan_threshold: float = 0.2
     # Where the coordinator computes ([server] in server.toml): device auto|cpu|cuda for the
     # server blocks and evaluation; autocast off|bf16|fp16 on the server block's steps;
     # intra-op torch threads for the coordinator's compute (0: the process's setting).

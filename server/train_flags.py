@@ -30,7 +30,8 @@ HELP: dict[str, str] = {
     "rounds": "Training rounds.",
     "local_steps": "T: iterations per round.",
     "batch": "B: samples per iteration over all selected agents (B_k ∝ |D_k|).",
-    "lr": "Learning rate of every tier without its own.",
+    "lr": "Learning rate of every tier without its own (default: the method's, 0.01 for "
+          "most; docs/methods.md).",
     "fraction": "Share of the eligible agents selected per round.",
     "deadline_s": "Seconds an agent has to answer a step.",
     "aggregator": "How device uploads are combined: mean (FedAvg's) | clipped | median | "
@@ -45,6 +46,9 @@ HELP: dict[str, str] = {
     "size_cap": "A device's registered sample count weighs at most this many times the "
                 "fleet's median claim (0: no cap).",
     "codec": "Activation/gradient codec: fp32 | fp16 | bf16 | int8.",
+    "replan": "on | off: move devices' cuts between rounds when the live estimates predict "
+              "a shorter round (trials: on).",
+    "replan_threshold": "Re-plan only for a predicted round at least this share shorter.",
     "compression": "Payload compression: none | lz4 | zstd.",
     "preset": "Per-method defaults: default | paper (the papers' own settings).",
     "optimizer": "sgd | adam (default: the method's preset, else sgd).",

@@ -122,6 +122,16 @@ class Trainer:
     def cuts_of(self, agents: list[str]) -> dict[str, int]:
         return {a: self.cut(a) for a in agents}
 
+    def set_cut(self, agent: str, cut: int) -> None:
+        """Move agent's cut within 1..c* between rounds (live re-planning,
+        server/replanning.py): it gets the new cut's bundle when next live (its bundle
+        cache makes a cut it held before free), the weights a method pushes are cut there,
+        and its completion copy is rebuilt for the new cut."""
+        from jetsplit.server.completions import check_cuts
+
+        self.cuts.update(check_cuts({agent: cut}, self.bundle.split, self.bundle.spec.name))
+        self.completions.move(agent, cut)
+
     def needs_bundle(self, agent: str) -> bool:
         return bool(self.shipper.needs(agent, self.cuts.get(agent)))
 

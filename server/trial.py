@@ -76,6 +76,8 @@ class TrialSpec:
     seed: int = 0
     codec: str = "fp32"
     aggregator: str = "mean"  # how device uploads are combined (server/aggregators.py)
+    replan: str = "on"  # live re-planning of the cuts (server/replanning.py)
+    replan_threshold: float = 0.2
     test_fraction: float = 0.2
     broker: str | None = None
     emulate: bool = True
@@ -192,6 +194,24 @@ def plan_split(spec: TrialSpec, input_shape: tuple[int, int, int], classes: int,
         for agent, cut in cuts.items():
             plan["agents"][agent]["cut"] = cut
     return server_cut, cuts, plan
+
+
+def trial_replanner(spec: TrialSpec, input_shape: tuple[int, int, int], classes: int,
+                    per_agent_batch: int, dataset_size: int, dilation: float, server_cut: int
+                    ) -> Any:
+    """The live re-planner for this fleet, planned as `plan_split` plans it; None when
+    `replan` is off, the cuts were fixed by hand (`--split`, `--cut`, `--common-split`),
+    or the method keeps one cut."""
+    if spec.replan != "on" or spec.split is not None or spec.cuts or spec.common_split:
+        return None
+    from jetsplit.server.cut_planning import replanner_for
+
+    agent_profiles = {a: p for a, p in spec.device_profiles().items() if a.startswith("a")}
+    return replanner_for(
+        spec.algorithm, spec.model, input_shape, classes, agent_profiles,
+        batch=per_agent_batch, local_steps=spec.local_steps, rounds=spec.rounds,
+        dataset_size=dataset_size, codec=spec.codec, server_profile=spec.server_profile,
+        server_cut=server_cut, threshold=spec.replan_threshold, compute_dilation=dilation)
 
 
 def predicted_row(plan: dict[str, Any]) -> Any:
@@ -325,7 +345,8 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
     train = validate_options(TrainSection, {
         "algorithm": spec.algorithm, "rounds": spec.rounds, "local_steps": spec.local_steps,
         "batch": spec.batch, "lr": spec.lr, "fraction": spec.fraction, "codec": spec.codec,
-        "aggregator": spec.aggregator},
+        "aggregator": spec.aggregator, "replan": spec.replan,
+        "replan_threshold": spec.replan_threshold},
         {})
     if spec.agents < 1:
         raise ConfigError(f"--agents must be at least 1, got {spec.agents}")
@@ -360,6 +381,8 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
     # The planner plans the fleet as emulated: compute dilated, links as the profiles say.
     split, cuts, plan = plan_split(spec, test.input_shape, test.num_classes, per_agent,
                                    dataset_size, dilation if spec.emulate else 1.0)
+    replanner = trial_replanner(spec, test.input_shape, test.num_classes, per_agent,
+                                dataset_size, dilation if spec.emulate else 1.0, split)
     plan["emulation"] = {"host_gflops_1_thread": round(host, 2),
                          "compute_dilation": round(dilation, 3),
                          "profiles": {n: s.model_dump() for n, s in sections.items()},
@@ -429,7 +452,7 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
                 on_round=[progress.update,
                           None if exporter is None else round_callback(exporter, engine, books),
                           None if trackers is None else trackers.log_round],
-                row_extras=[books.collect, predicted_row(plan)])
+                row_extras=[books.collect, predicted_row(plan)], replanner=replanner)
             summary = execute(engine, run)
     finally:
         if exporter is not None:
@@ -488,7 +511,7 @@ def load_spec(run_dir: Path) -> TrialSpec:
 
 
 @train_flags("algorithm", "rounds", "local_steps", "batch", "lr", "fraction", "codec",
-             "aggregator")
+             "aggregator", "replan", "replan_threshold")
 def trial_command(
     train: dict[str, Any],
     agents: Annotated[int, typer.Option("--agents", help="Agents to start.")] = 4,

@@ -10,6 +10,7 @@ global block at round start and FedAvg the returned blocks at round end.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -144,6 +145,16 @@ class SplitMethod(Method):
             grads = t.completions.backward(grads)
         t.backward(grads, step)
         return loss
+
+    def switch_cuts(self, cuts: Mapping[str, int]) -> list[str]:
+        """Move agents to these cuts before the next round (live re-planning); returns who
+        moved. Averaging methods need nothing more: every round starts from the global
+        block, pushed cut at each agent's cut, and completion copies rebuilt from it."""
+        t = self.trainer
+        moved = [a for a, k in sorted(cuts.items()) if t.cut(a) != k]
+        for agent in moved:
+            t.set_cut(agent, cuts[agent])
+        return moved
 
     def begin_round(self, selected: list[str]) -> None:  # noqa: B027 - optional hook
         """Before the first iteration (SplitFed V1 copies the server block here)."""

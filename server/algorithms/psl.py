@@ -4,6 +4,7 @@ shared with GAPSL."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,21 @@ class PSL(SplitMethod):
                 if t.push([agent], t.device_part(agent, block)):
                     t.completions.load(agent, block)
                     del self.to_restore[agent]
+
+    def switch_cuts(self, cuts: Mapping[str, int]) -> list[str]:
+        """An agent's block is its own here, split between its device and its completion
+        copy, so a move re-splits it: the whole block as last evaluated (or still waiting
+        to be reinstalled) is reinstalled at the new cut by `begin_round` (device part
+        pushed, completion copy loaded). An agent that never trained still holds the
+        bundle's initial block, which the new cut's bundle and the global block give it."""
+        t = self.trainer
+        moved = [a for a, k in sorted(cuts.items()) if t.cut(a) != k]
+        for agent in moved:
+            whole = self.to_restore.get(agent) or self.agent_blocks.get(agent)
+            t.set_cut(agent, cuts[agent])
+            if whole is not None:
+                self.to_restore[agent] = whole
+        return moved
 
     def evaluate(self) -> dict[str, Any]:
         """Each agent's own client block with the shared server block, mean and spread."""

@@ -242,3 +242,88 @@ def test_ampere_fleet_plans_a_block_per_device_from_profile_files(tmp_path: Path
     _, common, _ = plan_cuts("ampere", "resnet18", (1, 8, 8), 10, fleet, common_split=True,
                              **kw)
     assert len(set(common.values())) == 1
+
+
+# ---------------------------------------------------------------- live re-planning switches
+
+
+def _bundle_part_bytes(trainer: Trainer) -> int:
+    return int(trainer.engine.counters.by_kind()["down"].get("bundle_part", 0))
+
+
+@pytest.mark.parametrize("algorithm", ["scala", "splitfed-v1"])
+def test_a_switch_restarts_the_device_and_its_copy_from_the_global_layers(
+        archives: dict[int, Path], algorithm: str) -> None:
+    """Averaging methods, a0 moved 3 → 1 after round 0: round 1 starts a0's device with
+    exactly the global layer 1 (in its new cut's bundle, shipped) and its completion copy
+    with exactly the global layers 2–3; moved back 1 → 3 after round 1, no bundle byte is
+    shipped again (the device's cache holds its old cut)."""
+    trainer = trainer_for(archives, algorithm, {"a0": 3, "a1": 2}, [120, 80])
+    method = build_method(algorithm, trainer)
+    seen: dict[str, dict[str, np.ndarray]] = {}
+    real_begin = method.begin_round
+
+    def spy_begin(selected: list[str]) -> None:  # after the push and the copies' rebuild
+        if trainer.round == 1:
+            seen["device"] = trainer.pull(["a0"])["a0"]
+            seen["copy"] = trainer.completions.state("a0")
+            seen["global"] = dict(trainer.global_client)
+        real_begin(selected)
+
+    method.begin_round = spy_begin  # type: ignore[method-assign]
+    trainer.round = 0
+    method.run_round(["a0", "a1"])
+    assert method.switch_cuts({"a0": 1, "a1": 2}) == ["a0"]
+    assert trainer.cut("a0") == 1
+    shipped = _bundle_part_bytes(trainer)
+    trainer.round = 1
+    method.run_round(["a0", "a1"])
+    assert _bundle_part_bytes(trainer) > shipped  # cut 1's bundle was new to a0
+    g = seen["global"]
+    device = {k: v for k, v in seen["device"].items() if k.startswith("client/")}
+    assert sorted(device) == sorted(k for k in g if k.startswith("client/stem."))
+    assert sorted(seen["copy"]) == sorted(k for k in g if not k.startswith("client/stem."))
+    for name, value in {**device, **seen["copy"]}.items():
+        assert np.array_equal(value, g[name]), name
+    assert list(trainer.engine.workers["a0"].bundle.manifest.client_layers) == ["stem"]
+
+    assert method.switch_cuts({"a0": 3}) == ["a0"]
+    shipped = _bundle_part_bytes(trainer)
+    trainer.round = 2
+    method.run_round(["a0", "a1"])
+    assert _bundle_part_bytes(trainer) == shipped
+    assert trainer.completions.state("a0") == {}
+    assert list(trainer.engine.workers["a0"].bundle.manifest.client_layers) == [
+        "stem", "bneck0", "bneck1"]
+
+
+@pytest.mark.parametrize("algorithm", ["psl", "gapsl"])
+def test_a_switch_moves_an_agents_own_block_between_device_and_copy_losslessly(
+        archives: dict[int, Path], algorithm: str) -> None:
+    """PSL/GAPSL: an agent's block is its own. Moved 3 → 1 and back, its whole block (device
+    layers ∪ completion copy) is bit for bit the block it had trained, each time."""
+    trainer = trainer_for(archives, algorithm, {"a0": 3, "a1": 2}, [120, 80])
+    method = build_method(algorithm, trainer)
+    trainer.round = 0
+    method.run_round(["a0", "a1"])
+    method.evaluate()
+    trained = dict(method.agent_blocks["a0"])
+
+    def reinstall(cut: int, layers: list[str]) -> dict[str, np.ndarray]:
+        assert method.switch_cuts({"a0": cut}) == ["a0"]
+        trainer.round += 1
+        trainer.completions.begin_round(["a0", "a1"], trainer.global_client, fresh=False)
+        method.begin_round(["a0", "a1"])  # what run_round does before training
+        assert list(trainer.engine.workers["a0"].bundle.manifest.client_layers) == layers
+        state = {k: v for k, v in trainer.pull(["a0"])["a0"].items()
+                 if k.startswith("client/")}
+        assert {k.split("/", 1)[1].split(".", 1)[0] for k in state} == set(layers)
+        return trainer.completions.whole("a0", state)
+
+    for cut, layers in ((1, ["stem"]), (3, ["stem", "bneck0", "bneck1"])):
+        whole = reinstall(cut, layers)
+        assert whole.keys() == trained.keys()
+        for name, value in trained.items():
+            assert np.array_equal(whole[name], value), (cut, name)
+        method.evaluate()
+    assert not method.to_restore

@@ -1,0 +1,235 @@
+"""Live re-planning: between rounds, move a device's cut to where the split planner, fed
+what the run has measured of each device, predicts the round to be shortest.
+
+A Jetson in the field does not keep the speed and link its profile describes (power mode,
+throttling, a degrading uplink), so a cut planned once can leave the whole fleet waiting on
+one device. After every round the `Replanner` re-costs every cut of every device with the
+planner's own rows (export/planner.py: compute, transfer and server milliseconds per
+iteration at the device's batch B_k), corrected by the live measurements:
+
+- **links**: the device's profile with its up- and downlink replaced by the live estimates
+  (server/live_estimates.py: median of the last rounds' measured rates);
+- **compute**: every row's compute time times the device's *compute factor*, the median over
+  the last `window` rounds of measured compute seconds ÷ the planner's seconds for the
+  GFLOPs the device computed at the cut it had that round. The factor carries a slowdown
+  (and the cost model's error at the cut in force) to the other cuts.
+
+The round's predicted time is the planner's fleet objective (`per_device_time`: the slowest
+device's compute + transfer plus the server's work for every device) × T iterations.
+
+**When to switch.** Only when the best cuts' predicted round, plus what the switch costs
+amortised over `horizon` rounds, is more than `threshold` shorter than the current cuts'
+prediction: the threshold is the hysteresis that keeps a fleet from flapping between two
+near-equal plans. A switch costs each moving device the bytes of its new cut's bundle at
+its live downlink, unless it already holds that cut (bundles are content-addressed and
+cached on the device, so returning to an earlier cut is free); devices move in parallel,
+so the cost is the slowest device's. Cuts move within 1..c*: the server block starts at c*
+for the whole run. Devices without a measurement yet keep their cut.
+
+Device numbers are untrusted: `LiveEstimates` range-checks them, and a compute factor
+outside [FACTOR_MIN, FACTOR_MAX] is not a measurement.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from jetsplit.server.finite import finite
+
+THRESHOLD = 0.2  # switch when the predicted round is this much shorter (share of now)
+HORIZON = 5  # rounds a switch's shipping cost is amortised over
+WINDOW = 3  # rounds of compute factors per estimate (median)
+FACTOR_MIN, FACTOR_MAX = 1e-3, 1e4  # measured ÷ predicted compute; outside: no measurement
+BUNDLE_HEADER_BYTES = 4096  # a device bundle beyond its two copies of the weights
+
+
+@dataclass(frozen=True)
+class Switch:
+    """One re-plan: the cuts before and after, why, and what it was predicted to do."""
+
+    round: int  # decided after this round; the new cuts train from the next one
+    before: dict[str, int]
+    after: dict[str, int]
+    predicted_before_s: float  # round time at the old cuts, under the live estimates
+    predicted_after_s: float  # at the new cuts (shipping not included)
+    switch_s: float  # the slowest moving device's shipping time
+    switch_bytes: dict[str, int]  # per moving device: the bundle bytes it lacks
+    reason: str
+
+    def row(self) -> dict[str, Any]:
+        """As the metrics row's `replan` field."""
+        return {"before": self.before, "after": self.after,
+                "moved": {a: [self.before[a], k] for a, k in self.after.items()
+                          if self.before.get(a) != k},
+                "predicted_before_s": round(self.predicted_before_s, 4),
+                "predicted_after_s": round(self.predicted_after_s, 4),
+                "switch_s": round(self.switch_s, 4), "switch_bytes": self.switch_bytes,
+                "reason": self.reason}
+
+
+class Replanner:
+    """Per device: its profile, its recent compute factors; decides switches (see above)."""
+
+    def __init__(self, costs: Any, profiles: Mapping[str, Any], server: Any, settings: Any,
+                 server_cut: int, *, threshold: float = THRESHOLD, horizon: int = HORIZON,
+                 window: int = WINDOW,
+                 bundle_bytes: Callable[[int], int] | None = None) -> None:
+        """`costs`: the model's `ModelCosts`; `profiles`: agent → `DeviceProfile` (as
+        planned: a trial's emulated ones); `server`: the coordinator's profile; `settings`:
+        the `PlanSettings` the run was planned with; `bundle_bytes(cut)`: a device bundle's
+        size at that cut (None: estimated from the block's parameters, `_bytes`)."""
+        if not 0 < threshold < 1:
+            raise ValueError(f"replan threshold must be in (0, 1), got {threshold}")
+        self.costs, self.server, self.settings = costs, server, settings
+        self.profiles = dict(profiles)
+        self.server_cut, self.threshold, self.horizon = server_cut, threshold, max(1, horizon)
+        self.bundle_bytes, self.window = bundle_bytes, window
+        self._factors: dict[str, deque[float]] = {}
+        self._links: dict[str, dict[str, float]] = {}
+        self.held: dict[str, set[int]] = {}  # cuts each agent has had installed
+        self.switches: list[Switch] = []
+
+    # ------------------------------------------------------------------ measurements
+
+    def observe(self, row: Mapping[str, Any], batches: Mapping[str, int]) -> None:
+        """Read one metrics row: each measured agent's compute factor at the cut it had
+        (`cuts`, `device_gflops`, the fleet books' `compute_s`) and its link estimates."""
+        cuts, gflops = row.get("cuts") or {}, row.get("device_gflops") or {}
+        for agent, info in (row.get("agents") or {}).items():
+            if agent not in self.profiles or not isinstance(info, dict):
+                continue
+            estimate = info.get("estimate")
+            if isinstance(estimate, dict):
+                self._links[agent] = {k: float(v) for k, v in estimate.items()
+                                      if k in ("uplink_mbps", "downlink_mbps")}
+            cut, work = cuts.get(agent), finite(gflops.get(agent), 0.0, 1e12)
+            seconds = finite(info.get("compute_s"), 0.0, 1e9)
+            if not isinstance(cut, int) or not work or not seconds or agent not in batches:
+                continue
+            self.held.setdefault(agent, set()).add(cut)
+            row_k = self._rows(agent, batches[agent], factor=1.0).get(cut)
+            if row_k is None or not row_k.device_gflops or not row_k.compute_ms:
+                continue
+            predicted_s = row_k.compute_ms / 1e3 * work / row_k.device_gflops
+            factor = seconds / predicted_s
+            if FACTOR_MIN <= factor <= FACTOR_MAX:
+                self._factors.setdefault(agent, deque(maxlen=self.window)).append(factor)
+
+    def factor(self, agent: str) -> float | None:
+        """The agent's compute factor (measured ÷ predicted), or None before a measurement."""
+        seen = self._factors.get(agent)
+        return statistics.median(seen) if seen else None
+
+    # ------------------------------------------------------------------ prediction
+
+    def _profile(self, agent: str) -> Any:
+        """The agent's profile with its links replaced by the live estimates."""
+        from jetsplit.profiles import profile_from_dict
+
+        profile, links = self.profiles[agent], self._links.get(agent) or {}
+        if not links:
+            return profile
+        data = profile.model_dump(mode="python", exclude_none=True)
+        data["network"].update({k: v for k, v in links.items() if v > 0})
+        return profile_from_dict(data, f"{profile.name} (live)")
+
+    def _rows(self, agent: str, batch: int, factor: float) -> dict[int, Any]:
+        """The planner's rows for `agent` at batch `batch`, cuts 1..c* that fit, compute
+        scaled by `factor`."""
+        from jetsplit.export.planner import device_rows
+
+        settings = dataclasses.replace(self.settings, batch=batch)
+        rows, _ = device_rows(self.costs, self._profile(agent), self.server, settings)
+        return {r.k: dataclasses.replace(r, compute_ms=r.compute_ms * factor)
+                for r in rows if r.k <= self.server_cut and r.fits}
+
+    def predict(self, cuts: Mapping[str, int], batches: Mapping[str, int]
+                ) -> tuple[float, dict[str, int]] | None:
+        """(seconds per round at `cuts`, the best cuts) under the live estimates, over the
+        agents measured so far; None when none is."""
+        from jetsplit.export.planner import DevicePlan, fleet_value, per_device_time
+
+        devices, now = [], []
+        for agent in sorted(cuts):
+            factor = self.factor(agent)
+            if factor is None or agent not in batches:
+                continue
+            rows = self._rows(agent, batches[agent], factor)
+            if cuts[agent] not in rows:
+                continue
+            devices.append(DevicePlan(agent, sorted(rows.values(), key=lambda r: r.k),
+                                      None, "live"))
+            now.append(rows[cuts[agent]])
+        if not devices:
+            return None
+        best = per_device_time(devices)
+        if best is None:
+            return None
+        iters = self.settings.local_steps
+        current = fleet_value(now, "time", self.settings.rounds) * iters / 1e3
+        return current, {**best[0]}
+
+    def predicted_s(self, cuts: Mapping[str, int], batches: Mapping[str, int]) -> float | None:
+        """Seconds per round at exactly these cuts (every agent measured), or None."""
+        from jetsplit.export.planner import fleet_value
+
+        rows = []
+        for agent, cut in sorted(cuts.items()):
+            factor = self.factor(agent)
+            row = None if factor is None else self._rows(agent, batches[agent], factor).get(cut)
+            if row is None:
+                return None
+            rows.append(row)
+        return fleet_value(rows, "time", self.settings.rounds) * self.settings.local_steps / 1e3
+
+    # ------------------------------------------------------------------ decision
+
+    def consider(self, round_: int, cuts: Mapping[str, int], batches: Mapping[str, int]
+                 ) -> Switch | None:
+        """The switch to make before the next round, or None (see the module docstring)."""
+        for agent, cut in cuts.items():
+            self.held.setdefault(agent, set()).add(cut)
+        found = self.predict(cuts, batches)
+        if found is None:
+            return None
+        before_s, best = found
+        after = {**cuts, **best}
+        if after == dict(cuts):
+            return None
+        after_s = self.predicted_s({a: after[a] for a in best}, batches)
+        if after_s is None:
+            return None
+        lacking = {a: self._bytes(k) for a, k in best.items()
+                   if k != cuts[a] and k not in self.held.get(a, set())}
+        switch_s = max((n * 8 / (self._downlink_mbps(a) * 1e6) for a, n in lacking.items()),
+                       default=0.0)
+        if after_s + switch_s / self.horizon >= (1 - self.threshold) * before_s:
+            return None
+        moved = ", ".join(f"{a} {cuts[a]}→{k}" for a, k in sorted(best.items())
+                          if k != cuts[a])
+        switch = Switch(round_, dict(cuts), after, before_s, after_s, switch_s, lacking,
+                        f"{moved}: predicted {before_s:.2f} s → {after_s:.2f} s per round "
+                        f"(shipping {switch_s:.2f} s over {self.horizon} rounds)")
+        for agent, cut in best.items():
+            self.held.setdefault(agent, set()).add(cut)
+        self.switches.append(switch)
+        return switch
+
+    def _bytes(self, cut: int) -> int:
+        """A device bundle's bytes at `cut`: given, else its ONNX graph and its weights file,
+        each about the block's fp32 parameters (AlexNet/MNIST cut 2: 893,745 bytes shipped
+        for 445,696 of parameters), plus their headers."""
+        if self.bundle_bytes is not None:
+            return int(self.bundle_bytes(cut))
+        from jetsplit.export.cost_model import client_block
+
+        return 2 * int(client_block(self.costs, cut).state_bytes) + BUNDLE_HEADER_BYTES
+
+    def _downlink_mbps(self, agent: str) -> float:
+        live = (self._links.get(agent) or {}).get("downlink_mbps")
+        return live if live else float(self.profiles[agent].network.downlink_mbps)

@@ -1,0 +1,145 @@
+"""Live re-planning decisions (server/replanning.py) on the planner's own numbers: a Nano and
+an Orin NX training AlexNet on MNIST with SCALA, planned as a trial plans them (compute
+emulated 3× slower than the profiles: both at c* = 5); rows built as the fleet books write
+them, with each device's measured compute exactly what the planner predicts times a chosen
+slowdown."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import pytest
+
+from jetsplit.export.cost_model import client_block, get_costs
+from jetsplit.export.planner import device_rows
+from jetsplit.server.cut_planning import plan_cuts, replanner_for
+from jetsplit.server.replanning import BUNDLE_HEADER_BYTES, Replanner
+
+MODEL, SHAPE, CLASSES = "alexnet", (1, 28, 28), 10
+PROFILES = {"a0": "jetson-nano-4gb", "a1": "orin-nx-16gb"}
+RUN: dict[str, Any] = {"batch": 32, "local_steps": 10, "rounds": 20, "dataset_size": 2000,
+                       "codec": "fp32", "compute_dilation": 3.0}
+BATCHES = {"a0": 32, "a1": 32}
+GFLOPS_PER_ROUND = 40.0  # what each device computed in a round (any positive number)
+
+
+def planned(threshold: float = 0.2) -> tuple[int, dict[str, int], Replanner]:
+    server_cut, cuts, _ = plan_cuts("scala", MODEL, SHAPE, CLASSES, PROFILES,
+                                    server_profile="x86-cpu", **RUN)
+    replanner = replanner_for("scala", MODEL, SHAPE, CLASSES, PROFILES,
+                              server_profile="x86-cpu", server_cut=server_cut,
+                              threshold=threshold, **RUN)
+    assert replanner is not None
+    return server_cut, cuts, replanner
+
+
+def row(round_: int, cuts: dict[str, int], replanner: Replanner, *,
+        slow: dict[str, float] | None = None,
+        links: dict[str, tuple[float, float]] | None = None) -> dict[str, Any]:
+    """One metrics row: each device computed GFLOPS_PER_ROUND in `slow[a]` (default 1) times
+    the planner's time for it at its cut; its link estimates are `links[a]` (up, down), else
+    its profile's."""
+    settings = dataclasses.replace(replanner.settings, batch=BATCHES["a0"])
+    agents = {}
+    for agent in PROFILES:
+        profile = replanner.profiles[agent]  # as planned: compute dilated
+        rows, _ = device_rows(replanner.costs, profile, replanner.server, settings)
+        at = next(r for r in rows if r.k == cuts[agent])
+        seconds = at.compute_ms / 1e3 * GFLOPS_PER_ROUND / at.device_gflops
+        up, down = (links or {}).get(agent, (profile.network.uplink_mbps,
+                                             profile.network.downlink_mbps))
+        agents[agent] = {"compute_s": seconds * (slow or {}).get(agent, 1.0),
+                         "estimate": {"uplink_mbps": up, "downlink_mbps": down}}
+    return {"round": round_, "cuts": dict(cuts),
+            "device_gflops": dict.fromkeys(PROFILES, GFLOPS_PER_ROUND), "agents": agents}
+
+
+def test_the_planned_cuts_stay_while_the_devices_match_their_profiles() -> None:
+    _, cuts, replanner = planned()
+    for r in range(4):
+        replanner.observe(row(r, cuts, replanner), BATCHES)
+        assert replanner.consider(r, cuts, BATCHES) is None
+    assert replanner.factor("a0") == pytest.approx(1.0) == replanner.factor("a1")
+
+
+def test_a_link_that_drops_moves_the_cut_and_its_return_moves_it_back_for_free() -> None:
+    """The Nano's uplink falls 50 → 5 Mbit/s: at cut 5 SCALA exchanges a 3 MB client
+    block every round, so it moves to a shallower cut, paying that cut's bundle; when the
+    link comes back it returns to the cut it held, which costs nothing. Returning gains 9%
+    (10.24 → 9.29 s predicted), so this fleet runs at a 5% threshold; at the default 20%
+    it would stay (hysteresis, next test)."""
+    server_cut, cuts, replanner = planned(threshold=0.05)
+    assert cuts == {"a0": server_cut, "a1": server_cut} == {"a0": 5, "a1": 5}
+    replanner.observe(row(0, cuts, replanner), BATCHES)
+    assert replanner.consider(0, cuts, BATCHES) is None
+    slow_link = {"a0": (5.0, 20.0)}
+    replanner.observe(row(1, cuts, replanner, links=slow_link), BATCHES)
+    switch = replanner.consider(1, cuts, BATCHES)
+    assert switch is not None and switch.after["a0"] < cuts["a0"]
+    assert switch.after["a1"] == cuts["a1"]
+    assert switch.predicted_after_s < 0.8 * switch.predicted_before_s
+    new = switch.after["a0"]
+    costs = get_costs(MODEL, SHAPE, CLASSES)
+    expected = 2 * client_block(costs, new).state_bytes + BUNDLE_HEADER_BYTES
+    assert switch.switch_bytes == {"a0": expected}
+    assert switch.switch_s == pytest.approx(expected * 8 / 20e6)
+    assert switch.row()["moved"] == {"a0": [cuts["a0"], new]}
+
+    moved = switch.after
+    replanner.observe(row(2, moved, replanner, links=slow_link), BATCHES)
+    assert replanner.consider(2, moved, BATCHES) is None  # no flapping at the new cut
+    replanner.observe(row(3, moved, replanner), BATCHES)
+    back = replanner.consider(3, moved, BATCHES)
+    assert back is not None and back.after == cuts
+    assert back.switch_bytes == {} and back.switch_s == 0.0
+
+
+def test_a_small_gain_is_inside_the_hysteresis() -> None:
+    """A 15% slower link, or a return to the planned cut that gains 9%, stays below the 20%
+    threshold: no switch."""
+    _, cuts, replanner = planned()
+    replanner.observe(row(0, cuts, replanner, links={"a0": (50 * 0.85, 50 * 0.85)}), BATCHES)
+    assert replanner.consider(0, cuts, BATCHES) is None
+    moved = {**cuts, "a0": 2}
+    replanner.observe(row(1, moved, replanner), BATCHES)
+    assert replanner.consider(1, moved, BATCHES) is None
+
+
+def test_a_device_that_slows_down_is_predicted_from_its_measured_factor() -> None:
+    """The Nano computes 4× slower than its profile (a power-mode drop): the factor is the
+    median of the last three rounds, so one slow round does not move it."""
+    _, cuts, replanner = planned()
+    replanner.observe(row(0, cuts, replanner), BATCHES)
+    replanner.observe(row(1, cuts, replanner, slow={"a0": 4.0}), BATCHES)
+    assert replanner.factor("a0") == pytest.approx(2.5)  # median of 1 and 4
+    replanner.observe(row(2, cuts, replanner, slow={"a0": 4.0}), BATCHES)
+    assert replanner.factor("a0") == pytest.approx(4.0)
+    slow = replanner.predicted_s(cuts, BATCHES)
+    fresh = planned()[2]
+    fresh.observe(row(0, cuts, fresh), BATCHES)
+    normal = fresh.predicted_s(cuts, BATCHES)
+    assert slow is not None and normal is not None and slow > normal
+
+
+@pytest.mark.parametrize("bad", [math.nan, -1.0, 0.0, math.inf, "fast", 1e400])
+def test_untrusted_compute_numbers_are_not_measurements(bad: Any) -> None:
+    _, cuts, replanner = planned()
+    sample = row(0, cuts, replanner)
+    sample["agents"]["a1"]["compute_s"] = bad
+    replanner.observe(sample, BATCHES)
+    assert replanner.factor("a1") is None and replanner.factor("a0") == pytest.approx(1.0)
+
+
+def test_methods_with_one_cut_keep_it() -> None:
+    for method in ("fedavg", "sherl", "ampere"):
+        assert replanner_for(method, MODEL, SHAPE, CLASSES, PROFILES, server_profile="x86-cpu",
+                             server_cut=2, threshold=0.2, **RUN) is None
+
+
+def test_threshold_out_of_range_is_refused() -> None:
+    _, _, replanner = planned()
+    with pytest.raises(ValueError, match="threshold"):
+        Replanner(replanner.costs, replanner.profiles, replanner.server, replanner.settings,
+                  replanner.server_cut, threshold=1.5)
