@@ -9,10 +9,16 @@ iteration at the device's batch B_k), corrected by the live measurements:
 
 - **links**: the device's profile with its up- and downlink replaced by the live estimates
   (server/live_estimates.py: median of the last rounds' measured rates);
-- **compute**: every row's compute time times the device's *compute factor*, the median over
-  the last `window` rounds of measured compute seconds ÷ the planner's seconds for the
-  GFLOPs the device computed at the cut it had that round. The factor carries a slowdown
-  (and the cost model's error at the cut in force) to the other cuts.
+- **compute**: every row's compute time times the device's *compute factor*: how much
+  slower the device computes now than when it started, the median over the last `window`
+  rounds. Each round's ratio r = measured compute seconds ÷ the planner's seconds for the
+  GFLOPs the device computed at its cut; the first ratio seen at a cut is that cut's base
+  (divided by the factor in force then, so a move does not reset the factor), and the
+  factor is r ÷ base. Why relative: a device's fixed per-step costs (Python, the runtime,
+  an emulated agent's stretched overheads) make r at a tiny block many times r at a large
+  one, so r itself cannot be carried to another cut; the planner's shape across cuts is
+  trusted, as the plan made before round 1 trusted it, and what the run measures is how
+  the device changed since.
 
 The round's predicted time is the planner's fleet objective (`per_device_time`: the slowest
 device's compute + transfer plus the server's work for every device) × T iterations.
@@ -90,6 +96,7 @@ class Replanner:
         self.server_cut, self.threshold, self.horizon = server_cut, threshold, max(1, horizon)
         self.bundle_bytes, self.window = bundle_bytes, window
         self._factors: dict[str, deque[float]] = {}
+        self._bases: dict[str, dict[int, float]] = {}  # agent → cut → its first ratio
         self._links: dict[str, dict[str, float]] = {}
         self.held: dict[str, set[int]] = {}  # cuts each agent has had installed
         self.switches: list[Switch] = []
@@ -115,13 +122,18 @@ class Replanner:
             row_k = self._rows(agent, batches[agent], factor=1.0).get(cut)
             if row_k is None or not row_k.device_gflops or not row_k.compute_ms:
                 continue
-            predicted_s = row_k.compute_ms / 1e3 * work / row_k.device_gflops
-            factor = seconds / predicted_s
-            if FACTOR_MIN <= factor <= FACTOR_MAX:
-                self._factors.setdefault(agent, deque(maxlen=self.window)).append(factor)
+            ratio = seconds / (row_k.compute_ms / 1e3 * work / row_k.device_gflops)
+            if not FACTOR_MIN <= ratio <= FACTOR_MAX:
+                continue
+            bases = self._bases.setdefault(agent, {})
+            if cut not in bases:
+                bases[cut] = ratio / (self.factor(agent) or 1.0)
+            self._factors.setdefault(agent, deque(maxlen=self.window)).append(
+                ratio / bases[cut])
 
     def factor(self, agent: str) -> float | None:
-        """The agent's compute factor (measured ÷ predicted), or None before a measurement."""
+        """How much slower the agent computes than at its start (see the module docstring),
+        or None before a measurement."""
         seen = self._factors.get(agent)
         return statistics.median(seen) if seen else None
 

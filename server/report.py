@@ -22,6 +22,7 @@ import typer
 
 from jetsplit.server.finite import finite
 from jetsplit.server.report_defences import defences_section, plot_influence
+from jetsplit.server.report_replan import plot_cuts, replan_section
 
 Row = dict[str, Any]
 MB = 1e6
@@ -485,6 +486,8 @@ PLOTS: list[tuple[str, str, PlotFn]] = [
     ("Agent memory", "agent_memory.png", plot_agent_memory),
     ("Influence of each device", "influence.png",
      lambda run, path, figure: plot_influence(run.rows, path, figure)),
+    ("Cuts and round time (re-planning)", "cuts.png",
+     lambda run, path, figure: plot_cuts(run.rows, path, figure)),
 ]
 
 
@@ -509,7 +512,7 @@ def _plots_section(run: RunData) -> list[str]:
             path.unlink(missing_ok=True)
             # only three-tier methods have tiers; a run where no upload was averaged and
             # no device bounded has no influence to draw (its Defences section says so)
-            if name not in ("tier_bytes.png", "influence.png"):
+            if name not in ("tier_bytes.png", "influence.png", "cuts.png"):
                 lines += [f"### {title}", "", f"_Skipped: {reason}._", ""]
     return lines
 
@@ -784,6 +787,7 @@ def write_report(run_dir: Path, *, title: str | None = None) -> Path:
              "## Rounds", "", *rounds_table(run.rows), *_per_class_line(run.rows),
              "## Agents", "", *agents_table(run),
              *defences_section(run.rows, run.summary),
+             *replan_section(run.rows),
              *_plan_section(run), *_config_section(run)]
     path = run.run_dir / "report.md"
     path.write_text("\n".join(lines).rstrip() + "\n")

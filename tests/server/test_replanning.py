@@ -143,3 +143,21 @@ def test_threshold_out_of_range_is_refused() -> None:
     with pytest.raises(ValueError, match="threshold"):
         Replanner(replanner.costs, replanner.profiles, replanner.server, replanner.settings,
                   replanner.server_cut, threshold=1.5)
+
+
+def test_the_factor_is_relative_to_the_device_at_its_start_and_survives_a_move() -> None:
+    """A device 10× slower than the planner says at cut 5 (fixed per-step costs) is the
+    device the plan was made for: factor 1. Moved to cut 2, where it runs 3× the planner,
+    it is still factor 1 (the new cut's base takes the factor in force); halving its speed
+    there makes it 2."""
+    _, cuts, replanner = planned()
+    replanner.observe(row(0, cuts, replanner, slow={"a0": 10.0}), BATCHES)
+    replanner.observe(row(1, cuts, replanner, slow={"a0": 10.0}), BATCHES)
+    assert replanner.factor("a0") == pytest.approx(1.0)
+    moved = {**cuts, "a0": 2}
+    for r in (2, 3, 4):
+        replanner.observe(row(r, moved, replanner, slow={"a0": 3.0}), BATCHES)
+    assert replanner.factor("a0") == pytest.approx(1.0)
+    for r in (5, 6):
+        replanner.observe(row(r, moved, replanner, slow={"a0": 6.0}), BATCHES)
+    assert replanner.factor("a0") == pytest.approx(2.0)
