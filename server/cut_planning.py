@@ -121,6 +121,20 @@ def replanner_for(algorithm: str, model: str, input_shape: tuple[int, int, int],
                      threshold=threshold, bundle_bytes=bundle_bytes)
 
 
+def fleet_replanner(cfg: Any, registrations: Mapping[str, Mapping[str, Any]],
+                    server_cut: int) -> Any:
+    """`jetsplit server run`'s live re-planner: the registered agents' profiles, planned as
+    `fleet_cuts` plans them; None where the method keeps its cuts."""
+    model, t = cfg.model, cfg.train
+    profiles = {a: registered_profile(r) for a, r in sorted(registrations.items())}
+    return replanner_for(
+        t.algorithm, model.name, tuple(model.input_shape), model.classes, profiles,
+        batch=max(1, t.batch // max(1, len(profiles))), local_steps=t.local_steps,
+        rounds=t.rounds, dataset_size=mean_dataset_size(registrations, t.size_cap),
+        codec=t.codec, server_profile=SERVER_PROFILE, server_cut=server_cut,
+        threshold=t.replan_threshold)
+
+
 def dilated(profile: Any, factor: float) -> Any:
     """`profile` with compute `factor` times slower (peaks divided; measured layer times
     dropped), as a trial emulates it; the same profile when factor is 1."""

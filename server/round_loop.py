@@ -204,6 +204,11 @@ def _replan(replanner: Replanner, row: dict[str, Any], trainer: Trainer, method:
     return {**switch.row(), "moved_agents": moved}
 
 
+def _shown(value: Any) -> str:
+    """A setting's value in a message: unset ones (the method's default) say so."""
+    return "unset (the method's default)" if value is None else repr(value)
+
+
 def _or_nan(value: float | None) -> float:
     return math.nan if value is None else value
 
@@ -248,8 +253,10 @@ def _restore(saved: Any, settings: Settings, trainer: Trainer, method: Any) -> N
     changed = sorted(k for k, v in settings.__dict__.items()
                      if k not in RESUMABLE_CHANGES and before.get(k, defaults[k]) != v)
     if changed:
-        raise CheckpointError(f"cannot resume: setting {changed[0]!r} was "
-                              f"{before.get(changed[0])!r}, now {getattr(settings, changed[0])!r}")
+        name = changed[0]
+        raise CheckpointError(f"cannot resume: setting {name!r} was "
+                              f"{_shown(before.get(name, defaults[name]))}, now "
+                              f"{_shown(getattr(settings, name))}")
     if meta.get("bundle_sha256") != trainer.shipper.sha256:
         raise CheckpointError("cannot resume: the checkpoint's bundle does not match its hash")
     try:

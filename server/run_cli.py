@@ -19,7 +19,8 @@ app = typer.Typer(no_args_is_help=True, help="The coordinator.")
 @app.command("run")
 @train_flags("algorithm", "rounds", "local_steps", "batch", "lr", "fraction", "deadline_s",
              "codec", "compression", "size_cap", "max_misses",
-             "aggregator", "clip_factor", "robust_fraction", "activation_bound")
+             "aggregator", "clip_factor", "robust_fraction", "activation_bound", "replan",
+             "replan_threshold")
 def run(
     train: dict[str, Any],
     config: Annotated[Path, typer.Option("--config", help="server.toml to read.")],
@@ -85,6 +86,9 @@ def run(
     cfg = model_from_dict(ServerConfig, data, "server config", str(config))
     resolve_device(cfg.server.device, "--device" if device is not None else "server.device")
     check_data_options(cfg.data.dataset)
+    if cfg.train.replan == "on" and (cfg.model.split != "auto" or cfg.model.cuts):
+        raise ConfigError('[train] replan = "on" re-plans the planner\'s cuts: it needs '
+                          '[model] split = "auto" and no [model.cuts] by hand')
     if auto_resume:
         if cfg.run is None:
             raise ConfigError("--auto-resume needs a fixed run name (--run NAME or `run`)")
@@ -125,8 +129,9 @@ def run(
             raise ConfigError(f"only {len(online)} of {cfg.agents} agents registered within "
                               f"{cfg.wait_s:.0f}s ({', '.join(online) or 'none'})")
         cuts: dict[str, int] = {}
+        replanner = None
         if cfg.model.split == "auto" or cfg.model.cuts:
-            from jetsplit.server.cut_planning import fleet_cuts
+            from jetsplit.server.cut_planning import fleet_cuts, fleet_replanner
 
             t = cfg.train
             server_cut, cuts = fleet_cuts(
@@ -141,6 +146,9 @@ def run(
                 if deeper:
                     raise ConfigError(f"agent {deeper[0]}: cut {cuts[deeper[0]]} is deeper "
                                       f"than the bundle's split {server_cut}")
+            replanner = fleet_replanner(cfg, {a: engine.registry.registration(a)
+                                              for a in online}, server_cut) \
+                if t.replan == "on" else None
             cfg = cfg.model_copy(update={"model": cfg.model.model_copy(
                 update={"split": server_cut})})
             typer.echo(f"cuts: {cuts} (server cut {server_cut})")
@@ -153,7 +161,8 @@ def run(
                 resume=resume is not None, row_extras=[books.collect],
                 on_round=[None if exporter is None else round_callback(exporter, engine, books),
                           trackers.log_round if trackers.active else None],
-                report_title=f"jetsplit run {run_name}: {cfg.train.algorithm}")
+                report_title=f"jetsplit run {run_name}: {cfg.train.algorithm}",
+                replanner=replanner)
             summary = execute(engine, spec)
     finally:
         engine.close()

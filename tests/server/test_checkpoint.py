@@ -152,5 +152,5 @@ def test_resume_refuses_changed_settings(tmp_path: Path) -> None:
     done = subprocess.run(_simulate("--resume", str(run)), env=env, capture_output=True,
                           text=True, timeout=600)
     assert done.returncode != 0
-    assert "setting 'lr' was 0.01, now 0.5" in done.stderr
+    assert "setting 'lr' was unset (the method's default), now 0.5" in done.stderr
     assert "Traceback" not in done.stderr

@@ -1,0 +1,140 @@
+"""Live re-planning against the same per-device cuts planned once, side by side (slow).
+
+A 4-device emulated fleet (2 × jetson-nano-4gb, 2 × orin-nx-16gb; SCALA, MobileNetV3-small
+on MNIST, dirichlet:0.5). After round 4, a0 (a Nano) drops to its 5 W mode (compute
+halved) and a1 (an Orin NX) loses most of its uplink (50 → 5 Mbit/s, downlink 20). Two
+emulated trials per seed, identical but for `replan`: on (server/replanning.py) and off
+(the cuts planned before round 1 throughout). Printed per seed, then the mean:
+
+- the mean round wall time from the change on, for each, and their ratio (goal ≤ 0.7);
+- the planner's prediction for the new conditions (the first switch's predicted round
+  time at the planned cuts ÷ at the new ones: the scenario should make it ≥ 1.5) and how
+  far the measured ratio is from it (goal: within 15%);
+- the rounds from the change to the first switch, and the bytes the switches shipped;
+- the final accuracy of each (goal: within 1 point).
+
+`--recover` uses a trace where a1's link comes back after round 9, to show the cut return.
+Traces are written per run as TOML (edge_agent/traces.py). Emulated compute is dilated to
+this machine's speed (server/trial.py), so the plan, and which scenario pays, depend on the
+machine: the printed prediction says what this one expects.
+
+    .venv/bin/python benchmarks/bench_adaptive.py [--rounds 12] [--seeds 0 1 2] [--recover]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from jetsplit.server.trial import TrialSpec, run_trial
+
+PROFILES = ["jetson-nano-4gb", "orin-nx-16gb"]  # cycled over 4 agents
+CHANGE = 5  # the first round under the new conditions (0-based: "after round 4")
+
+
+def traces(root: Path, change: int, recover: int | None) -> dict[str, str]:
+    """a0: a Nano's power mode drops; a1: an Orin NX's uplink falls (and maybe recovers)."""
+    nano = root / "nano-5w.toml"
+    nano.write_text(f'[[at]]\nround = 0\npower_mode = "MAXN"\n\n'
+                    f'[[at]]\nround = {change}\ncompute = 0.5\npower_mode = "5W"\n')
+    link = root / "orin-uplink.toml"
+    rows = ["[[at]]\nround = 0\nuplink_mbps = 50.0\ndownlink_mbps = 50.0\n",
+            f"[[at]]\nround = {change}\nuplink_mbps = 5.0\ndownlink_mbps = 20.0\n"]
+    if recover is not None:
+        rows.append(f"[[at]]\nround = {recover}\nuplink_mbps = 50.0\ndownlink_mbps = 50.0\n")
+    link.write_text("\n".join(rows))
+    return {"a0": str(nano), "a1": str(link)}
+
+
+def one_trial(seed: int, args: argparse.Namespace, replan: str, root: Path) -> dict[str, Any]:
+    out = root / f"seed{seed}-replan-{replan}"
+    out.mkdir(parents=True)
+    spec = TrialSpec(algorithm="scala", agents=args.agents, rounds=args.rounds,
+                     profiles=PROFILES, model=args.model, dataset=args.dataset,
+                     partition="dirichlet:0.5", local_steps=args.local_steps,
+                     batch=args.batch, seed=seed, replan=replan,
+                     traces=traces(out, args.change, args.recover))
+    summary = run_trial(spec, out / "run", live=False)
+    rows = [json.loads(x) for x in (out / "run" / "metrics.jsonl").read_text().splitlines()]
+    after = [r["seconds"] for r in rows if r["round"] >= args.change]
+    switches = [r for r in rows if isinstance(r.get("replan"), dict)]
+    first = switches[0]["replan"] if switches else None
+    return {
+        "round_s": statistics.mean(after) if after else float("nan"),
+        "accuracy": summary["final_accuracy"],
+        "first_switch": switches[0]["round"] if switches else None,
+        "switch_bytes": sum(sum(s["replan"]["switch_bytes"].values()) for s in switches),
+        "predicted": (first["predicted_before_s"] / first["predicted_after_s"]
+                      if first and first["predicted_after_s"] else None),
+        "cuts": [r.get("cuts", {}) for r in rows],
+        "moves": [f"r{s['round']}: {s['replan']['reason']}" for s in switches],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--local-steps", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--agents", type=int, default=4)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--model", default="mobilenetv3-small")
+    parser.add_argument("--dataset", default="mnist")
+    parser.add_argument("--recover", action="store_true",
+                        help="a1's link comes back after round 9")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny: digits, 2 agents, 4 rounds x 1 step, change at round 1")
+    args = parser.parse_args()
+    args.change = CHANGE
+    if args.smoke:
+        args.seeds, args.rounds, args.local_steps, args.agents = [0], 4, 1, 2
+        args.dataset, args.batch, args.change = "digits", 32, 1
+    args.recover = (args.change + 5 if not args.smoke else 3) if args.recover else None
+    started = time.perf_counter()
+    results: dict[str, list[dict[str, Any]]] = {"on": [], "off": []}
+    with tempfile.TemporaryDirectory(prefix="bench-adaptive-") as tmp:
+        for seed in args.seeds:
+            for replan in ("on", "off"):
+                results[replan].append(one_trial(seed, args, replan, Path(tmp)))
+    print(f"\n== SCALA, {args.model}/{args.dataset}, {args.agents} agents ({', '.join(PROFILES)} "
+          f"cycled), {args.rounds} rounds x T={args.local_steps}, batch {args.batch}; from "
+          f"round {args.change}: a0 compute x0.5 (5 W), a1 uplink 50 -> 5 Mbit/s"
+          + (f", back at round {args.recover}" if args.recover else "")
+          + f"; seeds {args.seeds}")
+    print("seed | round s re-plan | round s plan-once | ratio | predicted | measured/predicted "
+          "| first switch | switch MB | acc re-plan | acc plan-once | Δacc (points)")
+    ratios, deltas, fits = [], [], []
+    for seed, on, off in zip(args.seeds, results["on"], results["off"], strict=True):
+        ratio = on["round_s"] / off["round_s"]
+        delta = 100 * (on["accuracy"] - off["accuracy"])
+        predicted = on["predicted"]
+        fit = None if predicted is None else ratio * predicted
+        ratios.append(ratio)
+        deltas.append(delta)
+        if fit is not None:
+            fits.append(fit)
+        lag = "none" if on["first_switch"] is None else \
+            f"round {on['first_switch']} (+{on['first_switch'] - args.change + 1})"
+        print(f"{seed:4d} | {on['round_s']:15.2f} | {off['round_s']:17.2f} | {ratio:5.3f} | "
+              f"{'n/a' if predicted is None else f'{predicted:.2f}x':>9} | "
+              f"{'n/a' if fit is None else f'{fit:.2f}':>18} | {lag:>12} | "
+              f"{on['switch_bytes'] / 1e6:9.2f} | {on['accuracy']:11.4f} | "
+              f"{off['accuracy']:13.4f} | {delta:+.2f}")
+        for move in on["moves"]:
+            print(f"     {move}")
+    print(f"mean round-time ratio re-plan/plan-once after the change: "
+          f"{statistics.mean(ratios):.3f} (goal <= 0.7); mean accuracy difference "
+          f"{statistics.mean(deltas):+.2f} points (goal within 1)")
+    if fits:
+        print(f"measured ratio x predicted speed-up: mean {statistics.mean(fits):.2f} "
+              f"(1.00 = exactly as predicted; goal within 0.85-1.15)")
+    print(f"\nbench wall time {time.perf_counter() - started:.0f}s")
+
+
+if __name__ == "__main__":
+    main()
