@@ -1,10 +1,10 @@
 """Live re-planning against the same per-device cuts planned once, side by side (slow).
 
-A 4-device emulated fleet (2 × jetson-nano-4gb, 2 × orin-nx-16gb; SCALA, MobileNetV3-small
-on MNIST, dirichlet:0.5). After round 4, a0 (a Nano) drops to its 5 W mode (compute
-halved) and a1 (an Orin NX) loses most of its uplink (50 → 5 Mbit/s, downlink 20). Two
-emulated trials per seed, identical but for `replan`: on (server/replanning.py) and off
-(the cuts planned before round 1 throughout). Printed per seed, then the mean:
+A 4-device emulated fleet (2 × jetson-nano-4gb, 2 × orin-nx-16gb; PSL, VGG-11 on MNIST,
+dirichlet:0.5). After round 4, a0 (a Nano) loses most of its uplink (50 → 2 Mbit/s,
+downlink 20) and a1 (an Orin NX) drops to a 10 W mode (compute halved). Two emulated
+trials per seed, identical but for `replan`: on (server/replanning.py) and off (the cuts
+planned before round 1 throughout). Printed per seed, then the mean:
 
 - the mean round wall time from the change on, for each, and their ratio (goal ≤ 0.7);
 - the planner's prediction for the new conditions (the first switch's predicted round
@@ -13,7 +13,7 @@ emulated trials per seed, identical but for `replan`: on (server/replanning.py) 
 - the rounds from the change to the first switch, and the bytes the switches shipped;
 - the final accuracy of each (goal: within 1 point).
 
-`--recover` uses a trace where a1's link comes back after round 9, to show the cut return.
+`--recover` uses a trace where a0's link comes back after round 9, to show the cut return.
 Traces are written per run as TOML (edge_agent/traces.py). Emulated compute is dilated to
 this machine's speed (server/trial.py), so the plan, and which scenario pays, depend on the
 machine: the printed prediction says what this one expects.
@@ -38,23 +38,23 @@ CHANGE = 5  # the first round under the new conditions (0-based: "after round 4"
 
 
 def traces(root: Path, change: int, recover: int | None) -> dict[str, str]:
-    """a0: a Nano's power mode drops; a1: an Orin NX's uplink falls (and maybe recovers)."""
-    nano = root / "nano-5w.toml"
-    nano.write_text(f'[[at]]\nround = 0\npower_mode = "MAXN"\n\n'
-                    f'[[at]]\nround = {change}\ncompute = 0.5\npower_mode = "5W"\n')
-    link = root / "orin-uplink.toml"
+    """a0: a Nano's uplink falls (and maybe recovers); a1: an Orin NX's power mode drops."""
+    link = root / "nano-uplink.toml"
     rows = ["[[at]]\nround = 0\nuplink_mbps = 50.0\ndownlink_mbps = 50.0\n",
-            f"[[at]]\nround = {change}\nuplink_mbps = 5.0\ndownlink_mbps = 20.0\n"]
+            f"[[at]]\nround = {change}\nuplink_mbps = 2.0\ndownlink_mbps = 20.0\n"]
     if recover is not None:
         rows.append(f"[[at]]\nround = {recover}\nuplink_mbps = 50.0\ndownlink_mbps = 50.0\n")
     link.write_text("\n".join(rows))
-    return {"a0": str(nano), "a1": str(link)}
+    orin = root / "orin-10w.toml"
+    orin.write_text(f'[[at]]\nround = 0\npower_mode = "MAXN"\n\n'
+                    f'[[at]]\nround = {change}\ncompute = 0.5\npower_mode = "10W"\n')
+    return {"a0": str(link), "a1": str(orin)}
 
 
 def one_trial(seed: int, args: argparse.Namespace, replan: str, root: Path) -> dict[str, Any]:
     out = root / f"seed{seed}-replan-{replan}"
     out.mkdir(parents=True)
-    spec = TrialSpec(algorithm="scala", agents=args.agents, rounds=args.rounds,
+    spec = TrialSpec(algorithm=args.method, agents=args.agents, rounds=args.rounds,
                      profiles=PROFILES, model=args.model, dataset=args.dataset,
                      partition="dirichlet:0.5", local_steps=args.local_steps,
                      batch=args.batch, seed=seed, replan=replan,
@@ -83,10 +83,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--agents", type=int, default=4)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--model", default="mobilenetv3-small")
+    parser.add_argument("--method", default="psl")
+    parser.add_argument("--model", default="vgg11")
     parser.add_argument("--dataset", default="mnist")
     parser.add_argument("--recover", action="store_true",
-                        help="a1's link comes back after round 9")
+                        help="a0's link comes back after round 9")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny: digits, 2 agents, 4 rounds x 1 step, change at round 1")
     args = parser.parse_args()
@@ -101,9 +102,10 @@ def main() -> None:
         for seed in args.seeds:
             for replan in ("on", "off"):
                 results[replan].append(one_trial(seed, args, replan, Path(tmp)))
-    print(f"\n== SCALA, {args.model}/{args.dataset}, {args.agents} agents ({', '.join(PROFILES)} "
-          f"cycled), {args.rounds} rounds x T={args.local_steps}, batch {args.batch}; from "
-          f"round {args.change}: a0 compute x0.5 (5 W), a1 uplink 50 -> 5 Mbit/s"
+    print(f"\n== {args.method}, {args.model}/{args.dataset}, {args.agents} agents "
+          f"({', '.join(PROFILES)} cycled), {args.rounds} rounds x T={args.local_steps}, batch "
+          f"{args.batch}; from round {args.change}: a0 uplink 50 -> 2 Mbit/s, a1 compute x0.5 "
+          f"(10 W)"
           + (f", back at round {args.recover}" if args.recover else "")
           + f"; seeds {args.seeds}")
     print("seed | round s re-plan | round s plan-once | ratio | predicted | measured/predicted "

@@ -48,7 +48,8 @@ def replan_section(rows: Sequence[Row]) -> list[str]:
              "predicted round times under the live estimates, and the mean time measured "
              "over the rounds until the next switch.", "",
              "| after round | moved | predicted before → after (s) | measured after (s) | "
-             "bytes shipped | reason |", "|---|---|---|---|---|---|"]
+             "bytes to ship (predicted) | bundle bytes shipped next round | reason |",
+             "|---|---|---|---|---|---|---|"]
     indices = [i for i, r in enumerate(rows) if isinstance(r.get("replan"), dict)]
     for n, ((round_no, switch), index) in enumerate(zip(found, indices, strict=True)):
         moved = switch.get("moved")
@@ -63,8 +64,11 @@ def replan_section(rows: Sequence[Row]) -> list[str]:
         total = sum(v for v in shipped.values() if isinstance(v, int)) \
             if isinstance(shipped, dict) else 0
         reason = str(switch.get("reason", ""))[:MAX_REASON].replace("|", "\\|")
+        shipped_next = finite(rows[index + 1].get("bundle_bytes"), 0, 1e15) \
+            if index + 1 < len(rows) else None
         lines.append(f"| {round_no} | {text or '-'} | {_num(before)} → {_num(after)} | "
-                     f"{_num(measured)} | {total:,} | {reason} |")
+                     f"{_num(measured)} | {total:,} | "
+                     f"{'-' if shipped_next is None else f'{shipped_next:,.0f}'} | {reason} |")
     return [*lines, ""]
 
 
