@@ -6,7 +6,10 @@ downlink 20) and a1 (an Orin NX) drops to a 10 W mode (compute halved). Two emul
 trials per seed, identical but for `replan`: on (server/replanning.py) and off (the cuts
 planned before round 1 throughout). Printed per seed, then the mean:
 
-- the mean round wall time from the change on, for each, and their ratio (goal ≤ 0.7);
+- the mean training round wall time from the change on, for each, and their ratio (goal
+  ≤ 0.7): a row's `seconds` less its `evaluate` phase (the coordinator's reporting: PSL
+  pulls every device's block each round to score it, which no plan can shorten); the mean
+  with evaluation is printed beside it;
 - the planner's prediction for the new conditions (the first switch's predicted round
   time at the planned cuts ÷ at the new ones: the scenario should make it ≥ 1.5) and how
   far the measured ratio is from it (goal: within 15%);
@@ -61,11 +64,13 @@ def one_trial(seed: int, args: argparse.Namespace, replan: str, root: Path) -> d
                      traces=traces(out, args.change, args.recover))
     summary = run_trial(spec, out / "run", live=False)
     rows = [json.loads(x) for x in (out / "run" / "metrics.jsonl").read_text().splitlines()]
-    after = [r["seconds"] for r in rows if r["round"] >= args.change]
+    later = [r for r in rows if r["round"] >= args.change]
+    after = [r["seconds"] - r.get("phases_s", {}).get("evaluate", 0.0) for r in later]
     switches = [r for r in rows if isinstance(r.get("replan"), dict)]
     first = switches[0]["replan"] if switches else None
     return {
         "round_s": statistics.mean(after) if after else float("nan"),
+        "with_eval_s": statistics.mean(r["seconds"] for r in later) if later else float("nan"),
         "accuracy": summary["final_accuracy"],
         "first_switch": switches[0]["round"] if switches else None,
         "switch_bytes": sum(sum(s["replan"]["switch_bytes"].values()) for s in switches),
@@ -88,6 +93,8 @@ def main() -> None:
     parser.add_argument("--dataset", default="mnist")
     parser.add_argument("--recover", action="store_true",
                         help="a0's link comes back after round 9")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="keep every trial's folder here (default: a temp dir, removed)")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny: digits, 2 agents, 4 rounds x 1 step, change at round 1")
     args = parser.parse_args()
@@ -99,9 +106,10 @@ def main() -> None:
     started = time.perf_counter()
     results: dict[str, list[dict[str, Any]]] = {"on": [], "off": []}
     with tempfile.TemporaryDirectory(prefix="bench-adaptive-") as tmp:
+        root = args.out or Path(tmp)
         for seed in args.seeds:
             for replan in ("on", "off"):
-                results[replan].append(one_trial(seed, args, replan, Path(tmp)))
+                results[replan].append(one_trial(seed, args, replan, root))
     print(f"\n== {args.method}, {args.model}/{args.dataset}, {args.agents} agents "
           f"({', '.join(PROFILES)} cycled), {args.rounds} rounds x T={args.local_steps}, batch "
           f"{args.batch}; from round {args.change}: a0 uplink 50 -> 2 Mbit/s, a1 compute x0.5 "
@@ -109,7 +117,8 @@ def main() -> None:
           + (f", back at round {args.recover}" if args.recover else "")
           + f"; seeds {args.seeds}")
     print("seed | round s re-plan | round s plan-once | ratio | predicted | measured/predicted "
-          "| first switch | switch MB | acc re-plan | acc plan-once | Δacc (points)")
+          "| first switch | switch MB | acc re-plan | acc plan-once | Δacc (points) | "
+          "with eval s re-plan, plan-once")
     ratios, deltas, fits = [], [], []
     for seed, on, off in zip(args.seeds, results["on"], results["off"], strict=True):
         ratio = on["round_s"] / off["round_s"]
@@ -126,7 +135,8 @@ def main() -> None:
               f"{'n/a' if predicted is None else f'{predicted:.2f}x':>9} | "
               f"{'n/a' if fit is None else f'{fit:.2f}':>18} | {lag:>12} | "
               f"{on['switch_bytes'] / 1e6:9.2f} | {on['accuracy']:11.4f} | "
-              f"{off['accuracy']:13.4f} | {delta:+.2f}")
+              f"{off['accuracy']:13.4f} | {delta:+.2f} | {on['with_eval_s']:.2f}, "
+              f"{off['with_eval_s']:.2f}")
         for move in on["moves"]:
             print(f"     {move}")
     print(f"mean round-time ratio re-plan/plan-once after the change: "
