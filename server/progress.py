@@ -135,6 +135,12 @@ class TrialProgress:
         offline = sorted(a for a, s in self._states.items() if s == "offline")
         if offline:
             parts.append("offline: " + ", ".join(offline))
+        replan = row.get("replan")
+        moved = replan.get("moved") if isinstance(replan, Mapping) else None
+        if isinstance(moved, Mapping) and moved:  # server/replanning.py switched cuts
+            parts.append("re-planned " + ", ".join(
+                f"{str(a)[:32]} {v[0]}→{v[1]}" for a, v in sorted(moved.items())
+                if isinstance(v, list) and len(v) == 2))
         algorithm = row.get("algorithm")
         prefix = f"{self.title} {algorithm}" if isinstance(algorithm, str) else self.title
         return f"{prefix}: " + "; ".join(parts)

@@ -192,6 +192,7 @@ def test_render_plan_handles_nested_planner_output() -> None:
 def test_progress_prints_one_line_per_round_without_a_tty(tmp_path: Path) -> None:
     out = io.StringIO()
     rows = [_row(r, agents=r == 0, accuracy=0.5 + 0.1 * r) for r in range(3)]
+    rows[1]["replan"] = {"moved": {"a0": [1, 2]}}  # server/replanning.py switched after it
     with TrialProgress(3, file=out) as progress:
         assert not progress.live  # a StringIO is not a terminal
         progress.agent_states({"a0": "online", "a1": "busy"})
@@ -203,6 +204,7 @@ def test_progress_prints_one_line_per_round_without_a_tty(tmp_path: Path) -> Non
     assert lines[0].startswith("trial psl: round 1/3; accuracy 50.00%")
     assert "round 3/3" in lines[2] and "up 3.60 MB, down 7.40 MB so far" in lines[2]
     assert "offline" not in lines[0] and all("offline: a1" in line for line in lines[1:])
+    assert [("re-planned a0 1→2" in line) for line in lines] == [False, True, False]
 
 
 def test_progress_live_display_on_a_terminal() -> None:
