@@ -30,7 +30,10 @@ near-equal plans. A switch costs each moving device the bytes of its new cut's b
 its live downlink, unless it already holds that cut (bundles are content-addressed and
 cached on the device, so returning to an earlier cut is free); devices move in parallel,
 so the cost is the slowest device's. Cuts move within 1..c*: the server block starts at c*
-for the whole run. Devices without a measurement yet keep their cut.
+for the whole run, and a cut is a candidate only where the device can send its client block
+(the coordinator pulls it to aggregate or, for PSL and GAPSL, to score it) in at most half
+the step deadline at its live uplink: a deeper block over a collapsed link would miss every
+pull. Devices without a measurement yet keep their cut.
 
 Device numbers are untrusted: `LiveEstimates` range-checks them, and a compute factor
 outside [FACTOR_MIN, FACTOR_MAX] is not a measurement.
@@ -83,18 +86,19 @@ class Replanner:
 
     def __init__(self, costs: Any, profiles: Mapping[str, Any], server: Any, settings: Any,
                  server_cut: int, *, threshold: float = THRESHOLD, horizon: int = HORIZON,
-                 window: int = WINDOW,
+                 window: int = WINDOW, deadline_s: float | None = None,
                  bundle_bytes: Callable[[int], int] | None = None) -> None:
         """`costs`: the model's `ModelCosts`; `profiles`: agent → `DeviceProfile` (as
         planned: a trial's emulated ones); `server`: the coordinator's profile; `settings`:
-        the `PlanSettings` the run was planned with; `bundle_bytes(cut)`: a device bundle's
-        size at that cut (None: estimated from the block's parameters, `_bytes`)."""
+        the `PlanSettings` the run was planned with; `deadline_s`: the step deadline a
+        block pull must fit in twice over (None: no bound); `bundle_bytes(cut)`: a device
+        bundle's size at that cut (None: estimated from the block's parameters, `_bytes`)."""
         if not 0 < threshold < 1:
             raise ValueError(f"replan threshold must be in (0, 1), got {threshold}")
         self.costs, self.server, self.settings = costs, server, settings
         self.profiles = dict(profiles)
         self.server_cut, self.threshold, self.horizon = server_cut, threshold, max(1, horizon)
-        self.bundle_bytes, self.window = bundle_bytes, window
+        self.bundle_bytes, self.window, self.deadline_s = bundle_bytes, window, deadline_s
         self._factors: dict[str, deque[float]] = {}
         self._bases: dict[str, dict[int, float]] = {}  # agent → cut → its first ratio
         self._links: dict[str, dict[str, float]] = {}
@@ -119,7 +123,7 @@ class Replanner:
             if not isinstance(cut, int) or not work or not seconds or agent not in batches:
                 continue
             self.held.setdefault(agent, set()).add(cut)
-            row_k = self._rows(agent, batches[agent], factor=1.0).get(cut)
+            row_k = self._rows(agent, batches[agent], 1.0, candidates=False).get(cut)
             if row_k is None or not row_k.device_gflops or not row_k.compute_ms:
                 continue
             ratio = seconds / (row_k.compute_ms / 1e3 * work / row_k.device_gflops)
@@ -150,15 +154,27 @@ class Replanner:
         data["network"].update({k: v for k, v in links.items() if v > 0})
         return profile_from_dict(data, f"{profile.name} (live)")
 
-    def _rows(self, agent: str, batch: int, factor: float) -> dict[int, Any]:
-        """The planner's rows for `agent` at batch `batch`, cuts 1..c* that fit, compute
-        scaled by `factor`."""
+    def _rows(self, agent: str, batch: int, factor: float, *, candidates: bool = True
+              ) -> dict[int, Any]:
+        """The planner's rows for `agent` at batch `batch`, cuts 1..c* that fit (and, for
+        `candidates`, whose block can be pulled in time), compute scaled by `factor`."""
         from jetsplit.export.planner import device_rows
 
         settings = dataclasses.replace(self.settings, batch=batch)
-        rows, _ = device_rows(self.costs, self._profile(agent), self.server, settings)
+        profile = self._profile(agent)
+        rows, _ = device_rows(self.costs, profile, self.server, settings)
         return {r.k: dataclasses.replace(r, compute_ms=r.compute_ms * factor)
-                for r in rows if r.k <= self.server_cut and r.fits}
+                for r in rows if r.k <= self.server_cut and r.fits
+                and (not candidates or self._pullable(r.k, profile.uplink_bytes_per_s))}
+
+    def _pullable(self, cut: int, uplink_bytes_per_s: float) -> bool:
+        """Whether the client block at `cut` uploads within half the step deadline."""
+        if self.deadline_s is None:
+            return True
+        from jetsplit.export.cost_model import client_block
+
+        seconds = client_block(self.costs, cut).state_bytes / uplink_bytes_per_s
+        return seconds <= self.deadline_s / 2
 
     def predict(self, cuts: Mapping[str, int], batches: Mapping[str, int]
                 ) -> tuple[float, dict[str, int]] | None:
@@ -172,11 +188,12 @@ class Replanner:
             if factor is None or agent not in batches:
                 continue
             rows = self._rows(agent, batches[agent], factor)
-            if cuts[agent] not in rows:
+            current = self._rows(agent, batches[agent], factor, candidates=False)
+            if cuts[agent] not in current or not rows:
                 continue
             devices.append(DevicePlan(agent, sorted(rows.values(), key=lambda r: r.k),
                                       None, "live"))
-            now.append(rows[cuts[agent]])
+            now.append(current[cuts[agent]])
         if not devices:
             return None
         best = per_device_time(devices)
@@ -193,7 +210,8 @@ class Replanner:
         rows = []
         for agent, cut in sorted(cuts.items()):
             factor = self.factor(agent)
-            row = None if factor is None else self._rows(agent, batches[agent], factor).get(cut)
+            row = None if factor is None else self._rows(
+                agent, batches[agent], factor, candidates=False).get(cut)
             if row is None:
                 return None
             rows.append(row)

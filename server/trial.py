@@ -197,8 +197,8 @@ def plan_split(spec: TrialSpec, input_shape: tuple[int, int, int], classes: int,
 
 
 def trial_replanner(spec: TrialSpec, input_shape: tuple[int, int, int], classes: int,
-                    per_agent_batch: int, dataset_size: int, dilation: float, server_cut: int
-                    ) -> Any:
+                    per_agent_batch: int, dataset_size: int, dilation: float, server_cut: int,
+                    deadline_s: float) -> Any:
     """The live re-planner for this fleet, planned as `plan_split` plans it; None when
     `replan` is off, the cuts were fixed by hand (`--split`, `--cut`, `--common-split`),
     or the method keeps one cut."""
@@ -211,7 +211,8 @@ def trial_replanner(spec: TrialSpec, input_shape: tuple[int, int, int], classes:
         spec.algorithm, spec.model, input_shape, classes, agent_profiles,
         batch=per_agent_batch, local_steps=spec.local_steps, rounds=spec.rounds,
         dataset_size=dataset_size, codec=spec.codec, server_profile=spec.server_profile,
-        server_cut=server_cut, threshold=spec.replan_threshold, compute_dilation=dilation)
+        server_cut=server_cut, threshold=spec.replan_threshold,
+        deadline_s=deadline_s, compute_dilation=dilation)
 
 
 def predicted_row(plan: dict[str, Any]) -> Any:
@@ -382,7 +383,8 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
     split, cuts, plan = plan_split(spec, test.input_shape, test.num_classes, per_agent,
                                    dataset_size, dilation if spec.emulate else 1.0)
     replanner = trial_replanner(spec, test.input_shape, test.num_classes, per_agent,
-                                dataset_size, dilation if spec.emulate else 1.0, split)
+                                dataset_size, dilation if spec.emulate else 1.0, split,
+                                train.deadline_s)
     plan["emulation"] = {"host_gflops_1_thread": round(host, 2),
                          "compute_dilation": round(dilation, 3),
                          "profiles": {n: s.model_dump() for n, s in sections.items()},

@@ -161,3 +161,23 @@ def test_the_factor_is_relative_to_the_device_at_its_start_and_survives_a_move()
     for r in (5, 6):
         replanner.observe(row(r, moved, replanner, slow={"a0": 6.0}), BATCHES)
     assert replanner.factor("a0") == pytest.approx(2.0)
+
+
+def test_a_cut_whose_block_cannot_be_pulled_within_the_deadline_is_no_candidate() -> None:
+    """The Nano's uplink collapses to 0.05 Mbit/s: without a deadline the planner sends it
+    to the cut whose activations are smallest; with a 60 s step deadline only cuts whose
+    client block uploads in 30 s remain (the coordinator pulls the block every round)."""
+    costs = get_costs(MODEL, SHAPE, CLASSES)
+    _, cuts, free = planned(threshold=0.05)
+    bounded = replanner_for("scala", MODEL, SHAPE, CLASSES, PROFILES, server_profile="x86-cpu",
+                            server_cut=5, threshold=0.05, deadline_s=60.0, **RUN)
+    assert bounded is not None
+    links = {"a0": (0.05, 20.0)}
+    for replanner in (free, bounded):
+        replanner.observe(row(0, cuts, replanner, links=links), BATCHES)
+    best_free = free.predict(cuts, BATCHES)
+    best_bounded = bounded.predict(cuts, BATCHES)
+    assert best_free is not None and best_bounded is not None
+    pull_s = {k: client_block(costs, k).state_bytes * 8 / 0.05e6 for k in range(1, 6)}
+    assert pull_s[best_free[1]["a0"]] > 30  # unbounded: a block it could never upload
+    assert pull_s[best_bounded[1]["a0"]] <= 30
