@@ -54,16 +54,21 @@ def traces(root: Path, change: int, recover: int | None) -> dict[str, str]:
     return {"a0": str(link), "a1": str(orin)}
 
 
-def one_trial(seed: int, args: argparse.Namespace, replan: str, root: Path) -> dict[str, Any]:
+def one_trial(seed: int, args: argparse.Namespace, replan: str, root: Path,
+              cuts: dict[str, int] | None = None) -> dict[str, Any]:
+    """One emulated trial; `cuts` fixes the plan (the plan-once run takes the cuts the
+    re-planning run was planned with: each trial measures this machine and plans anew,
+    and a busier machine dilates compute more, which can plan other cuts)."""
     out = root / f"seed{seed}-replan-{replan}"
     out.mkdir(parents=True)
     spec = TrialSpec(algorithm=args.method, agents=args.agents, rounds=args.rounds,
                      profiles=PROFILES, model=args.model, dataset=args.dataset,
                      partition="dirichlet:0.5", local_steps=args.local_steps,
-                     batch=args.batch, seed=seed, replan=replan,
+                     batch=args.batch, seed=seed, replan=replan, cuts=cuts,
                      traces=traces(out, args.change, args.recover))
     summary = run_trial(spec, out / "run", live=False)
     rows = [json.loads(x) for x in (out / "run" / "metrics.jsonl").read_text().splitlines()]
+    plan = json.loads((out / "run" / "plan.json").read_text())
     later = [r for r in rows if r["round"] >= args.change]
     after = [r["seconds"] - r.get("phases_s", {}).get("evaluate", 0.0) for r in later]
     switches = [r for r in rows if isinstance(r.get("replan"), dict)]
@@ -76,7 +81,8 @@ def one_trial(seed: int, args: argparse.Namespace, replan: str, root: Path) -> d
         "switch_bytes": sum(sum(s["replan"]["switch_bytes"].values()) for s in switches),
         "predicted": (first["predicted_before_s"] / first["predicted_after_s"]
                       if first and first["predicted_after_s"] else None),
-        "cuts": [r.get("cuts", {}) for r in rows],
+        "planned": {a: info["cut"] for a, info in plan["agents"].items()},
+        "dilation": plan["emulation"]["compute_dilation"],
         "moves": [f"r{s['round']}: {s['replan']['reason']}" for s in switches],
     }
 
@@ -108,8 +114,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-adaptive-") as tmp:
         root = args.out or Path(tmp)
         for seed in args.seeds:
-            for replan in ("on", "off"):
-                results[replan].append(one_trial(seed, args, replan, root))
+            on = one_trial(seed, args, "on", root)
+            results["on"].append(on)
+            results["off"].append(one_trial(seed, args, "off", root, cuts=on["planned"]))
     print(f"\n== {args.method}, {args.model}/{args.dataset}, {args.agents} agents "
           f"({', '.join(PROFILES)} cycled), {args.rounds} rounds x T={args.local_steps}, batch "
           f"{args.batch}; from round {args.change}: a0 uplink 50 -> 2 Mbit/s, a1 compute x0.5 "
@@ -137,6 +144,8 @@ def main() -> None:
               f"{on['switch_bytes'] / 1e6:9.2f} | {on['accuracy']:11.4f} | "
               f"{off['accuracy']:13.4f} | {delta:+.2f} | {on['with_eval_s']:.2f}, "
               f"{off['with_eval_s']:.2f}")
+        print(f"     planned cuts {on['planned']}; compute dilation {on['dilation']} "
+              f"(re-plan), {off['dilation']} (plan-once)")
         for move in on["moves"]:
             print(f"     {move}")
     print(f"mean round-time ratio re-plan/plan-once after the change: "
