@@ -99,8 +99,7 @@ def replanner_for(algorithm: str, model: str, input_shape: tuple[int, int, int],
                   classes: int, agent_profiles: Mapping[str, Any], *, batch: int,
                   local_steps: int, rounds: int, dataset_size: int | None, codec: str,
                   server_profile: str, server_cut: int, threshold: float,
-                  deadline_s: float | None = None, compute_dilation: float = 1.0,
-                  bundle_bytes: Any = None) -> Any:
+                  deadline_s: float | None = None, compute_dilation: float = 1.0) -> Any:
     """The live re-planner (server/replanning.py) for a fleet planned by `plan_cuts` with
     these same inputs, or None with one log line where the method keeps its cuts."""
     import logging
@@ -118,7 +117,7 @@ def replanner_for(algorithm: str, model: str, input_shape: tuple[int, int, int],
         local_steps=local_steps, rounds=rounds, dataset_size=dataset_size, codec=codec,
         common_split=False, compute_dilation=compute_dilation)
     return Replanner(costs, resolved, resolve_profile(server_profile), settings, server_cut,
-                     threshold=threshold, deadline_s=deadline_s, bundle_bytes=bundle_bytes)
+                     threshold=threshold, deadline_s=deadline_s)
 
 
 def fleet_replanner(cfg: Any, registrations: Mapping[str, Mapping[str, Any]],

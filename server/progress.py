@@ -21,6 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from jetsplit.server.finite import finite
+from jetsplit.server.report_replan import moves_text
 
 STATE_STYLES = {"online": "green", "busy": "yellow", "offline": "red"}
 AGENT_FIELDS = (("compute s", "compute_s", ".2f"), ("transfer s", "transfer_s", ".2f"),
@@ -135,12 +136,9 @@ class TrialProgress:
         offline = sorted(a for a, s in self._states.items() if s == "offline")
         if offline:
             parts.append("offline: " + ", ".join(offline))
-        replan = row.get("replan")
-        moved = replan.get("moved") if isinstance(replan, Mapping) else None
-        if isinstance(moved, Mapping) and moved:  # server/replanning.py switched cuts
-            parts.append("re-planned " + ", ".join(
-                f"{str(a)[:32]} {v[0]}→{v[1]}" for a, v in sorted(moved.items())
-                if isinstance(v, list) and len(v) == 2))
+        moves = moves_text(row.get("replan"))
+        if moves:  # server/replanning.py switched cuts after this round
+            parts.append("re-planned " + moves)
         algorithm = row.get("algorithm")
         prefix = f"{self.title} {algorithm}" if isinstance(algorithm, str) else self.title
         return f"{prefix}: " + "; ".join(parts)

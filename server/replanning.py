@@ -44,7 +44,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,19 +86,17 @@ class Replanner:
 
     def __init__(self, costs: Any, profiles: Mapping[str, Any], server: Any, settings: Any,
                  server_cut: int, *, threshold: float = THRESHOLD, horizon: int = HORIZON,
-                 window: int = WINDOW, deadline_s: float | None = None,
-                 bundle_bytes: Callable[[int], int] | None = None) -> None:
+                 window: int = WINDOW, deadline_s: float | None = None) -> None:
         """`costs`: the model's `ModelCosts`; `profiles`: agent → `DeviceProfile` (as
         planned: a trial's emulated ones); `server`: the coordinator's profile; `settings`:
         the `PlanSettings` the run was planned with; `deadline_s`: the step deadline a
-        block pull must fit in twice over (None: no bound); `bundle_bytes(cut)`: a device
-        bundle's size at that cut (None: estimated from the block's parameters, `_bytes`)."""
+        block pull must fit in twice over (None: no bound)."""
         if not 0 < threshold < 1:
             raise ValueError(f"replan threshold must be in (0, 1), got {threshold}")
         self.costs, self.server, self.settings = costs, server, settings
         self.profiles = dict(profiles)
         self.server_cut, self.threshold, self.horizon = server_cut, threshold, max(1, horizon)
-        self.bundle_bytes, self.window, self.deadline_s = bundle_bytes, window, deadline_s
+        self.window, self.deadline_s = window, deadline_s
         self._factors: dict[str, deque[float]] = {}
         self._bases: dict[str, dict[int, float]] = {}  # agent → cut → its first ratio
         self._links: dict[str, dict[str, float]] = {}
@@ -123,7 +121,7 @@ class Replanner:
             if not isinstance(cut, int) or not work or not seconds or agent not in batches:
                 continue
             self.held.setdefault(agent, set()).add(cut)
-            row_k = self._rows(agent, batches[agent], 1.0, candidates=False).get(cut)
+            row_k = self._rows(agent, batches[agent], 1.0).get(cut)
             if row_k is None or not row_k.device_gflops or not row_k.compute_ms:
                 continue
             ratio = seconds / (row_k.compute_ms / 1e3 * work / row_k.device_gflops)
@@ -154,32 +152,32 @@ class Replanner:
         data["network"].update({k: v for k, v in links.items() if v > 0})
         return profile_from_dict(data, f"{profile.name} (live)")
 
-    def _rows(self, agent: str, batch: int, factor: float, *, candidates: bool = True
-              ) -> dict[int, Any]:
-        """The planner's rows for `agent` at batch `batch`, cuts 1..c* that fit (and, for
-        `candidates`, whose block can be pulled in time), compute scaled by `factor`."""
+    def _rows(self, agent: str, batch: int, factor: float) -> dict[int, Any]:
+        """The planner's rows for `agent` at batch `batch`, cuts 1..c* that fit, compute
+        scaled by `factor`."""
         from jetsplit.export.planner import device_rows
 
         settings = dataclasses.replace(self.settings, batch=batch)
-        profile = self._profile(agent)
-        rows, _ = device_rows(self.costs, profile, self.server, settings)
+        rows, _ = device_rows(self.costs, self._profile(agent), self.server, settings)
         return {r.k: dataclasses.replace(r, compute_ms=r.compute_ms * factor)
-                for r in rows if r.k <= self.server_cut and r.fits
-                and (not candidates or self._pullable(r.k, profile.uplink_bytes_per_s))}
+                for r in rows if r.k <= self.server_cut and r.fits}
 
-    def _pullable(self, cut: int, uplink_bytes_per_s: float) -> bool:
-        """Whether the client block at `cut` uploads within half the step deadline."""
+    def _pullable(self, agent: str, cut: int) -> bool:
+        """Whether agent's client block at `cut` uploads within half the step deadline at
+        its live uplink (where to move: a cut it could never send is no candidate)."""
         if self.deadline_s is None:
             return True
         from jetsplit.export.cost_model import client_block
 
-        seconds = client_block(self.costs, cut).state_bytes / uplink_bytes_per_s
+        uplink = (self._links.get(agent) or {}).get("uplink_mbps") \
+            or float(self.profiles[agent].network.uplink_mbps)
+        seconds = client_block(self.costs, cut).state_bytes * 8 / (uplink * 1e6)
         return seconds <= self.deadline_s / 2
 
     def predict(self, cuts: Mapping[str, int], batches: Mapping[str, int]
-                ) -> tuple[float, dict[str, int]] | None:
-        """(seconds per round at `cuts`, the best cuts) under the live estimates, over the
-        agents measured so far; None when none is."""
+                ) -> tuple[float, dict[str, int], float] | None:
+        """(seconds per round at `cuts`, the best cuts, seconds per round at those) under
+        the live estimates, over the agents measured so far; None when none is."""
         from jetsplit.export.planner import DevicePlan, fleet_value, per_device_time
 
         devices, now = [], []
@@ -188,20 +186,19 @@ class Replanner:
             if factor is None or agent not in batches:
                 continue
             rows = self._rows(agent, batches[agent], factor)
-            current = self._rows(agent, batches[agent], factor, candidates=False)
-            if cuts[agent] not in current or not rows:
+            candidates = [r for k, r in sorted(rows.items()) if self._pullable(agent, k)]
+            if cuts[agent] not in rows or not candidates:
                 continue
-            devices.append(DevicePlan(agent, sorted(rows.values(), key=lambda r: r.k),
-                                      None, "live"))
-            now.append(current[cuts[agent]])
+            devices.append(DevicePlan(agent, candidates, None, "live"))
+            now.append(rows[cuts[agent]])
         if not devices:
             return None
         best = per_device_time(devices)
         if best is None:
             return None
-        iters = self.settings.local_steps
-        current = fleet_value(now, "time", self.settings.rounds) * iters / 1e3
-        return current, {**best[0]}
+        per_round = self.settings.local_steps / 1e3  # ms per iteration → s per round
+        return (fleet_value(now, "time", self.settings.rounds) * per_round, {**best[0]},
+                best[1] * per_round)
 
     def predicted_s(self, cuts: Mapping[str, int], batches: Mapping[str, int]) -> float | None:
         """Seconds per round at exactly these cuts (every agent measured), or None."""
@@ -210,8 +207,7 @@ class Replanner:
         rows = []
         for agent, cut in sorted(cuts.items()):
             factor = self.factor(agent)
-            row = None if factor is None else self._rows(
-                agent, batches[agent], factor, candidates=False).get(cut)
+            row = None if factor is None else self._rows(agent, batches[agent], factor).get(cut)
             if row is None:
                 return None
             rows.append(row)
@@ -227,12 +223,9 @@ class Replanner:
         found = self.predict(cuts, batches)
         if found is None:
             return None
-        before_s, best = found
+        before_s, best, after_s = found
         after = {**cuts, **best}
         if after == dict(cuts):
-            return None
-        after_s = self.predicted_s({a: after[a] for a in best}, batches)
-        if after_s is None:
             return None
         lacking = {a: self._bytes(k) for a, k in best.items()
                    if k != cuts[a] and k not in self.held.get(a, set())}
@@ -251,11 +244,9 @@ class Replanner:
         return switch
 
     def _bytes(self, cut: int) -> int:
-        """A device bundle's bytes at `cut`: given, else its ONNX graph and its weights file,
-        each about the block's fp32 parameters (AlexNet/MNIST cut 2: 893,745 bytes shipped
-        for 445,696 of parameters), plus their headers."""
-        if self.bundle_bytes is not None:
-            return int(self.bundle_bytes(cut))
+        """A device bundle's bytes at `cut`: its ONNX graph and its weights file, each about
+        the block's fp32 parameters (AlexNet/MNIST cut 2: 893,745 bytes shipped for 445,696
+        of parameters), plus their headers."""
         from jetsplit.export.cost_model import client_block
 
         return 2 * int(client_block(self.costs, cut).state_bytes) + BUNDLE_HEADER_BYTES

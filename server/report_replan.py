@@ -31,6 +31,15 @@ def switches(rows: Sequence[Row]) -> list[tuple[int, dict[str, Any]]]:
             if isinstance(r.get("replan"), dict)]
 
 
+def moves_text(replan: Any) -> str:
+    """A `replan` field's moves as `a0 1→4, a2 1→10` (empty when it names none)."""
+    moved = replan.get("moved") if isinstance(replan, dict) else None
+    if not isinstance(moved, dict):
+        return ""
+    return ", ".join(f"{str(a)[:32]} {v[0]}→{v[1]}" for a, v in sorted(moved.items())
+                     if isinstance(v, list) and len(v) == 2)
+
+
 def _mean_seconds(rows: Sequence[Row], first: int, last: int) -> float | None:
     """Mean measured round time over rows first..last (indices), or None."""
     values = [finite(r.get("seconds"), 0.0, 1e9) for r in rows[first:last]]
@@ -52,10 +61,7 @@ def replan_section(rows: Sequence[Row]) -> list[str]:
              "|---|---|---|---|---|---|---|"]
     indices = [i for i, r in enumerate(rows) if isinstance(r.get("replan"), dict)]
     for n, ((round_no, switch), index) in enumerate(zip(found, indices, strict=True)):
-        moved = switch.get("moved")
-        moved = moved if isinstance(moved, dict) else {}
-        text = ", ".join(f"{str(a)[:32]} {v[0]}→{v[1]}" for a, v in sorted(moved.items())
-                         if isinstance(v, list) and len(v) == 2)
+        text = moves_text(switch)
         before = finite(switch.get("predicted_before_s"), 0.0, 1e9)
         after = finite(switch.get("predicted_after_s"), 0.0, 1e9)
         end = indices[n + 1] + 1 if n + 1 < len(indices) else len(rows)

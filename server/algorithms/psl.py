@@ -98,13 +98,11 @@ class PSL(SplitMethod):
         pushed, completion copy loaded). An agent that never trained still holds the
         bundle's initial block, which the new cut's bundle and the global block give it."""
         t = self.trainer
-        moved = [a for a, k in sorted(cuts.items()) if t.cut(a) != k]
-        for agent in moved:
+        for agent, cut in cuts.items():
             whole = self.to_restore.get(agent) or self.agent_blocks.get(agent)
-            t.set_cut(agent, cuts[agent])
-            if whole is not None:
+            if t.cut(agent) != cut and whole is not None:
                 self.to_restore[agent] = whole
-        return moved
+        return super().switch_cuts(cuts)
 
     def evaluate(self) -> dict[str, Any]:
         """Each agent's own client block with the shared server block, mean and spread."""
