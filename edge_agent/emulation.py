@@ -160,4 +160,15 @@ class DeviceClock:
                     "uptime_s": round(time.monotonic() - self.started, 4),
                     "profile": self.section.profile,
                     "compute_slowdown": round(self.slowdown, 4),
-                    "power_mode": self.conditions.power_mode}
+                    "power_mode": self.conditions.power_mode,
+                    "emulated": self.emulated()}
+
+    def emulated(self) -> dict[str, float | None] | None:
+        """What this emulated device is set to be now (None on a real device): its speed as
+        a fraction of its profile's and its link rates. A coordinator re-planning on its
+        model clock (`[train] replan_clock = "model"`) reads these instead of measured
+        times, so its decisions do not depend on how busy the emulating machine is."""
+        if not self.emulating:
+            return None
+        return {"compute": self.conditions.compute, "uplink_mbps": self.link_mbps("up"),
+                "downlink_mbps": self.link_mbps("down")}

@@ -63,6 +63,9 @@ class TrainSection(BaseModel):
     # fed what the run measures of each device, predicts a round this much shorter.
     replan: Literal["off", "on"] = "off"
     replan_threshold: Annotated[float, Field(gt=0, lt=1)] = 0.2
+    # What the re-planner reads: "measured" times, or "model": what each emulated agent
+    # states of its conditions (trials; the same switches however busy the machine is).
+    replan_clock: Literal["measured", "model"] = "measured"
     clip_factor: Annotated[float, Field(gt=0, le=1000)] = DEFAULT_CLIP_FACTOR
     robust_fraction: Annotated[float, Field(ge=0, lt=0.5)] = DEFAULT_ROBUST_FRACTION
     # After this many deadline misses in a row an agent sits out 1, 2, 4 … rounds

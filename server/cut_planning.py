@@ -99,7 +99,8 @@ def replanner_for(algorithm: str, model: str, input_shape: tuple[int, int, int],
                   classes: int, agent_profiles: Mapping[str, Any], *, batch: int,
                   local_steps: int, rounds: int, dataset_size: int | None, codec: str,
                   server_profile: str, server_cut: int, threshold: float,
-                  deadline_s: float | None = None, compute_dilation: float = 1.0) -> Any:
+                  deadline_s: float | None = None, compute_dilation: float = 1.0,
+                  clock: str = "measured") -> Any:
     """The live re-planner (server/replanning.py) for a fleet planned by `plan_cuts` with
     these same inputs, or None with one log line where the method keeps its cuts."""
     import logging
@@ -117,7 +118,7 @@ def replanner_for(algorithm: str, model: str, input_shape: tuple[int, int, int],
         local_steps=local_steps, rounds=rounds, dataset_size=dataset_size, codec=codec,
         common_split=False, compute_dilation=compute_dilation)
     return Replanner(costs, resolved, resolve_profile(server_profile), settings, server_cut,
-                     threshold=threshold, deadline_s=deadline_s)
+                     threshold=threshold, deadline_s=deadline_s, clock=clock)
 
 
 def fleet_replanner(cfg: Any, registrations: Mapping[str, Mapping[str, Any]],
@@ -131,7 +132,7 @@ def fleet_replanner(cfg: Any, registrations: Mapping[str, Mapping[str, Any]],
         batch=max(1, t.batch // max(1, len(profiles))), local_steps=t.local_steps,
         rounds=t.rounds, dataset_size=mean_dataset_size(registrations, t.size_cap),
         codec=t.codec, server_profile=SERVER_PROFILE, server_cut=server_cut,
-        threshold=t.replan_threshold, deadline_s=t.deadline_s)
+        threshold=t.replan_threshold, deadline_s=t.deadline_s, clock=t.replan_clock)
 
 
 def dilated(profile: Any, factor: float) -> Any:

@@ -47,6 +47,9 @@ class FleetBooks:
                 info.update(self._books(agent, books))
                 info.update(self._memory(agent, reply.meta.get("telemetry")))
                 info["power_mode"] = power_mode(books, reply.meta.get("telemetry"))
+                emulated = emulated_conditions(books)
+                if emulated:
+                    info["emulated"] = emulated
                 delta = {**self._links(agent, books), "compute_s": info.get("compute_s")}
                 gflops = (row.get("device_gflops") or {}).get(agent)
                 info["estimate"] = self.estimates.measure(agent, gflops, delta)
@@ -100,3 +103,16 @@ def power_mode(books: Any, telemetry: Any) -> str:
         gpu = telemetry.get("gpu")
         mode = gpu.get("power_mode") if isinstance(gpu, dict) else None
     return mode[:32] if isinstance(mode, str) and mode else "unknown"
+
+
+def emulated_conditions(books: Any) -> dict[str, float]:
+    """An emulated device's stated conditions now (its speed as a fraction of its profile's,
+    its link rates; `edge_agent.emulation.DeviceClock.emulated`), range-checked; empty for a
+    real device or anything out of range."""
+    stated = books.get("emulated") if isinstance(books, dict) else None
+    if not isinstance(stated, dict):
+        return {}
+    bounds = {"compute": (1e-3, 100.0), "uplink_mbps": (1e-6, 1e6),
+              "downlink_mbps": (1e-6, 1e6)}
+    out = {k: finite(stated.get(k), low, high) for k, (low, high) in bounds.items()}
+    return {k: float(v) for k, v in out.items() if v is not None}

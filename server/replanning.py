@@ -50,6 +50,7 @@ from typing import Any
 
 from jetsplit.server.finite import finite
 
+CLOCKS = ("measured", "model")  # what the estimates are read from (see `Replanner`)
 THRESHOLD = 0.2  # switch when the predicted round is this much shorter (share of now)
 HORIZON = 5  # rounds a switch's shipping cost is amortised over
 WINDOW = 3  # rounds of compute factors per estimate (median)
@@ -86,13 +87,19 @@ class Replanner:
 
     def __init__(self, costs: Any, profiles: Mapping[str, Any], server: Any, settings: Any,
                  server_cut: int, *, threshold: float = THRESHOLD, horizon: int = HORIZON,
-                 window: int = WINDOW, deadline_s: float | None = None) -> None:
+                 window: int = WINDOW, deadline_s: float | None = None,
+                 clock: str = "measured") -> None:
         """`costs`: the model's `ModelCosts`; `profiles`: agent → `DeviceProfile` (as
         planned: a trial's emulated ones); `server`: the coordinator's profile; `settings`:
         the `PlanSettings` the run was planned with; `deadline_s`: the step deadline a
-        block pull must fit in twice over (None: no bound)."""
+        block pull must fit in twice over (None: no bound); `clock`: "measured" (the fleet
+        books' times) or "model" (each emulated agent's stated conditions: the same
+        decisions however busy the machine emulating the fleet is)."""
         if not 0 < threshold < 1:
             raise ValueError(f"replan threshold must be in (0, 1), got {threshold}")
+        if clock not in CLOCKS:
+            raise ValueError(f"replan clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
+        self.clock = clock
         self.costs, self.server, self.settings = costs, server, settings
         self.profiles = dict(profiles)
         self.server_cut, self.threshold, self.horizon = server_cut, threshold, max(1, horizon)
@@ -107,31 +114,50 @@ class Replanner:
 
     def observe(self, row: Mapping[str, Any], batches: Mapping[str, int]) -> None:
         """Read one metrics row: each measured agent's compute factor at the cut it had
-        (`cuts`, `device_gflops`, the fleet books' `compute_s`) and its link estimates."""
+        (`cuts`, `device_gflops`, the fleet books' `compute_s`) and its link estimates; on
+        the model clock, the conditions an emulated agent states instead (`emulated`)."""
         cuts, gflops = row.get("cuts") or {}, row.get("device_gflops") or {}
         for agent, info in (row.get("agents") or {}).items():
             if agent not in self.profiles or not isinstance(info, dict):
                 continue
-            estimate = info.get("estimate")
-            if isinstance(estimate, dict):
-                self._links[agent] = {k: float(v) for k, v in estimate.items()
-                                      if k in ("uplink_mbps", "downlink_mbps")}
             cut, work = cuts.get(agent), finite(gflops.get(agent), 0.0, 1e12)
-            seconds = finite(info.get("compute_s"), 0.0, 1e9)
-            if not isinstance(cut, int) or not work or not seconds or agent not in batches:
+            if not isinstance(cut, int) or not work or agent not in batches:
+                self._read_links(agent, info)
                 continue
-            self.held.setdefault(agent, set()).add(cut)
-            row_k = self._rows(agent, batches[agent], 1.0).get(cut)
-            if row_k is None or not row_k.device_gflops or not row_k.compute_ms:
-                continue
-            ratio = seconds / (row_k.compute_ms / 1e3 * work / row_k.device_gflops)
-            if not FACTOR_MIN <= ratio <= FACTOR_MAX:
+            ratio = self._ratio(agent, info, cut, work, batches[agent])
+            if ratio is None or not FACTOR_MIN <= ratio <= FACTOR_MAX:
                 continue
             bases = self._bases.setdefault(agent, {})
             if cut not in bases:
                 bases[cut] = ratio / (self.factor(agent) or 1.0)
             self._factors.setdefault(agent, deque(maxlen=self.window)).append(
                 ratio / bases[cut])
+
+    def _read_links(self, agent: str, info: Mapping[str, Any]) -> None:
+        """The agent's link rates: the fleet books' live estimates, or on the model clock
+        the rates its emulation states."""
+        source = info.get("emulated" if self.clock == "model" else "estimate")
+        if isinstance(source, dict):
+            self._links[agent] = {k: float(v) for k, v in source.items()
+                                  if k in ("uplink_mbps", "downlink_mbps")}
+
+    def _ratio(self, agent: str, info: Mapping[str, Any], cut: int, work: float,
+               batch: int) -> float | None:
+        """This round's compute seconds ÷ the planner's for `work` GFLOPs at `cut`; on the
+        model clock, 1 ÷ the speed fraction the agent's emulation states (what the ratio
+        is when the emulation is exact)."""
+        self._read_links(agent, info)
+        self.held.setdefault(agent, set()).add(cut)
+        if self.clock == "model":
+            emulated = info.get("emulated")
+            speed = finite(emulated.get("compute"), 1e-3, 100.0) \
+                if isinstance(emulated, dict) else None
+            return None if speed is None else 1.0 / speed
+        seconds = finite(info.get("compute_s"), 0.0, 1e9)
+        row_k = self._rows(agent, batch, 1.0).get(cut)
+        if not seconds or row_k is None or not row_k.device_gflops or not row_k.compute_ms:
+            return None
+        return seconds / (row_k.compute_ms / 1e3 * work / row_k.device_gflops)
 
     def factor(self, agent: str) -> float | None:
         """How much slower the agent computes than at its start (see the module docstring),

@@ -90,6 +90,7 @@ class Settings:
     # the planner, fed the live estimates, predicts a round `replan_threshold` shorter.
     replan: str = "off"
     replan_threshold: float = 0.2
+    replan_clock: str = "measured"  # or "model": emulated agents' stated conditions
     # Where the coordinator computes ([server] in server.toml): device auto|cpu|cuda for the
     # server blocks and evaluation; autocast off|bf16|fp16 on the server block's steps;
     # intra-op torch threads for the coordinator's compute (0: the process's setting).

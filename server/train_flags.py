@@ -49,6 +49,8 @@ HELP: dict[str, str] = {
     "replan": "on | off: move devices' cuts between rounds when the live estimates predict "
               "a shorter round (trials: on).",
     "replan_threshold": "Re-plan only for a predicted round at least this share shorter.",
+    "replan_clock": "measured | model: re-plan on measured times, or on what emulated agents "
+                    "state of their conditions (same switches on a busy machine).",
     "compression": "Payload compression: none | lz4 | zstd.",
     "preset": "Per-method defaults: default | paper (the papers' own settings).",
     "optimizer": "sgd | adam (default: the method's preset, else sgd).",

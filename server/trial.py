@@ -78,6 +78,7 @@ class TrialSpec:
     aggregator: str = "mean"  # how device uploads are combined (server/aggregators.py)
     replan: str = "on"  # live re-planning of the cuts (server/replanning.py)
     replan_threshold: float = 0.2
+    replan_clock: str = "measured"  # or "model" (server/replanning.py)
     test_fraction: float = 0.2
     broker: str | None = None
     emulate: bool = True
@@ -212,7 +213,7 @@ def trial_replanner(spec: TrialSpec, input_shape: tuple[int, int, int], classes:
         batch=per_agent_batch, local_steps=spec.local_steps, rounds=spec.rounds,
         dataset_size=dataset_size, codec=spec.codec, server_profile=spec.server_profile,
         server_cut=server_cut, threshold=spec.replan_threshold,
-        deadline_s=deadline_s, compute_dilation=dilation)
+        deadline_s=deadline_s, compute_dilation=dilation, clock=spec.replan_clock)
 
 
 def predicted_row(plan: dict[str, Any]) -> Any:
@@ -347,7 +348,7 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
         "algorithm": spec.algorithm, "rounds": spec.rounds, "local_steps": spec.local_steps,
         "batch": spec.batch, "lr": spec.lr, "fraction": spec.fraction, "codec": spec.codec,
         "aggregator": spec.aggregator, "replan": spec.replan,
-        "replan_threshold": spec.replan_threshold},
+        "replan_threshold": spec.replan_threshold, "replan_clock": spec.replan_clock},
         {})
     if spec.agents < 1:
         raise ConfigError(f"--agents must be at least 1, got {spec.agents}")
@@ -513,7 +514,7 @@ def load_spec(run_dir: Path) -> TrialSpec:
 
 
 @train_flags("algorithm", "rounds", "local_steps", "batch", "lr", "fraction", "codec",
-             "aggregator", "replan", "replan_threshold")
+             "aggregator", "replan", "replan_threshold", "replan_clock")
 def trial_command(
     train: dict[str, Any],
     agents: Annotated[int, typer.Option("--agents", help="Agents to start.")] = 4,

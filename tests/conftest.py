@@ -134,13 +134,15 @@ def server_run(config: Path, url: str, *, timeout: int = 400,
 
 def run_in_process(fleet: AgentFleet, config: Path, out: Path, *, threads: int = 1,
                    settings: dict[str, Any] | None = None,
-                   cuts: dict[str, int] | None = None) -> None:
+                   cuts: dict[str, int] | None = None,
+                   server_cut: int | None = None) -> None:
     """The MQTT run of `config` once more with the in-process engine: workers built from
     the fleet's own agent configs, this process at `threads` torch threads (the engines
     pin agent and server compute, so any count must give the same bits); the run lands
     in `out`, its bundle beside it. `settings` replaces fields of the config's training
-    settings (e.g. a private activation_dir); `cuts` are the per-device cuts the MQTT run
-    planned (the same run assembly as `jetsplit server run`, server/run_assembly.py)."""
+    settings (e.g. a private activation_dir); `cuts` and `server_cut` are what the MQTT run
+    planned (the same run assembly as `jetsplit server run`, server/run_assembly.py), and
+    with `[train] replan = "on"` the same re-planner reads the same fleet books."""
     from dataclasses import replace
 
     import torch
@@ -150,7 +152,9 @@ def run_in_process(fleet: AgentFleet, config: Path, out: Path, *, threads: int =
     from jetsplit.edge_agent.worker_factory import build_worker
     from jetsplit.server.bundle_shipping import prepare_bundle
     from jetsplit.server.config import load_server_config
+    from jetsplit.server.cut_planning import fleet_replanner
     from jetsplit.server.engine import InProcessEngine
+    from jetsplit.server.fleet_books import FleetBooks
     from jetsplit.server.run_assembly import RunSpec, execute
 
     before = torch.get_num_threads()
@@ -158,10 +162,20 @@ def run_in_process(fleet: AgentFleet, config: Path, out: Path, *, threads: int =
         workers = {a: build_worker(load_agent_config(p)) for a, p in fleet.configs.items()}
         torch.set_num_threads(threads)  # after build_worker, which sets the agents' count
         cfg = load_server_config(config)
+        if server_cut is not None:
+            cfg = cfg.model_copy(update={"model": cfg.model.model_copy(
+                update={"split": server_cut})})
         _, test = load_dataset_split(cfg.data.dataset, cfg.data.test_fraction, 0)
         archive = prepare_bundle(cfg, out.with_name(f"{out.name}-bundle"))
-        execute(InProcessEngine(workers, run_id="local"), RunSpec(
+        engine = InProcessEngine(workers, run_id="local")
+        replanner, extras = None, []
+        if cfg.train.replan == "on":
+            registrations = {a: engine.registry.registration(a) for a in workers}
+            replanner = fleet_replanner(cfg, registrations, int(cfg.model.split))
+            extras = [FleetBooks(engine).collect]
+        execute(engine, RunSpec(
             replace(cfg.settings(), **(settings or {})), archive, test, out,
-            server_cut=int(cfg.model.split), cuts=cuts or {}))
+            server_cut=int(cfg.model.split), cuts=cuts or {}, row_extras=extras,
+            replanner=replanner))
     finally:
         torch.set_num_threads(before)

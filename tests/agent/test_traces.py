@@ -68,6 +68,10 @@ def test_the_device_clock_replays_a_trace_round_by_round() -> None:
     assert booked == [0.001, 0.00016, 0.002, 0.00016, 0.002, 0.0016, 0.001, 0.00016]
     assert clock.snapshot()["power_mode"] == "10W"
     assert clock.snapshot()["compute_slowdown"] == 2.0
+    # what a model-clock re-planner reads: the trace row in force, links as applied
+    assert clock.snapshot()["emulated"] == {"compute": 1.0, "uplink_mbps": 50.0,
+                                            "downlink_mbps": None}
+    assert DeviceClock().snapshot()["emulated"] is None  # a real device states nothing
     clock.enter_round(4)
     assert clock.link_mbps("down") is None and clock.slowdown == 4.0
     faster = DeviceClock(EmulationSection(trace=parse_trace(

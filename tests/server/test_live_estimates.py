@@ -90,3 +90,15 @@ def test_power_mode_comes_from_the_trace_then_nvpmodel_else_unknown() -> None:
     assert power_mode({}, {"gpu": None}) == "unknown"
     assert power_mode("junk", {"gpu": {"power_mode": 7}}) == "unknown"
     assert power_mode({"power_mode": "x" * 100}, None) == "x" * 32
+
+
+def test_emulated_conditions_are_range_checked_and_absent_on_a_real_device() -> None:
+    from jetsplit.server.fleet_books import emulated_conditions
+
+    stated = {"compute": 0.5, "uplink_mbps": 5.0, "downlink_mbps": None}
+    assert emulated_conditions({"emulated": stated}) == {"compute": 0.5, "uplink_mbps": 5.0}
+    assert emulated_conditions({"emulated": None}) == {}
+    assert emulated_conditions("junk") == {}
+    hostile = {"compute": 1e400, "uplink_mbps": -1.0, "downlink_mbps": "fast"}
+    assert emulated_conditions({"emulated": hostile}) == {}
+    assert emulated_conditions({"emulated": {"compute": 1e-9, "uplink_mbps": 2e6}}) == {}

@@ -181,3 +181,56 @@ def test_a_cut_whose_block_cannot_be_pulled_within_the_deadline_is_no_candidate(
     pull_s = {k: client_block(costs, k).state_bytes * 8 / 0.05e6 for k in range(1, 6)}
     assert pull_s[best_free[1]["a0"]] > 30  # unbounded: a block it could never upload
     assert pull_s[best_bounded[1]["a0"]] <= 30
+
+
+def modeled(replanner: Replanner, speed: dict[str, float],
+            links: dict[str, tuple[float, float]] | None = None) -> None:
+    """One round as the fleet books write it for emulated agents: measured times that mean
+    nothing (a busy emulating machine: 7× and 0.3× the planner) and the conditions each
+    agent states (`emulated`)."""
+    sample = row(0, CUTS_AT_START, replanner, slow={"a0": 7.0, "a1": 0.3},
+                 links={"a0": (1e-3, 1e-3), "a1": (1e-3, 1e-3)})
+    for agent, info in sample["agents"].items():
+        up, down = (links or {}).get(agent, (50.0, 50.0))
+        info["emulated"] = {"compute": speed.get(agent, 1.0), "uplink_mbps": up,
+                            "downlink_mbps": down}
+    replanner.observe(sample, BATCHES)
+
+
+CUTS_AT_START = {"a0": 5, "a1": 5}
+
+
+def test_the_model_clock_reads_the_stated_conditions_not_the_measured_times() -> None:
+    """`clock = "model"`: the factor is 1 ÷ the speed an emulated agent states (the Nano
+    at a quarter of its profile's speed → 4 once the median turns), its links are the ones
+    it states; the measured times (7× the planner, a 1 kbit/s link) are not read. An agent
+    stating no conditions, or nonsense, gives no measurement."""
+    _, cuts, measured = planned(threshold=0.05)
+    model = replanner_for("scala", MODEL, SHAPE, CLASSES, PROFILES, server_profile="x86-cpu",
+                          server_cut=5, threshold=0.05, clock="model", **RUN)
+    assert model is not None and cuts == CUTS_AT_START
+    modeled(model, {})
+    assert model.factor("a0") == model.factor("a1") == pytest.approx(1.0)
+    assert model.predict(cuts, BATCHES) is not None
+    assert model.consider(0, cuts, BATCHES) is None  # the devices the plan was made for
+    for _ in range(2):
+        modeled(model, {"a0": 0.25}, links={"a0": (5.0, 20.0)})
+    assert model.factor("a0") == pytest.approx(4.0) and model.factor("a1") == pytest.approx(1.0)
+    assert model._links["a0"] == {"uplink_mbps": 5.0, "downlink_mbps": 20.0}
+    switch = model.consider(2, cuts, BATCHES)
+    assert switch is not None and switch.after["a0"] < cuts["a0"]
+
+    modeled(measured, {})  # the same row on the measured clock reads the noise
+    assert measured.factor("a0") == pytest.approx(1.0)  # base: the first ratio
+    assert measured._links["a0"] == {"uplink_mbps": 1e-3, "downlink_mbps": 1e-3}
+
+    for bad in (None, {"compute": 0.0}, {"compute": math.nan}, {"compute": "half"}, "fast"):
+        fresh = replanner_for("scala", MODEL, SHAPE, CLASSES, PROFILES,
+                              server_profile="x86-cpu", server_cut=5, threshold=0.05,
+                              clock="model", **RUN)
+        sample = row(0, cuts, fresh)
+        sample["agents"]["a0"]["emulated"] = bad
+        fresh.observe(sample, BATCHES)
+        assert fresh.factor("a0") is None, bad
+    with pytest.raises(ValueError, match="clock"):
+        Replanner(model.costs, model.profiles, model.server, model.settings, 5, clock="wall")
