@@ -17,11 +17,15 @@ planned before round 1 throughout). Printed per seed, then the mean:
 - the final accuracy of each (goal: within 1 point).
 
 `--recover` uses a trace where a0's link comes back after round 9, to show the cut return.
+`--replan-clock model` re-plans on the conditions each emulated agent states (its trace's
+row) instead of measured times: the decision no longer waits for the medians to turn or
+depends on this machine's load; round times are measured either way.
 Traces are written per run as TOML (edge_agent/traces.py). Emulated compute is dilated to
 this machine's speed (server/trial.py), so the plan, and which scenario pays, depend on the
 machine: the printed prediction says what this one expects.
 
     .venv/bin/python benchmarks/bench_adaptive.py [--rounds 12] [--seeds 0 1 2] [--recover]
+        [--replan-clock measured|model]
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ def one_trial(seed: int, args: argparse.Namespace, replan: str, root: Path,
                      profiles=PROFILES, model=args.model, dataset=args.dataset,
                      partition="dirichlet:0.5", local_steps=args.local_steps,
                      batch=args.batch, seed=seed, replan=replan, cuts=cuts,
+                     replan_clock=args.replan_clock,
                      traces=traces(out, args.change, args.recover))
     summary = run_trial(spec, out / "run", live=False)
     rows = [json.loads(x) for x in (out / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -117,6 +122,9 @@ def main() -> None:
     parser.add_argument("--dataset", default="mnist")
     parser.add_argument("--recover", action="store_true",
                         help="a0's link comes back after round 9")
+    parser.add_argument("--replan-clock", choices=("measured", "model"), default="measured",
+                        help="what re-planning reads: measured times (default), or the "
+                        "conditions the emulated agents state (no detection lag, no noise)")
     parser.add_argument("--out", type=Path, default=None,
                         help="keep every trial's folder here (default: a temp dir, removed)")
     parser.add_argument("--smoke", action="store_true",
@@ -137,8 +145,8 @@ def main() -> None:
             results["off"].append(one_trial(seed, args, "off", root, cuts=on["planned"]))
     print(f"\n== {args.method}, {args.model}/{args.dataset}, {args.agents} agents "
           f"({', '.join(PROFILES)} cycled), {args.rounds} rounds x T={args.local_steps}, batch "
-          f"{args.batch}; from round {args.change}: a0 uplink 50 -> 2 Mbit/s, a1 compute x0.5 "
-          f"(10 W)"
+          f"{args.batch}; re-plan clock {args.replan_clock}; from round {args.change}: "
+          f"a0 uplink 50 -> 2 Mbit/s, a1 compute x0.5 (10 W)"
           + (f", back at round {args.recover}" if args.recover else "")
           + f"; seeds {args.seeds}")
     print("seed | round s re-plan | round s plan-once | ratio | predicted | measured/predicted "
