@@ -9,6 +9,7 @@ sign commands. `cryptography` is imported only when a key is loaded.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,9 @@ def _crypto() -> Any:  # noqa: ANN401 - the module, imported lazily
     return serialization, ed25519
 
 
+CLIENT_ID_CONTEXT = b"jetsplit mqtt client id v1"  # what `client_id_suffix` signs
+
+
 class Signer:
     """Signs envelopes as one identity (its own private key)."""
 
@@ -37,6 +41,14 @@ class Signer:
 
     def sign(self, data: bytes) -> bytes:
         return self._key.sign(data)
+
+    def client_id_suffix(self) -> str:
+        """16 hex digits only this key can produce (Ed25519 signs deterministically), the
+        same on every start. Appended to the MQTT client id: the broker hands a session to
+        whoever connects with its client id, and Mosquitto cannot tie client ids to
+        certificates, so an enrolled device that knows another's id could take its session
+        over; without the other's key it cannot know it."""
+        return hashlib.sha256(self.sign(CLIENT_ID_CONTEXT)).hexdigest()[:16]
 
     def public_key(self) -> Any:  # noqa: ANN401 - an Ed25519PublicKey
         return self._key.public_key()

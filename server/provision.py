@@ -247,14 +247,19 @@ reads `up/+` and `presence/+`. SHeRL-FL peers ({peers}) also read their own dire
 an edge to each of its clients (configure the same `[topology]` in `server.toml`). A
 certificate from another fleet's CA is refused at the TLS handshake. The broker
 certificate names: {names}. Packets over {max_packet} bytes (`max_packet_size`: one 1 MiB
-chunk and its envelope) are refused by the broker, which disconnects the sender. Mosquitto
+chunk and its envelope) are refused by the broker, which disconnects the sender. A broker
+gives a session to whoever connects with its client id, and Mosquitto cannot tie a client
+id to a certificate; so each device's client id ends in 16 hex digits derived from its own
+signing key (`jetsplit-<fleet>-<id>-<digits>`, the same on every start), which another
+enrolled device cannot know, and so cannot take its session over. Mosquitto
 runs as user `mosquitto`: make `broker/server.key` readable by it (`chown mosquitto
 broker/server.key`).
 
 ## The same on EMQX
 
 EMQX 5 (`emqx.conf`): an SSL listener that requires client certificates and takes the
-user name from the CN, plus a file authorizer with the same rules:
+user name and the client id from the CN (so a client id is tied to its certificate), plus
+a file authorizer with the same rules:
 
     listeners.ssl.default {{
       bind = "0.0.0.0:{port}"
@@ -267,6 +272,7 @@ user name from the CN, plus a file authorizer with the same rules:
       }}
     }}
     mqtt.peer_cert_as_username = cn
+    mqtt.peer_cert_as_clientid = cn
     mqtt.max_packet_size = {max_packet}
     authorization {{
       no_match = deny

@@ -152,6 +152,8 @@ class MqttEndpoint:
         the limits (the weights this side asked for or installed blocks declare); the last
         refusal per sender is kept in `refused` (monotonic time, reason) for the owner to
         say why a reply never came."""
+        if options.signer is not None:  # per-device identity: an id no other device can know
+            client_id = f"{client_id}-{options.signer.client_id_suffix()}"
         self.address, self.client_id, self.options = address, client_id, options
         self.subscriptions = subscriptions
         self.will = will

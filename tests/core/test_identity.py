@@ -133,7 +133,8 @@ def test_provision_never_overwrites_keys(kits: Path) -> None:
     assert (kits / "a0" / "signing.key").stat().st_mode & 0o077 == 0
     assert "use_identity_as_username true" in (kits / "broker" / "mosquitto.conf").read_text()
     assert "require_certificate true" in (kits / "broker" / "mosquitto.conf").read_text()
-    assert "peer_cert_as_username = cn" in (kits / "README.md").read_text()
+    readme = (kits / "README.md").read_text()
+    assert "peer_cert_as_username = cn" in readme and "peer_cert_as_clientid = cn" in readme
 
 
 # ---------------------------------------------------------------- the provisioned broker

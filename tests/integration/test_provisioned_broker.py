@@ -62,3 +62,50 @@ def test_the_provisioned_broker_refuses_a_message_over_its_packet_limit(tmp_path
         for client in (device, coordinator):
             client.loop_stop()
             client.disconnect()
+
+
+def test_an_enrolled_device_cannot_take_over_another_devices_session(tmp_path: Path) -> None:
+    """Mosquitto hands a session to whoever connects with its client id and cannot tie client
+    ids to certificates (2.0: the dynamic-security plugin's client-id binding is checked at
+    password login only). With per-device identity the client id ends in 16 hex digits only
+    the device's signing key produces: a1's genuine kit connecting as `jetsplit-tk-a0` or
+    as the coordinator's plain id kicks nobody; the same connect with a0's real id, were it
+    leaked, does kick a0 (the broker behaviour the secret suffix defends against)."""
+    from jetsplit.broker_url import BrokerAddress
+    from jetsplit.transport.mqtt import MqttEndpoint
+    from jetsplit.transport.settings import MqttSection
+
+    kits = tmp_path / "kits"
+    provision("tk", ["a0", "a1"], kits)
+    with MosquittoProcess(provisioned=kits / "broker") as broker:
+        kit = kits / "a0"
+
+        def endpoint() -> MqttEndpoint:
+            options = MqttSection(
+                broker=f"mqtts://localhost:{broker.port}", tls_ca=str(kit / "ca.crt"),
+                tls_cert=str(kit / "client.crt"), tls_key=str(kit / "client.key"),
+                signing_key=str(kit / "signing.key"),
+                trusted_keys=str(kit / "trusted")).endpoint_options()
+            return MqttEndpoint(BrokerAddress("localhost", broker.port, tls=True),
+                                "jetsplit-tk-a0", options, sender="a0")
+
+        victim = endpoint().start(30)
+        try:
+            suffix = victim.client_id.removeprefix("jetsplit-tk-a0-")
+            assert len(suffix) == 16 and int(suffix, 16) >= 0
+            assert endpoint().client_id == victim.client_id  # the same id on every start
+            for guess in ("jetsplit-tk-a0", "jetsplit-tk-coordinator", "a0"):
+                impostor, _ = _client(kits / "a1", broker.port, guess)
+                time.sleep(1.5)
+                impostor.loop_stop()
+                impostor.disconnect()
+            assert victim.connects == 1 and victim.connected.is_set()
+            leaked, _ = _client(kits / "a1", broker.port, victim.client_id)
+            deadline = time.monotonic() + 30
+            while victim.connects < 2 and time.monotonic() < deadline:
+                time.sleep(0.1)  # kicked, it reconnects (and kicks the impostor back)
+            leaked.loop_stop()
+            leaked.disconnect()
+            assert victim.connects >= 2
+        finally:
+            victim.close()
