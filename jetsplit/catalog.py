@@ -115,19 +115,14 @@ class MethodEntry:
     @property
     def replans(self) -> bool:
         """Whether live re-planning may move its devices' cuts between rounds
-        (server/replanning.py): split methods with per-device cuts and a server gradient.
-        FedAvg and SHeRL-FL train one common cut; Ampere's per-cut aux heads would need
-        their own move (not built)."""
-        return self.splits and not self.common_cut and self.client_content == CLIENT_BLOCK
+        (server/replanning.py): split methods with per-device cuts (Ampere in its device
+        phase only, its method says when). FedAvg and SHeRL-FL train one common cut."""
+        return self.splits and not self.common_cut
 
     @property
     def replan_note(self) -> str:
         """Why a method keeps its cuts (empty where it re-plans)."""
-        if self.replans:
-            return ""
-        if not self.splits or self.common_cut:
-            return "one common cut for every device"
-        return "per-cut aux heads are not moved between cuts"
+        return "" if self.replans else "one common cut for every device"
 
     @property
     def reduces_server_loss(self) -> bool:

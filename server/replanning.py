@@ -35,6 +35,13 @@ for the whole run, and a cut is a candidate only where the device can send its c
 the step deadline at its live uplink: a deeper block over a collapsed link would miss every
 pull. Devices without a measurement yet keep their cut.
 
+**Which clock.** Measured (the default): the fleet books' times and rates, as on real
+devices. Model: each emulated agent's stated conditions (its profile and trace row in
+force: `edge_agent.emulation.DeviceClock.emulated`): the compute ratio is 1 ÷ its speed
+fraction and its links are the stated rates, so an emulated fleet's switches depend on its
+traces alone, not on how busy the machine emulating it is, and the MQTT and in-process
+engines make the same ones.
+
 Device numbers are untrusted: `LiveEstimates` range-checks them, and a compute factor
 outside [FACTOR_MIN, FACTOR_MAX] is not a measurement.
 """

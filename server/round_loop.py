@@ -190,7 +190,7 @@ def _replan(replanner: Replanner, row: dict[str, Any], trainer: Trainer, method:
             ) -> dict[str, Any] | None:
     """Feed the replanner this round's row; make its switch, if any (the `replan` field)."""
     registered = sorted(trainer.engine.registry.registered())
-    if not registered:
+    if not registered or not method.switches_cuts:  # e.g. Ampere after its device phase
         return None
     batches = trainer.batches(registered)
     selected = max(1, round(trainer.settings.fraction * len(registered)))

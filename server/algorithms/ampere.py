@@ -51,7 +51,10 @@ layer l over the devices holding it (p_k ≥ l) and each head over the devices a
 Phase 2 ships each device a trained bundle at its cut; a shallow device's uploads are
 carried to p* = max p_k through the aggregated global layers p_k+1..p* (eval mode, no
 gradient; `Completions.carry`) before they are stored, so the store has one shape and one
-server block [p*:] trains on it. Equal cuts run the one-cut code bit for bit.
+server block [p*:] trains on it. Equal cuts run the one-cut code bit for bit. Live
+re-planning (server/replanning.py) may move a device's cut between phase-1 epochs
+(`switch_cuts`): it trains the global layers up to its new cut with that cut's head; heads
+are kept for every cut a device has held, and one for a new cut starts from its bundle.
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ import logging
 import math
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -232,6 +235,32 @@ class Ampere(Method):
         head = t.bundle.aux_module() if cut == t.bundle.split else self._aux_module(cut)
         return to_arrays(head, "aux")
 
+    def _add_head(self, cut: int) -> None:
+        """A head for a cut no device held so far (a re-planned device moved there): fresh
+        from that cut's bundle, and the template its uploads are checked against."""
+        t = self.trainer
+        if cut not in self.aux:
+            self.aux[cut] = self._initial_aux(cut)
+        if cut != t.bundle.split:
+            t.cut_templates.setdefault(cut, self.aux[cut])
+
+    @property
+    def switches_cuts(self) -> bool:
+        """Phase 1 only: in phase 2 each device's uploads are encoded at its cut and carried
+        to p*, the store has one shape, and the trained bundles are per cut."""
+        return self.phase == 1
+
+    def switch_cuts(self, cuts: Mapping[str, int]) -> list[str]:
+        """Phase 1 (live re-planning): the device trains the global layers up to its new
+        cut and that cut's head (kept for every cut a device ever held, so a return finds
+        the head the devices there trained; a new cut's starts fresh)."""
+        if not self.switches_cuts:
+            return []
+        moved = super().switch_cuts(cuts)
+        for agent in moved:
+            self._add_head(self.trainer.cut(agent))
+        return moved
+
     def _validation_accuracy(self) -> float:
         """Accuracy of the devices' client∘aux on the validation part. With several cuts,
         each device serves its own cut's model: the mean over cuts weighted by the data
@@ -274,12 +303,19 @@ class Ampere(Method):
         return out
 
     def _unflat(self, arrays: Arrays) -> dict[int, Arrays]:
-        """Inverse of `_flat` for this fleet's cuts."""
-        out = {}
-        for cut in self.aux:
-            prefix = self._aux_prefix(cut) + "/"
-            out[cut] = {"aux/" + n[len(prefix):]: v for n, v in arrays.items()
-                        if n.startswith(prefix)}
+        """Inverse of `_flat`: every cut's head `arrays` hold (a re-planned run's heads
+        include cuts its devices moved to)."""
+        out: dict[int, Arrays] = {}
+        split = self.trainer.bundle.split
+        for name, value in arrays.items():
+            head, _, rest = name.partition("/")
+            if head == "aux":
+                cut = split
+            elif head.startswith("aux-k") and head[5:].isdigit():
+                cut = int(head[5:])
+            else:
+                continue
+            out.setdefault(cut, {})["aux/" + rest] = value
         return out
 
     def _aux_prefix(self, cut: int) -> str:
@@ -300,7 +336,8 @@ class Ampere(Method):
     def _end_phase1(self) -> None:
         t = self.trainer
         t.global_client = subset(self.best, "client")
-        self.aux = self._unflat(self.best)
+        # a head for a cut first held after the best epoch keeps its latest weights
+        self.aux = {**self.aux, **self._unflat(self.best)}
         self.phase = 2
         log.info("%s: device training ends after %d epochs (best validation accuracy %s)",
                  self.name, self.epoch, self.best_accuracy)
@@ -511,6 +548,9 @@ class Ampere(Method):
         t = self.trainer
         best = strip(arrays, "best")
         aux, best_aux = self._unflat(arrays), self._unflat(best)
+        for cut in sorted(aux):  # cuts the devices were moved to hold heads too
+            if 1 <= cut < t.bundle.split and cut not in t.cut_templates:
+                t.cut_templates[cut] = self._initial_aux(cut)
         for what, problem in (
                 ("aux head", self._aux_problem(aux)),
                 ("best blocks", t.weights_problem(subset(best, "client"), ("client",))

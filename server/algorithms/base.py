@@ -53,6 +53,22 @@ class Method(ABC):
     @abstractmethod
     def run_round(self, selected: list[str]) -> float | None: ...
 
+    @property
+    def switches_cuts(self) -> bool:
+        """Whether `switch_cuts` may move devices now (live re-planning asks first)."""
+        return True
+
+    def switch_cuts(self, cuts: Mapping[str, int]) -> list[str]:
+        """Move agents to these cuts before the next round (live re-planning); returns who
+        moved. Averaging split methods need nothing more: every round starts from the
+        global block, pushed cut at each agent's cut, and completion copies rebuilt from it.
+        (Methods at one common cut are never asked: the catalog's `replans`.)"""
+        t = self.trainer
+        moved = [a for a, k in sorted(cuts.items()) if t.cut(a) != k]
+        for agent in moved:
+            t.set_cut(agent, cuts[agent])
+        return moved
+
     def evaluate(self) -> dict[str, Any]:
         return self.trainer.evaluate_global()
 
@@ -145,16 +161,6 @@ class SplitMethod(Method):
             grads = t.completions.backward(grads)
         t.backward(grads, step)
         return loss
-
-    def switch_cuts(self, cuts: Mapping[str, int]) -> list[str]:
-        """Move agents to these cuts before the next round (live re-planning); returns who
-        moved. Averaging methods need nothing more: every round starts from the global
-        block, pushed cut at each agent's cut, and completion copies rebuilt from it."""
-        t = self.trainer
-        moved = [a for a, k in sorted(cuts.items()) if t.cut(a) != k]
-        for agent in moved:
-            t.set_cut(agent, cuts[agent])
-        return moved
 
     def begin_round(self, selected: list[str]) -> None:  # noqa: B027 - optional hook
         """Before the first iteration (SplitFed V1 copies the server block here)."""

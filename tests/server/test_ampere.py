@@ -470,3 +470,75 @@ def test_per_cut_heads_survive_a_checkpoint_and_a_damaged_one_is_named(
     damaged = {**arrays, name: np.zeros((3, 3), np.float32)}
     with pytest.raises(CheckpointError, match=r"^checkpoint aux head: cut 1: tensor aux/"):
         restarted.restore(damaged, meta)
+
+
+def test_a_phase_one_switch_moves_the_device_to_its_new_cuts_head_and_back_for_free(
+        archive: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Live re-planning in Ampere's device phase: both devices start at cut 2; after epoch
+    0, a0 moves to cut 1, which no device held: it gets a head fresh from cut 1's bundle and
+    trains layer 1 with it, and the epoch's cut-2 head and layer 2 are a1's alone. Moved
+    back after epoch 1, a0 gets cut 2's head as a1 left it, and no bundle byte is shipped
+    (its cache holds cut 2). Every head survives a checkpoint into a run planned without
+    cut 1; in phase 2 nothing moves (the store's rows are encoded at each device's cut)."""
+    method = ampere(fleet(2, rows=[120, 80]), archive, tmp_path / "w", rounds=4,
+                    device_epochs=3)
+    t = method.trainer
+    fresh_head = to_arrays(load_bundle(t.shipper.bundles.get("client", 1, aux=True).root
+                                       ).aux_module(), "aux")
+    pushed: dict[str, dict[str, np.ndarray]] = {}
+    pulled: dict[str, dict[str, np.ndarray]] = {}
+    push, pull = t.push, t.pull
+
+    def recording_push(agents: list[str], arrays: dict[str, np.ndarray]) -> list[str]:
+        pushed.update({a: dict(arrays) for a in agents})
+        return push(agents, arrays)
+
+    def recording_pull(agents: list[str], blocks: tuple[str, ...] = ("client",)
+                       ) -> dict[str, dict[str, np.ndarray]]:
+        out = pull(agents, blocks)
+        pulled.update({a: dict(v) for a, v in out.items()})
+        return out
+
+    monkeypatch.setattr(t, "push", recording_push)
+    monkeypatch.setattr(t, "pull", recording_pull)
+    play(method, 0)
+    assert set(method.aux) == {2}
+    assert method.switch_cuts({"a0": 1, "a1": 2}) == ["a0"]
+    assert set(method.aux) == {1, 2} and 1 in t.cut_templates
+    assert all(np.array_equal(method.aux[1][n], v) for n, v in fresh_head.items())
+    head_2, global_before = dict(method.aux[2]), dict(t.global_client)
+    play(method, 1)
+    a0_in = {n: v for n, v in pushed["a0"].items() if n.startswith("aux/")}
+    assert all(np.array_equal(a0_in[n], v) for n, v in fresh_head.items())
+    layer = {n: n.split("/", 1)[1].split(".", 1)[0] for n in t.global_client}
+    first = layer[next(iter(t.global_client))]
+    assert {layer[n] for n in pushed["a0"] if n.startswith("client/")} == {first}
+    for name in pushed["a0"]:
+        if name.startswith("client/"):
+            assert np.array_equal(pushed["a0"][name], global_before[name])
+    for name, value in method.aux[1].items():  # cut 1's head: a0's alone
+        assert np.array_equal(value, pulled["a0"][name])
+    for name, value in method.aux[2].items():  # cut 2's head: a1's alone
+        assert np.array_equal(value, pulled["a1"][name])
+    assert not all(np.array_equal(method.aux[2][n], v) for n, v in head_2.items())
+    for name, value in t.global_client.items():
+        if layer[name] != first:
+            assert np.array_equal(value, pulled["a1"][name]), name
+
+    shipped = int(t.engine.counters.by_kind()["down"].get("bundle_part", 0))
+    assert method.switch_cuts({"a0": 2}) == ["a0"]
+    head_2 = dict(method.aux[2])
+    play(method, 2)
+    assert int(t.engine.counters.by_kind()["down"].get("bundle_part", 0)) == shipped
+    assert all(np.array_equal(pushed["a0"][n], v) for n, v in head_2.items())
+
+    arrays, meta = method.checkpoint()
+    restarted = ampere(fleet(2, rows=[120, 80]), archive, tmp_path / "w2", rounds=4,
+                       device_epochs=3)
+    restarted.restore(arrays, meta)
+    assert set(restarted.aux) == {1, 2}
+    for cut in (1, 2):
+        assert all(np.array_equal(restarted.aux[cut][n], v)
+                   for n, v in method.aux[cut].items())
+    assert method.phase == 2 and not method.switches_cuts
+    assert method.switch_cuts({"a0": 1}) == [] and t.cut("a0") == 2
