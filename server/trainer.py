@@ -226,15 +226,20 @@ class Trainer:
     # ------------------------------------------------------------------ selection
 
     def aggregate(self, states: Mapping[str, Arrays], weights: Mapping[str, float], *,
-                  reference: Arrays | None = None) -> Arrays:
+                  reference: Arrays | None = None, block: str = "client") -> Arrays:
         """The blocks devices uploaded, combined by `[train] aggregator` (server/aggregators.py)
         layer by layer; `reference` is the block they started from. What the rule did to a
-        device (clipped, left out) goes into this round's books."""
+        device (clipped, left out) goes into this round's books, named by `block` (a round
+        may combine several: client blocks, server copies, aux heads)."""
         s = self.settings
-        return aggregate(states, weights, s.aggregator, reference=reference,
-                         notes=self.books.aggregation, shares=self.books.influence,
-                         clip_factor=s.clip_factor,
-                         robust_fraction=s.robust_fraction)
+        notes: dict[str, str] = {}
+        merged = aggregate(states, weights, s.aggregator, reference=reference, notes=notes,
+                           shares=self.books.influence, clip_factor=s.clip_factor,
+                           robust_fraction=s.robust_fraction)
+        books = self.books.aggregation
+        for agent, note in sorted(notes.items()):
+            books[agent] = "; ".join(filter(None, (books.get(agent), f"{block}: {note}")))
+        return merged
 
     def claimed_sizes(self, agents: list[str]) -> dict[str, int]:
         """|D_k| as each agent registered it, uncapped: for its own work only (an Ampere

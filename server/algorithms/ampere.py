@@ -79,7 +79,6 @@ from jetsplit.models import ZOO_VERSION
 from jetsplit.models.weights import from_arrays, load_strict, to_arrays
 from jetsplit.protocol import Kind
 from jetsplit.server.activation_store import ActivationStore, StoreError
-from jetsplit.server.aggregation import fedavg
 from jetsplit.server.algorithms.base import Method
 from jetsplit.server.bundle_shipping import BundleShipper
 from jetsplit.server.checkpoint import CheckpointError, save_arrays, strip, subset
@@ -199,7 +198,7 @@ class Ampere(Method):
         t.global_client = {**t.global_client, **client}
         for cut, group in t.by_cut(sorted(states)).items():
             self.aux[cut] = t.aggregate({a: subset(states[a], "aux") for a in group}, sizes,
-                                        reference=self.aux.get(cut))
+                                        reference=self.aux.get(cut), block=f"aux head (cut {cut})")
 
     def _train_loss(self, out: Outcome, commands: dict[str, Command]) -> float | None:
         """Sample-weighted mean of the agents' reported losses (untrusted: checked)."""
@@ -617,7 +616,8 @@ class AmpereNoConsolidation(Ampere):
                 if len(rows) > 1:
                     losses.append(self._step(server, optimizer, rows))
             states[agent] = to_arrays(server, "server")
-        with t.books.timed("aggregate"):
-            merged = fedavg(states, counts)
+        with t.books.timed("aggregate"):  # under [train] aggregator, like every upload
+            merged = t.aggregate(states, counts, reference=to_arrays(t.server, "server"),
+                                 block="server copy")
         load_strict(t.server, from_arrays(merged, "server"), "server average")
         return float(np.mean(losses)) if losses else None

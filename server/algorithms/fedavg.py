@@ -44,7 +44,8 @@ class FedAvg(Method):
         t.release(out.agents)
         if states:
             with t.books.timed("aggregate"):
-                merged = t.aggregate(states, t.sizes(sorted(states)), reference=global_state)
+                merged = t.aggregate(states, t.sizes(sorted(states)), reference=global_state,
+                                     block="model")
             t.global_client = {k: v for k, v in merged.items() if k.startswith("client/")}
             load_strict(t.server, from_arrays(merged, "server"), "server average")
         return float(np.mean(losses)) if losses else None

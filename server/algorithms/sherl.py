@@ -424,7 +424,8 @@ class SHeRL(Method):
         with t.books.timed("aggregate"):
             if states:
                 merged = t.aggregate(states, {e: weights[e] for e in states},
-                                     reference=to_arrays(self.edge_view, "edge"))
+                                     reference=to_arrays(self.edge_view, "edge"),
+                                     block="edge block")
                 load_strict(self.edge_view, from_arrays(merged, "edge"), "edge average")
             if period.edge_clients:
                 t.global_client = fedavg(period.edge_clients, period.edge_weight)

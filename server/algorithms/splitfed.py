@@ -8,13 +8,14 @@ import numpy as np
 from torch import nn
 
 from jetsplit.models.weights import from_arrays, load_strict, to_arrays
-from jetsplit.server.aggregation import fedavg
 from jetsplit.server.algorithms.base import SplitMethod
 
 
 class SplitFedV1(SplitMethod):
     """SplitFed V1: a server-block copy per client, trained in parallel; copies and client
-    blocks are FedAvg-ed (weights |D_k|) at round end."""
+    blocks are FedAvg-ed (weights |D_k|) at round end, or combined by the robust rule
+    `[train] aggregator` names (a device's copy trained on poisoned data is one more upload
+    to bound)."""
 
     name = "splitfed-v1"
 
@@ -42,8 +43,9 @@ class SplitFedV1(SplitMethod):
         t = self.trainer
         if participants:
             states = {a: to_arrays(self.copies[a], "server") for a in participants}
-            with t.books.timed("aggregate"):
-                merged = fedavg(states, t.sizes(participants))
+            with t.books.timed("aggregate"):  # under [train] aggregator, like client blocks
+                merged = t.aggregate(states, t.sizes(participants),
+                                     reference=to_arrays(t.server, "server"), block="server copy")
             load_strict(t.server, from_arrays(merged, "server"), "server average")
         self.copies, self.optimizers = {}, {}
 

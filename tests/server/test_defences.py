@@ -1,13 +1,14 @@
 """The coordinator's defences against an enrolled device that lies, end to end in one
 process (the attacker is the real agent worker under `edge_agent.attacks`): SplitFed V1,
 VGG-11 (batch norm: it learns within a few steps, as in the method matrix), 5 agents on
-digits (iid), 2 rounds × 8 steps of 16 samples each, lr 0.1, one attacker a4.
+digits (iid), 3 rounds × 8 steps of 16 samples each, lr 0.1, one attacker a4.
 
 - The defences cost a clean run nothing: with the activation bound on (the default) and
   off, a clean run ends bit for bit the same, and nothing is bounded.
 - Client weights × 1000: under FedAvg the client block grows ~200-fold and the accuracy
-  falls (or the run stops as diverged); Multi-Krum leaves a4 out every round and keeps the
-  clean accuracy within 0.1 and the block's norm near the clean one.
+  falls (or the run stops as diverged); Multi-Krum leaves a4's client block out every
+  round (and one server copy per round, as it always drops f = 1 of five), keeps the clean
+  accuracy within 0.1 and the block's norm near the clean one.
 - Activations × 10^6: with the bound, a4's samples are scaled down every round and the
   accuracy stays within 0.1 of clean."""
 
@@ -33,7 +34,7 @@ def _setup(one_torch_thread: None, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _run(out: Path, attack: str | None = None, **settings: Any) -> tuple[dict, list[dict]]:
-    base: dict[str, Any] = dict(algorithm="splitfed-v1", rounds=2, local_steps=8, batch=80,
+    base: dict[str, Any] = dict(algorithm="splitfed-v1", rounds=3, local_steps=8, batch=80,
                                 lr=0.1, seed=0, threads=1, device="cpu")
     summary = simulate(Settings(**{**base, **settings}), model="vgg11", split=2,
                        dataset="digits", clients=5, partition_scheme="iid", out_dir=out,
@@ -75,15 +76,58 @@ def test_the_defences_cost_a_clean_run_nothing_and_contain_an_attacker(tmp_path:
         wrecked = 0.0
     assert wrecked < accuracy - 0.1
     krum, rows = _run(tmp_path / "krum", "scale:1000", aggregator="multi-krum")
-    assert [sorted(r["aggregation"]) for r in rows] == [["a4"], ["a4"]]
-    assert all(r["aggregation"]["a4"].startswith("left out by multi-krum") for r in rows)
-    assert all(r["influence"]["a4"] == 0.0 for r in rows)
+    # a4's client block is left out every round; Multi-Krum also leaves out f = 1 of the
+    # five server copies each round (whichever scores worst: a4's is honest under this attack)
+    assert all("client: left out by multi-krum" in r["aggregation"]["a4"] for r in rows)
+    assert all(sum("client: left out" in n for n in r["aggregation"].values()) == 1
+               for r in rows)
+    assert all(sum("server copy: left out" in n for n in r["aggregation"].values()) == 1
+               for r in rows)
+    for r in rows:  # a device left out of both blocks has no say; a4 never more than any
+        notes, share = r["aggregation"], r["influence"]
+        for agent, note in notes.items():
+            if "client: left out" in note and "server copy: left out" in note:
+                assert share[agent] == 0.0
+        assert share["a4"] <= max(v for a, v in share.items() if a != "a4")
     assert all(sum(r["influence"].values()) == pytest.approx(1.0, abs=1e-5) for r in rows)
     assert krum["final_accuracy"] >= accuracy - 0.1
     assert 0.5 * clean_norm < client_norm(tmp_path / "krum") < 2 * clean_norm
 
     bounded, rows = _run(tmp_path / "bounded", "activation-scale:1000000")
-    assert [sorted(r["bounded"]) for r in rows] == [["a4"], ["a4"]]
-    assert [sorted(r["activation_scale"]) for r in rows] == [["a4"], ["a4"]]
+    assert [sorted(r["bounded"]) for r in rows] == [["a4"]] * 3
+    assert [sorted(r["activation_scale"]) for r in rows] == [["a4"]] * 3
     assert all(1e-8 < r["activation_scale"]["a4"] < 1e-4 for r in rows)  # ~ × 10^-6 back
     assert bounded["final_accuracy"] >= accuracy - 0.1
+
+
+def test_splitfed_v1_combines_its_server_copies_under_the_robust_rule(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SplitFed V1's per-device server copies are uploads too (a device's copy trained on
+    its own, possibly flipped, labels): under `median` the round's server block is the
+    coordinate-wise median of the copies (integer buffers too), not their mean."""
+    import torch
+
+    from jetsplit.models.weights import to_arrays
+    from jetsplit.server.algorithms.splitfed import SplitFedV1
+
+    seen: dict[str, Any] = {}
+    real_end = SplitFedV1.end_round
+
+    def spy(self: SplitFedV1, participants: list[str]) -> None:
+        seen["copies"] = {a: to_arrays(self.copies[a], "server") for a in participants}
+        real_end(self, participants)
+        seen["server"] = to_arrays(self.trainer.server, "server")
+
+    monkeypatch.setattr(SplitFedV1, "end_round", spy)
+    _run(tmp_path / "median", "labelflip", rounds=1, aggregator="median", local_steps=2)
+    copies, server = seen["copies"], seen["server"]
+    assert sorted(copies) == ["a0", "a1", "a2", "a3", "a4"]
+    floats = [n for n, v in server.items() if v.dtype.kind == "f" and v.size > 1]
+    assert len(floats) >= 4
+    for name, value in server.items():
+        stacked = np.stack([copies[a][name] for a in sorted(copies)])
+        want = torch.from_numpy(stacked).median(dim=0).values.numpy() \
+            if value.dtype.kind != "f" else np.median(stacked, axis=0)
+        np.testing.assert_allclose(value, want.astype(value.dtype), rtol=0, atol=1e-6)
+        if name in floats:
+            assert not np.allclose(value, stacked.mean(axis=0), rtol=0, atol=1e-7), name
