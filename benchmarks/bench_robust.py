@@ -7,8 +7,9 @@ each defence, over the same seeds. Defences:
 
 - `none`: the weighted mean (FedAvg's rule), no activation bound, no size cap (what the
   coordinator did before);
-- `default`: the defaults (the weighted mean, activation bound 5×, size cap 5× the
-  median claim);
+- `default`: the defaults (the weighted mean, activation bound 5×, loss bound 3×, size
+  cap 5× the median claim);
+- `default-no-loss-bound`: the defaults without the loss bound (what it adds);
 - `clipped`, `median`, `trimmed-mean`, `multi-krum`: that aggregator on top of the default.
 
 The clean run under each defence gives its cost (accuracy and wall time against `none`).
@@ -44,8 +45,10 @@ from jetsplit.server.simulate import simulate
 ATTACKS = ("scale:1000", "signflip", "noise:1", "labelflip", "activation-scale:1000000",
            "size-lie:1000000000", "histogram-lie")
 DEFENCES: dict[str, dict[str, Any]] = {
-    "none": {"aggregator": "mean", "activation_bound": 0.0, "size_cap": 0.0},
+    "none": {"aggregator": "mean", "activation_bound": 0.0, "size_cap": 0.0,
+             "loss_bound": 0.0},
     "default": {},
+    "default-no-loss-bound": {"loss_bound": 0.0},
     "clipped": {"aggregator": "clipped"},
     "median": {"aggregator": "median"},
     "trimmed-mean": {"aggregator": "trimmed-mean"},

@@ -12,7 +12,7 @@ from jetsplit import catalog
 from jetsplit.config_io import load_toml_model
 from jetsplit.server.aggregators import DEFAULT_CLIP_FACTOR, DEFAULT_ROBUST_FRACTION
 from jetsplit.server.claims import DEFAULT_SIZE_CAP
-from jetsplit.server.influence import DEFAULT_ACTIVATION_BOUND
+from jetsplit.server.influence import DEFAULT_ACTIVATION_BOUND, DEFAULT_LOSS_BOUND
 from jetsplit.server.settings import Settings
 from jetsplit.transport.settings import MqttSection
 
@@ -74,6 +74,9 @@ class TrainSection(BaseModel):
     # Each sample's activation norm at most this × the fleet's median (server/influence.py);
     # 0: no bound.
     activation_bound: Annotated[float, Field(ge=0, le=1e6)] = DEFAULT_ACTIVATION_BOUND
+    # A device whose server-block loss is over this × the fleet's median is down-weighted
+    # in that step's shared server update (server/influence.py); 0: never.
+    loss_bound: Annotated[float, Field(ge=0, le=1e6)] = DEFAULT_LOSS_BOUND
     codec: Literal["fp32", "fp16", "bf16", "int8"] = "fp32"
     compression: Literal["none", "lz4", "zstd"] = "none"
     k_min: Annotated[float, Field(ge=0, le=1)] = 0.2  # GAPSL

@@ -80,3 +80,53 @@ class ActivationBound:
         for shape, current in medians.items():  # what was sent, clipped to what was allowed
             self.history[shape].extend(min(m, self.factor * references[shape]) for m in current)
         return out
+
+
+DEFAULT_LOSS_BOUND = 3.0  # [train] loss_bound: × the fleet's median per-device loss; 0 off
+
+
+class LossBound:
+    """Per step: a device whose loss on the server block is far above the fleet's is
+    down-weighted in the shared server block's update.
+
+    Flipped or shifted labels do not show in the activations; they show in the loss: once
+    the honest devices have learned, a device whose labels disagree with its inputs keeps a
+    loss many times theirs, and every step its gradient pulls the shared block toward its
+    labels. The reference is the median of the per-device mean losses of this step and the
+    last `window` steps (one SplitFed V2 step serves one device, so the history holds the
+    others); a device over `factor` × the reference gets weight bound ÷ loss, so its term
+    weighs as if its loss were at the bound. History keeps losses clipped at the bound, so
+    it cannot be ratcheted up. Nothing over the bound (a clean run): no weights, and the
+    method takes its unweighted path, bit for bit."""
+
+    def __init__(self, factor: float, window: int = WINDOW) -> None:
+        self.factor = factor
+        self.history: deque[float] = deque(maxlen=window)
+
+    def weights(self, agents: list[str], losses: list[float], notes: dict[str, str]
+                ) -> list[float] | None:
+        """One weight per device (in `agents` order), or None where none is over the
+        bound; `notes` (the round's books) says, per down-weighted device, in how many of
+        the round's steps and the latest step's numbers."""
+        import math
+
+        if self.factor <= 0 or not agents:
+            return None
+        finite = [x for x in losses if math.isfinite(x) and x >= 0]
+        if not finite:
+            return None
+        reference = statistics.median([*self.history, *finite])
+        bound = self.factor * reference
+        self.history.extend(min(x, bound) for x in finite)
+        if reference <= 0 or all(x <= bound for x in finite):
+            return None
+        out = []
+        for agent, loss in zip(agents, losses, strict=True):
+            weight = bound / loss if math.isfinite(loss) and loss > bound else 1.0
+            out.append(weight)
+            if weight < 1.0:
+                steps = int(notes.get(agent, "0").split(" ", 1)[0]) + 1
+                notes[agent] = (f"{steps} steps down-weighted, last: loss {loss:.4g} over "
+                                f"{self.factor:g}× the fleet's {reference:.4g}, weight "
+                                f"{weight:.3g}")
+        return out

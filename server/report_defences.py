@@ -1,7 +1,8 @@
 """The report's "Defences" section: which devices the coordinator did not simply believe.
 
-Per round and device, from the metrics rows: activations bounded against the fleet
-(server/influence.py), uploads clipped or left out by the aggregator (server/aggregators.py),
+Per round and device, from the metrics rows: activations bounded against the fleet and
+server-loss terms down-weighted (server/influence.py), uploads clipped or left out by the
+aggregator (server/aggregators.py),
 sitting out after missed deadlines (server/benching.py); from the summary, registered sizes
 capped (server/claims.py). The rows are untrusted files like any other: anything not a
 string note is skipped, and every cell is cut to a readable length.
@@ -43,7 +44,7 @@ def defences_section(rows: Sequence[Row], summary: dict[str, Any]) -> list[str]:
     for i, row in enumerate(rows):
         round_no = str(row.get("round", i) if isinstance(row.get("round", i), int) else i)
         found: dict[str, list[str]] = {}
-        for key in ("bounded", "aggregation"):
+        for key in ("bounded", "down_weighted", "aggregation"):
             for agent, note in _notes(row.get(key)).items():
                 found.setdefault(agent, []).append(note)
         benched = row.get("benched")
@@ -58,7 +59,7 @@ def defences_section(rows: Sequence[Row], summary: dict[str, Any]) -> list[str]:
     lines = ["## Defences", ""]
     if not body and not capped:
         return [*lines, "No device's size claim was capped, and no device was bounded, "
-                "clipped, left out or benched.", ""]
+                "down-weighted, clipped, left out or benched.", ""]
     if counts:
         most = ", ".join(f"{a} ({n} of {len(rows)} rounds)"
                          for a, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))

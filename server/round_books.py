@@ -26,6 +26,8 @@ class RoundBooks:
     missed_kind: dict[str, str] = field(default_factory=dict)  # agent → the exchange missed
     aggregation: dict[str, str] = field(default_factory=dict)  # agent → clipped / left out
     bounded: dict[str, str] = field(default_factory=dict)  # agent → activations scaled down
+    # agent → "N steps down-weighted, last: …" (its loss far above the fleet's)
+    down_weighted: dict[str, str] = field(default_factory=dict)
     # agent → the smallest mean scale its activations got in a step (1: untouched)
     activation_scale: dict[str, float] = field(default_factory=dict)
     influence: Shares = field(default_factory=Shares)  # each device's share of the averages
@@ -36,7 +38,7 @@ class RoundBooks:
         """A new round: nothing done, nobody missed anything yet."""
         for books in (self.phases, self.fwd_samples, self.bwd_samples, self.full_samples,
                       self.missed, self.missed_kind, self.aggregation, self.bounded,
-                      self.activation_scale, self.influence):
+                      self.down_weighted, self.activation_scale, self.influence):
             books.clear()
 
     @contextlib.contextmanager

@@ -119,6 +119,7 @@ def _train(engine: Engine, archive: Path, settings: Settings, test: ArrayDataset
                 "benched": trainer.bench.sitting_out(),
                 "aggregation": dict(sorted(trainer.books.aggregation.items())),
                 "bounded": dict(sorted(trainer.books.bounded.items())),
+                "down_weighted": dict(sorted(trainer.books.down_weighted.items())),
                 "activation_scale": dict(sorted(trainer.books.activation_scale.items())),
                 "influence": trainer.books.influence.result(),
                 "train_loss": loss,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from jetsplit.catalog import DEFAULT_METHOD
 from jetsplit.server.aggregators import DEFAULT_CLIP_FACTOR, DEFAULT_ROBUST_FRACTION
 from jetsplit.server.claims import DEFAULT_SIZE_CAP
-from jetsplit.server.influence import DEFAULT_ACTIVATION_BOUND
+from jetsplit.server.influence import DEFAULT_ACTIVATION_BOUND, DEFAULT_LOSS_BOUND
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,7 @@ class Settings:
     clip_factor: float = DEFAULT_CLIP_FACTOR
     robust_fraction: float = DEFAULT_ROBUST_FRACTION
     activation_bound: float = DEFAULT_ACTIVATION_BOUND  # × the fleet's median norm; 0 off
+    loss_bound: float = DEFAULT_LOSS_BOUND  # × the fleet's median device loss; 0 off
     max_misses: int = 3  # deadline misses in a row before an agent sits out (0: never)
     size_cap: float = DEFAULT_SIZE_CAP  # |D_k| weighs at most this × the median claim
     codec: str = "fp32"

@@ -37,7 +37,7 @@ from jetsplit.server.compute import autocast, to_device, to_host
 from jetsplit.server.divergence import DivergenceGuard
 from jetsplit.server.engine import Command, Engine, Outcome, Reply
 from jetsplit.server.evaluation import Evaluation, evaluate, summarize
-from jetsplit.server.influence import ActivationBound
+from jetsplit.server.influence import ActivationBound, LossBound
 from jetsplit.server.round_books import RoundBooks
 from jetsplit.server.settings import Settings
 from jetsplit.wire import accounted_bound
@@ -106,6 +106,7 @@ class Trainer:
         self.rng = np.random.default_rng(settings.seed)
         self.bench = Bench(settings.max_misses)  # who keeps missing deadlines sits out
         self.activation_bound = ActivationBound(settings.activation_bound)
+        self.loss_bound = LossBound(settings.loss_bound)
         self.books = RoundBooks(listener=self.bench.note)  # this round's phases, samples, misses
         self.claims = ClaimBooks()  # whose registered |D_k| was capped, at what
         self.guard = DivergenceGuard(settings, self.bundle.spec.num_classes)
@@ -211,6 +212,16 @@ class Trainer:
                                            self.books.activation_scale)
         labels = to_device([out[a].tensors["labels"] for a in agents], np.int64, self.device)
         return agents, acts, labels
+
+    def loss_weights(self, agents: list[str]
+                     ) -> Callable[[list[float]], list[float] | None] | None:
+        """For a shared server block's step over `agents`: given each device's loss, the
+        weights of their terms (None: all 1, the unweighted step), a device far above the
+        fleet's loss down-weighted and noted (server/influence.LossBound); None when the
+        bound is off (`loss_bound = 0`: nothing is even measured)."""
+        if self.loss_bound.factor <= 0:
+            return None
+        return lambda losses: self.loss_bound.weights(agents, losses, self.books.down_weighted)
 
     def require_update(self, selected: list[str], got: Mapping[str, Any]) -> None:
         """Fail the round, in one line naming who missed what and why, when agents were

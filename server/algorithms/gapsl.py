@@ -9,7 +9,13 @@ from typing import Any
 import torch
 
 from jetsplit.server.algorithms import gapsl_math
-from jetsplit.server.algorithms.psl import PSL, reduced, step_averaged, sum_of_client_losses
+from jetsplit.server.algorithms.psl import (
+    PSL,
+    reduced,
+    step_averaged,
+    sum_of_client_losses,
+    weighted,
+)
 from jetsplit.server.trainer import Arrays, Trainer
 
 
@@ -60,7 +66,8 @@ class GAPSL(PSL):
             o.k_min, o.k_max, o.eta)
         self.last_selection = selection
         chosen = [int(i) for i in selection.selected]
-        server_loss = reduced(gapsl_math.gapsl_server_loss(losses, selection, o.lam),
+        scaled = weighted(losses, t.loss_weights(agents))  # bounded influence
+        server_loss = reduced(gapsl_math.gapsl_server_loss(scaled or losses, selection, o.lam),
                                len(chosen), s)
         grads = step_averaged(t.server, t.optimizer, losses, chosen, leaves, server_loss)
         return (float(torch.stack(losses).mean().detach()),

@@ -54,6 +54,16 @@ def step_averaged(server: nn.Module, optimizer: torch.optim.Optimizer,
     return [g.detach() for g in grads]
 
 
+def weighted(losses: list[torch.Tensor], weigh: Any) -> list[torch.Tensor] | None:
+    """Each client's loss times its weight from `weigh` (bounded influence: a client far
+    above the fleet's loss counts less in the server's step, server/influence.LossBound),
+    or None where nothing is weighted (the unweighted step, bit for bit)."""
+    if weigh is None:
+        return None
+    weights = weigh(torch.stack(losses).detach().tolist())
+    return None if weights is None else [x * w for x, w in zip(losses, weights, strict=True)]
+
+
 def reduced(total: torch.Tensor, count: int, settings: Any) -> torch.Tensor:
     """PSL's L = Σ_i L_i and GAPSL's L_g = Σ_{Ŝ} L̃_i are sums (the GAPSL paper eq. 8, the
     `paper` preset); by default they are divided by the number of summed clients, which
@@ -71,6 +81,9 @@ class PSL(SplitMethod):
     def server_update(self, agents, acts, labels):  # noqa: ANN001, ANN201
         t = self.trainer
         total, leaves, losses = sum_of_client_losses(t.server, t.optimizer, acts, labels)
+        scaled = weighted(losses, t.loss_weights(agents))
+        if scaled is not None:
+            total = torch.stack(scaled).sum()
         grads = step_averaged(t.server, t.optimizer, losses, list(range(len(losses))),
                                leaves, reduced(total, len(losses), t.settings))
         return float(torch.stack(losses).mean().detach()), dict(zip(agents, grads, strict=True))

@@ -65,10 +65,13 @@ class _ScalaFamily(_RegisteredPriors, SplitMethod):
     step_fn: ClassVar[Any]
 
     adjusted: ClassVar[bool] = True  # takes client priors P_k (eq. 15)
+    concatenated: ClassVar[bool] = True  # one forward over every device's activations
 
     def server_update(self, agents, acts, labels):  # noqa: ANN001, ANN201
         t = self.trainer
         extra = {"client_priors": [self.label_prior(a) for a in agents]} if self.adjusted else {}
+        if self.concatenated:  # one shared step over every device's slice: bound each one
+            extra["weigh"] = t.loss_weights(agents)
         loss, grads = type(self).step_fn(t.server, acts, labels, self.num_classes, t.optimizer,
                                          **extra)
         return loss, dict(zip(agents, grads, strict=True))
@@ -95,4 +98,5 @@ class LLASFLShared(_ScalaFamily):
     the aggregation period differs too."""
 
     name = "lla-sfl-shared"
+    concatenated = False
     step_fn = staticmethod(scala_math.lla_sfl_server_step)

@@ -26,7 +26,7 @@ Conventions shared by every step function here (where the paper leaves a choice 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -140,10 +140,14 @@ def _finish(server: nn.Module, optimizer: torch.optim.Optimizer, server_loss: to
     return float(server_loss.detach()), [g.detach() for g in grads]
 
 
+Weigh = Callable[[list[float]], list[float] | None]  # devices' losses → their weights
+
+
 def _concatenated_step(server: nn.Module, activations: Sequence[torch.Tensor],
                        labels: Sequence[torch.Tensor], num_classes: int,
                        optimizer: torch.optim.Optimizer, *, adjust: bool, tau: float,
                        client_priors: Sequence[torch.Tensor] | None,
+                       weigh: Weigh | None = None,
                        ) -> tuple[float, list[torch.Tensor]]:
     """One forward of the server block on the concatenation, two backward passes.
 
@@ -153,6 +157,12 @@ def _concatenated_step(server: nn.Module, activations: Sequence[torch.Tensor],
     cross-client terms through the batch statistics, as a backward through any
     concatenated loss does. Backward 2 (server part): ∇_{w_s} of the server loss. Both are
     taken at the forward's weights; only then does the optimizer step (eq 7).
+
+    `weigh` (bounded influence, server/influence.LossBound) sees each client's server loss
+    on its slice; weights it returns scale each slice's term of the server loss
+    (Σ_k w_k·B_k·L_k / B, the unweighted loss when every w_k = 1), so a down-weighted
+    client steers w_s less. None: the unweighted loss above, bit for bit. The clients' own
+    gradients G_k are not weighted.
     """
     leaves = _leaves(activations, labels)
     sizes = [a.shape[0] for a in leaves]
@@ -161,17 +171,28 @@ def _concatenated_step(server: nn.Module, activations: Sequence[torch.Tensor],
     if logits.ndim != 2 or logits.shape[1] != num_classes:
         raise ValueError(f"server output has shape {tuple(logits.shape)}, expected "
                          f"(batch, {num_classes})")
+    prior = label_prior(y, num_classes, dtype=_prior_dtype(logits)) if adjust else None
+
+    def server_ce(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(scores, targets) if prior is None else \
+            logit_adjusted_ce(scores, targets, prior, tau)
+
+    server_loss = server_ce(logits, y)
     if adjust:
-        server_loss = logit_adjusted_ce(
-            logits, y, label_prior(y, num_classes, dtype=_prior_dtype(logits)), tau)
         priors = _client_priors([t.to(y.device) for t in labels], num_classes, logits,
                                 client_priors)
         client_losses = [logit_adjusted_ce(s, t, p, tau) for s, t, p in
                          zip(logits.split(sizes), y.split(sizes), priors, strict=True)]
     else:
-        server_loss = F.cross_entropy(logits, y)
         client_losses = [F.cross_entropy(s, t) for s, t in
                          zip(logits.split(sizes), y.split(sizes), strict=True)]
+    if weigh is not None:
+        slices = [server_ce(s, t) for s, t in zip(logits.split(sizes), y.split(sizes),
+                                                  strict=True)]
+        weights = weigh(torch.stack(slices).detach().tolist())
+        if weights is not None:
+            server_loss = sum(w * n * loss for w, n, loss in zip(
+                weights, sizes, slices, strict=True)) / sum(sizes)
     return _finish(server, optimizer, server_loss, client_losses, leaves)
 
 
@@ -179,6 +200,7 @@ def scala_server_step(server: nn.Module, activations: list[torch.Tensor],
                       labels: list[torch.Tensor], num_classes: int,
                       optimizer: torch.optim.Optimizer, *, tau: float = 1.0,
                       client_priors: Sequence[torch.Tensor] | None = None,
+                      weigh: Weigh | None = None,
                       ) -> tuple[float, list[torch.Tensor]]:
     """SCALA's server iteration (Algorithm 2, lines 14–16; eqs 5–8, 14, 15).
 
@@ -188,12 +210,13 @@ def scala_server_step(server: nn.Module, activations: list[torch.Tensor],
     computed at the pre-update weights. Returns (server loss, [G_k]).
     """
     return _concatenated_step(server, activations, labels, num_classes, optimizer,
-                              adjust=True, tau=tau, client_priors=client_priors)
+                              adjust=True, tau=tau, client_priors=client_priors, weigh=weigh)
 
 
 def ca_sfl_server_step(server: nn.Module, activations: list[torch.Tensor],
                        labels: list[torch.Tensor], num_classes: int,
-                       optimizer: torch.optim.Optimizer) -> tuple[float, list[torch.Tensor]]:
+                       optimizer: torch.optim.Optimizer, *, weigh: Weigh | None = None,
+                       ) -> tuple[float, list[torch.Tensor]]:
     """CA-SFL ablation (journal §5.2, "SFL enabled only with Concatenated Activations").
 
     Same as `scala_server_step` with plain CE in both places: w_s is updated on the mean CE
@@ -201,7 +224,7 @@ def ca_sfl_server_step(server: nn.Module, activations: list[torch.Tensor],
     i.e. B / B_k times the slice of the concatenated-mean gradient).
     """
     return _concatenated_step(server, activations, labels, num_classes, optimizer,
-                              adjust=False, tau=0.0, client_priors=None)
+                              adjust=False, tau=0.0, client_priors=None, weigh=weigh)
 
 
 def lla_sfl_server_step(server: nn.Module, activations: list[torch.Tensor],

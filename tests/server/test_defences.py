@@ -131,3 +131,22 @@ def test_splitfed_v1_combines_its_server_copies_under_the_robust_rule(
         np.testing.assert_allclose(value, want.astype(value.dtype), rtol=0, atol=1e-6)
         if name in floats:
             assert not np.allclose(value, stacked.mean(axis=0), rtol=0, atol=1e-7), name
+
+
+def test_a_label_flipper_is_down_weighted_in_scalas_server_step(tmp_path: Path) -> None:
+    """SCALA (one server step over every device's slice), a4 flips its labels: once the
+    honest devices have learned, its loss stays several times theirs and the loss bound
+    down-weights its term in more steps than any honest device's (an honest device's small
+    batch can cross the bound now and then); with the bound off nothing is noted."""
+    def steps(note: str) -> int:
+        return int(note.split(" ", 1)[0])
+
+    _, rows = _run(tmp_path / "bounded", "labelflip", algorithm="scala")
+    counted: dict[str, int] = {}
+    for r in rows:
+        for agent, note in r["down_weighted"].items():
+            assert "down-weighted, last: loss" in note
+            counted[agent] = counted.get(agent, 0) + steps(note)
+    assert counted.get("a4", 0) > max([n for a, n in counted.items() if a != "a4"] or [0])
+    _, rows = _run(tmp_path / "off", "labelflip", algorithm="scala", loss_bound=0.0)
+    assert all(r["down_weighted"] == {} for r in rows)

@@ -342,6 +342,7 @@ def _by_hand(server: nn.Linear, acts: list[torch.Tensor], labels: list[torch.Ten
 
 def _psl_like(cls: type, server: nn.Module, lr: float, reduction: str, **extra: Any) -> Any:
     method = cls.__new__(cls)
+    extra.setdefault("loss_weights", lambda agents: None)  # the loss bound off
     method.trainer = SimpleNamespace(
         server=server, optimizer=torch.optim.SGD(server.parameters(), lr=lr), round=0,
         settings=SimpleNamespace(psl_reduction=reduction, local_steps=1, rounds=1,
@@ -376,6 +377,92 @@ def test_psl_server_steps_on_the_sum_of_each_clients_mean_loss(reduction: str) -
     loss, got = method.server_update(["a0", "a1", "a2"], acts, labels)
     assert loss == pytest.approx(sum(losses) / 3, abs=1e-6)
     _check(server, after, got, dict(zip(["a0", "a1", "a2"], grads, strict=True)))
+
+
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+def test_psl_server_step_down_weights_a_client_by_the_loss_bound(reduction: str) -> None:
+    """Bounded influence: the loss bound's weights (here 1, 0.25, 1) scale each client's
+    term of the server loss (L_0 + 0.25·L_1 + L_2, divided by 3 for `mean`, not by the
+    weights' sum); the bound sees the clients' unweighted losses, and every client still
+    gets ∂L_i/∂A_i of its own unweighted loss."""
+    server, acts, labels = _toy()
+    ce = nn.functional.cross_entropy
+    div = 3 if reduction == "mean" else 1
+    weights = [1.0, 0.25, 1.0]
+    after, grads = _by_hand(
+        server, acts, labels,
+        lambda lg: sum(w * ce(x, y) for w, x, y in zip(weights, lg, labels, strict=True)) / div,
+        lambda i, lg: ce(lg, labels[i]), lr=0.1)
+    with torch.no_grad():
+        losses = [float(ce(server(x), y)) for x, y in zip(acts, labels, strict=True)]
+    seen: list[list[float]] = []
+
+    def weigh(agents: list[str]) -> Any:
+        assert agents == ["a0", "a1", "a2"]
+        return lambda got: seen.append(got) or weights
+
+    method = _psl_like(PSL, server, 0.1, reduction, loss_weights=weigh)
+    loss, got = method.server_update(["a0", "a1", "a2"], acts, labels)
+    assert seen[0] == pytest.approx(losses, abs=1e-6)
+    assert loss == pytest.approx(sum(losses) / 3, abs=1e-6)  # the report is unweighted
+    _check(server, after, got, dict(zip(["a0", "a1", "a2"], grads, strict=True)))
+
+
+def test_scala_concatenated_step_down_weights_a_slice_by_the_loss_bound() -> None:
+    """SCALA's server loss under weights (1, 0.5, 1): Σ_k w_k·B_k·L^s_k / B, L^s_k slice
+    k's logit-adjusted CE under the concatenation's prior P_s; the bound sees the three
+    slices' L^s_k; the clients' gradients are those of the unweighted step."""
+    from jetsplit.server.algorithms import scala_math
+
+    server, acts, labels = _toy()
+    y = torch.cat(labels)
+    prior = scala_math.label_prior(y, 3)
+    weights = [1.0, 0.5, 1.0]
+    sizes = [len(a) for a in acts]
+
+    def server_loss(logits: list[torch.Tensor]) -> torch.Tensor:
+        return sum(w * n * scala_math.logit_adjusted_ce(lg, t, prior, 1.0) for w, n, lg, t in
+                   zip(weights, sizes, logits, labels, strict=True)) / sum(sizes)
+
+    plain = copy.deepcopy(server)
+    _, want_grads = scala_math.scala_server_step(
+        plain, acts, labels, 3, torch.optim.SGD(plain.parameters(), lr=0.1))
+    after, _ = _by_hand(server, acts, labels, server_loss, lambda i, lg: lg.sum(), lr=0.1)
+    with torch.no_grad():
+        slices = [float(scala_math.logit_adjusted_ce(server(x), t, prior, 1.0))
+                  for x, t in zip(acts, labels, strict=True)]
+    seen: list[list[float]] = []
+    _, grads = scala_math.scala_server_step(
+        server, acts, labels, 3, torch.optim.SGD(server.parameters(), lr=0.1),
+        weigh=lambda got: seen.append(got) or weights)
+    assert seen[0] == pytest.approx(slices, abs=1e-6)
+    for name, p in server.named_parameters():
+        torch.testing.assert_close(p.detach(), after[name], rtol=0, atol=1e-6)
+    for got, want in zip(grads, want_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
+
+def test_the_loss_bound_weighs_a_device_far_above_the_fleet_as_if_at_the_bound() -> None:
+    """Factor 3: losses (0.5, 0.6, 0.4, 6.0): reference 0.55 (their median), bound 1.65,
+    a3 weighs 1.65 / 6 = 0.275 and is noted; the history keeps 6.0 clipped to 1.65, so a
+    second step's reference is the median of eight values, not moved by a3. A step where
+    nobody is over the bound returns None (the unweighted path); factor 0 never weighs."""
+    from jetsplit.server.influence import LossBound
+
+    bound, notes = LossBound(3.0, window=8), {}
+    agents = ["a0", "a1", "a2", "a3"]
+    got = bound.weights(agents, [0.5, 0.6, 0.4, 6.0], notes)
+    assert got == pytest.approx([1.0, 1.0, 1.0, 1.65 / 6.0])
+    assert list(bound.history) == pytest.approx([0.5, 0.6, 0.4, 1.65])
+    assert list(notes) == ["a3"] and notes["a3"].startswith("1 steps down-weighted, last: ")
+    assert "weight 0.275" in notes["a3"]
+    got = bound.weights(agents, [0.5, 0.5, 0.5, 3.0], notes)
+    reference = float(np.median([0.5, 0.6, 0.4, 1.65, 0.5, 0.5, 0.5, 3.0]))
+    assert got == pytest.approx([1.0, 1.0, 1.0, 3 * reference / 3.0])
+    assert notes["a3"].startswith("2 steps down-weighted")
+    assert bound.weights(agents, [0.5, 0.6, 0.4, 0.7], {}) is None
+    assert bound.weights(["a0"], [float("nan")], {}) is None
+    assert LossBound(0.0).weights(agents, [0.5, 0.6, 0.4, 60.0], {}) is None
 
 
 @pytest.mark.parametrize("reduction", ["sum", "mean"])
