@@ -63,7 +63,7 @@ def main() -> int:
     parser.add_argument("--attackers", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--defences", nargs="+", default=list(DEFENCES), choices=list(DEFENCES))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    add_run_options(parser, rounds=5, batch=160, lr=0.05)
+    add_run_options(parser)  # the method matrix's run: each method at its own defaults
     parser.add_argument("--partition", default="dirichlet:0.5")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny: digits, splitfed-v1, 2 attacks, 1 attacker of 4 agents, "
@@ -79,9 +79,10 @@ def main() -> int:
     os.environ["JETSPLIT_ALLOW_ATTACKS"] = "1"  # this process is a benchmark
     logging.basicConfig(level=logging.ERROR)
     out = args.out or Path(tempfile.mkdtemp(prefix="bench-robust-"))
+    lr = args.lr if args.lr is not None else "each method's own"
     print(f"# {args.dataset} ({args.partition}), {args.model} split {args.split}, "
           f"{args.agents} agents, {args.rounds} rounds × {args.local_steps} local steps, "
-          f"batch {args.batch}, lr {args.lr}, seeds {args.seeds}", flush=True)
+          f"batch {args.batch}, lr {lr}, seeds {args.seeds}", flush=True)
 
     def run(method: str, defence: str, attack: str | None, attackers: int, seed: int
             ) -> tuple[float, float]:
