@@ -64,6 +64,7 @@ import logging
 import math
 import shutil
 import tempfile
+from collections import deque
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,7 @@ from jetsplit.bundle import load_bundle, sha256_file
 from jetsplit.data import ArrayDataset
 from jetsplit.errors import ConfigError
 from jetsplit.models import ZOO_VERSION
+from jetsplit.models.split import eval_mode
 from jetsplit.models.weights import from_arrays, load_strict, to_arrays
 from jetsplit.protocol import Kind
 from jetsplit.server.activation_store import ActivationStore, StoreError
@@ -84,6 +86,7 @@ from jetsplit.server.bundle_shipping import BundleShipper
 from jetsplit.server.checkpoint import CheckpointError, save_arrays, strip, subset
 from jetsplit.server.engine import Command, Outcome
 from jetsplit.server.evaluation import evaluate
+from jetsplit.server.influence import WINDOW, ActivationBound
 from jetsplit.server.trainer import Arrays, Trainer
 
 log = logging.getLogger("jetsplit.coordinator")
@@ -136,6 +139,7 @@ class Ampere(Method):
         self.bundle_sha: str | None = None  # the trained bundle this run wrote
         self.store: ActivationStore | None = None
         self.shipper: BundleShipper | None = None
+        self.upload_bound: ActivationBound | None = None  # phase 2 (see `_bounded`)
 
     @property
     def loss_tier(self) -> str:  # type: ignore[override]
@@ -444,7 +448,8 @@ class Ampere(Method):
                                      "or labels, or its dataset size differs from the "
                                      "registered one")
                 with t.books.timed("store"):
-                    acts = self._carried(agent, acts, labels, limits[agent])
+                    acts = self._bounded(agent, self._carried(agent, acts, labels,
+                                                             limits[agent]))
                     n = store.append(agent, offsets[agent], sizes[agent], acts, labels)
             except StoreError as exc:
                 log.warning("%s", exc)
@@ -468,6 +473,42 @@ class Ampere(Method):
         if problem is not None:
             raise StoreError(f"upload from {agent} refused: {problem}")
         return t.completions.carry(cut, t.global_client, acts)
+
+    def _bounded(self, agent: str, acts: np.ndarray) -> np.ndarray:
+        """A slice with every sample's norm at most `activation_bound` × the norm the
+        coordinator's own copy of the trained client block gives its held-out inputs
+        (server/influence.py; the median per sample). Phase 2 uploads arrive one device at a
+        time, so a running fleet median would start at whoever uploads first: the reference
+        is computed here instead, where no device can move it. A clean slice comes back as
+        it was, bit for bit; a bounded device is noted in the round's books."""
+        t = self.trainer
+        if t.settings.activation_bound <= 0 or acts.size == 0:
+            return acts
+        if self.upload_bound is None:
+            self.upload_bound = ActivationBound(t.settings.activation_bound)
+            reference = self._reference_norm()
+            if reference > 0:
+                self.upload_bound.history[tuple(acts.shape[1:])] = deque(
+                    [reference] * WINDOW, maxlen=WINDOW)
+        view = np.ascontiguousarray(acts)  # decoded slices are read-only: torch wants to own
+        tensor = torch.from_numpy(view if view.flags.writeable else view.copy())
+        [out] = self.upload_bound.apply([agent], [tensor], t.books.bounded,
+                                        t.books.activation_scale)
+        return acts if out is tensor else out.numpy()
+
+    def _reference_norm(self) -> float:
+        """Median per-sample activation norm at p* of the global client block on (at most
+        512 of) the coordinator's held-out inputs (the validation part, else the test part)."""
+        t = self.trainer
+        held = self.validation if self.validation is not None and len(self.validation) \
+            else self.test
+        if held is None or not len(held):
+            return 0.0
+        client = t.bundle.client_module()
+        load_strict(client, from_arrays(t.global_client, "client"), "client weights")
+        with torch.no_grad(), eval_mode(client):
+            acts = client(torch.from_numpy(np.ascontiguousarray(held.x[:512], np.float32)))
+        return float(acts.flatten(1).norm(dim=1).median())
 
     # ------------------------------------------------------------------ phase 2 training
 

@@ -542,3 +542,36 @@ def test_a_phase_one_switch_moves_the_device_to_its_new_cuts_head_and_back_for_f
                    for n, v in method.aux[cut].items())
     assert method.phase == 2 and not method.switches_cuts
     assert method.switch_cuts({"a0": 1}) == [] and t.cut("a0") == 2
+
+
+def test_phase_two_uploads_are_bounded_against_the_coordinators_own_activations(
+        archive: Path, tmp_path: Path) -> None:
+    """a1 uploads its phase-2 activations × 1000 (`activation-scale`). Uploads arrive one
+    device at a time, so the bound's reference is the median per-sample norm the
+    coordinator's own copy of the trained client block gives its held-out inputs: a1's
+    stored rows end within 5× that norm and a1 is noted; a0's rows are stored bit for bit
+    as with the bound off, and with it off a1's rows keep their 1000-fold norms."""
+    from jetsplit.edge_agent.attacks import Attack, parse_attack
+
+    def worker(agent: str, data: Any, seed: int) -> AgentWorker:
+        attack = Attack(parse_attack("activation-scale:1000"), seed) if agent == "a1" else None
+        return AgentWorker(agent, data, seed=seed, attack=attack)
+
+    stored, notes, references = {}, {}, {}
+    for bound in (5.0, 0.0):
+        method = ampere(fleet(2, worker=worker, rows=[120, 80]),  # type: ignore[arg-type]
+                        archive, tmp_path / f"w{bound}", rounds=2, activation_bound=bound)
+        play(method, 0)
+        play(method, 1)
+        store = method._store()
+        stored[bound] = {a: store.take(np.sort(store.rows_of(a)))[0] for a in ("a0", "a1")}
+        notes[bound] = dict(method.trainer.books.bounded)
+        references[bound] = method._reference_norm()
+    reference = references[5.0]
+    assert reference > 0 and references[0.0] == reference  # the same trained block
+    norms = {b: {a: np.linalg.norm(x.reshape(len(x), -1), axis=1) for a, x in rows.items()}
+             for b, rows in stored.items()}
+    assert np.array_equal(stored[5.0]["a0"], stored[0.0]["a0"])
+    assert norms[0.0]["a1"].min() > 100 * reference
+    assert norms[5.0]["a1"].max() <= 5 * reference * (1 + 1e-5)
+    assert list(notes[5.0]) == ["a1"] and notes[0.0] == {}
