@@ -41,6 +41,7 @@ from method_matrix import add_run_options, mean_spread  # benchmarks/ is on sys.
 from jetsplit.server.divergence import Diverged
 from jetsplit.server.settings import Settings
 from jetsplit.server.simulate import simulate
+from jetsplit.server.trainer import RoundFailed
 
 ATTACKS = ("scale:1000", "signflip", "noise:1", "labelflip", "activation-scale:1000000",
            "size-lie:1000000000", "histogram-lie")
@@ -86,7 +87,8 @@ def main() -> int:
 
     def run(method: str, defence: str, attack: str | None, attackers: int, seed: int
             ) -> tuple[float, float]:
-        """(final accuracy, seconds); a run the divergence guard stops scores 0."""
+        """(final accuracy, seconds); a run the divergence guard stops, or a round in which
+        no device could train (every one diverged on the model it was sent), scores 0."""
         settings = Settings(algorithm=method, rounds=args.rounds, local_steps=args.local_steps,
                             batch=args.batch, lr=args.lr, seed=seed, **DEFENCES[defence])
         who = [f"a{args.agents - 1 - i}" for i in range(attackers)] if attack else []
@@ -99,8 +101,8 @@ def main() -> int:
                                out_dir=out / name.replace(":", ""), checkpoint=False,
                                attacks=dict.fromkeys(who, attack) if attack else None)
             accuracy = float(summary["final_accuracy"])
-        except Diverged as exc:
-            print(f"  {name}: diverged ({exc})", flush=True)
+        except (Diverged, RoundFailed) as exc:
+            print(f"  {name}: diverged ({str(exc)[:300]})", flush=True)
             accuracy = 0.0
         seconds = time.perf_counter() - started
         print(f"{name:60s} accuracy {accuracy:.4f} ({seconds:.0f}s)", flush=True)
