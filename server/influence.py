@@ -103,11 +103,11 @@ class LossBound:
         self.factor = factor
         self.history: deque[float] = deque(maxlen=window)
 
-    def weights(self, agents: list[str], losses: list[float], notes: dict[str, str]
-                ) -> list[float] | None:
+    def weights(self, agents: list[str], losses: list[float], notes: dict[str, str],
+                steps: dict[str, int]) -> list[float] | None:
         """One weight per device (in `agents` order), or None where none is over the
-        bound; `notes` (the round's books) says, per down-weighted device, in how many of
-        the round's steps and the latest step's numbers."""
+        bound; the round's books count, per down-weighted device, its steps (`steps`) and
+        say in `notes` how many and the latest step's numbers."""
         import math
 
         if self.factor <= 0 or not agents:
@@ -125,8 +125,8 @@ class LossBound:
             weight = bound / loss if math.isfinite(loss) and loss > bound else 1.0
             out.append(weight)
             if weight < 1.0:
-                steps = int(notes.get(agent, "0").split(" ", 1)[0]) + 1
-                notes[agent] = (f"{steps} steps down-weighted, last: loss {loss:.4g} over "
+                steps[agent] = steps.get(agent, 0) + 1
+                notes[agent] = (f"{steps[agent]} steps down-weighted, last: loss {loss:.4g} over "
                                 f"{self.factor:g}× the fleet's {reference:.4g}, weight "
                                 f"{weight:.3g}")
         return out

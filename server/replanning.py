@@ -127,10 +127,11 @@ class Replanner:
         for agent, info in (row.get("agents") or {}).items():
             if agent not in self.profiles or not isinstance(info, dict):
                 continue
+            self._read_links(agent, info)
             cut, work = cuts.get(agent), finite(gflops.get(agent), 0.0, 1e12)
             if not isinstance(cut, int) or not work or agent not in batches:
-                self._read_links(agent, info)
                 continue
+            self.held.setdefault(agent, set()).add(cut)
             ratio = self._ratio(agent, info, cut, work, batches[agent])
             if ratio is None or not FACTOR_MIN <= ratio <= FACTOR_MAX:
                 continue
@@ -153,8 +154,6 @@ class Replanner:
         """This round's compute seconds ÷ the planner's for `work` GFLOPs at `cut`; on the
         model clock, 1 ÷ the speed fraction the agent's emulation states (what the ratio
         is when the emulation is exact)."""
-        self._read_links(agent, info)
-        self.held.setdefault(agent, set()).add(cut)
         if self.clock == "model":
             emulated = info.get("emulated")
             speed = finite(emulated.get("compute"), 1e-3, 100.0) \

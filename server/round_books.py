@@ -28,6 +28,7 @@ class RoundBooks:
     bounded: dict[str, str] = field(default_factory=dict)  # agent → activations scaled down
     # agent → "N steps down-weighted, last: …" (its loss far above the fleet's)
     down_weighted: dict[str, str] = field(default_factory=dict)
+    down_weighted_steps: dict[str, int] = field(default_factory=dict)  # agent → steps
     # agent → the smallest mean scale its activations got in a step (1: untouched)
     activation_scale: dict[str, float] = field(default_factory=dict)
     influence: Shares = field(default_factory=Shares)  # each device's share of the averages
@@ -38,7 +39,8 @@ class RoundBooks:
         """A new round: nothing done, nobody missed anything yet."""
         for books in (self.phases, self.fwd_samples, self.bwd_samples, self.full_samples,
                       self.missed, self.missed_kind, self.aggregation, self.bounded,
-                      self.down_weighted, self.activation_scale, self.influence):
+                      self.down_weighted, self.down_weighted_steps, self.activation_scale,
+                      self.influence):
             books.clear()
 
     @contextlib.contextmanager

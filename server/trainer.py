@@ -221,7 +221,9 @@ class Trainer:
         bound is off (`loss_bound = 0`: nothing is even measured)."""
         if self.loss_bound.factor <= 0:
             return None
-        return lambda losses: self.loss_bound.weights(agents, losses, self.books.down_weighted)
+        books = self.books
+        return lambda losses: self.loss_bound.weights(agents, losses, books.down_weighted,
+                                                      books.down_weighted_steps)
 
     def require_update(self, selected: list[str], got: Mapping[str, Any]) -> None:
         """Fail the round, in one line naming who missed what and why, when agents were

@@ -132,6 +132,17 @@ def server_run(config: Path, url: str, *, timeout: int = 400,
     return done
 
 
+def run_weights(run_dir: Path) -> dict[str, Any]:
+    """Every weight file a run wrote (its blocks and per-client blocks), by file:name, to
+    compare two engines' runs bit for bit."""
+    from safetensors.numpy import load_file
+
+    out: dict[str, Any] = {}
+    for path in sorted(run_dir.glob("*.safetensors")) + sorted(run_dir.glob("clients/*")):
+        out.update({f"{path.stem}:{k}": v for k, v in load_file(str(path)).items()})
+    return out
+
+
 def run_in_process(fleet: AgentFleet, config: Path, out: Path, *, threads: int = 1,
                    settings: dict[str, Any] | None = None,
                    cuts: dict[str, int] | None = None,

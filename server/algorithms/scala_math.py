@@ -187,12 +187,13 @@ def _concatenated_step(server: nn.Module, activations: Sequence[torch.Tensor],
         client_losses = [F.cross_entropy(s, t) for s, t in
                          zip(logits.split(sizes), y.split(sizes), strict=True)]
     if weigh is not None:
-        slices = [server_ce(s, t) for s, t in zip(logits.split(sizes), y.split(sizes),
-                                                  strict=True)]
-        weights = weigh(torch.stack(slices).detach().tolist())
-        if weights is not None:
-            server_loss = sum(w * n * loss for w, n, loss in zip(
-                weights, sizes, slices, strict=True)) / sum(sizes)
+        with torch.no_grad():  # the bound's statistic only: no graph on every step
+            seen = [server_ce(s, t) for s, t in zip(logits.detach().split(sizes),
+                                                    y.split(sizes), strict=True)]
+        weights = weigh(torch.stack(seen).tolist())
+        if weights is not None:  # rare: a device over the bound
+            slices = zip(weights, sizes, logits.split(sizes), y.split(sizes), strict=True)
+            server_loss = sum(w * n * server_ce(s, t) for w, n, s, t in slices) / sum(sizes)
     return _finish(server, optimizer, server_loss, client_losses, leaves)
 
 

@@ -84,14 +84,15 @@ class SplitFedV2(SplitMethod):
         t.optimizer.zero_grad(set_to_none=True)
         loss = nn.functional.cross_entropy(t.server(leaf), labels[0])
         loss.backward()
+        value = float(loss.detach())
         weigh = t.loss_weights(agents)  # bounded influence against the recent devices' losses
-        weights = None if weigh is None else weigh([float(loss.detach())])
+        weights = None if weigh is None else weigh([value])
         if weights is not None:  # the server's step only; the client's gradient stays
             for p in t.server.parameters():
                 if p.grad is not None:
                     p.grad.mul_(weights[0])
         t.optimizer.step()
-        return float(loss.detach()), {agents[0]: leaf.grad}
+        return value, {agents[0]: leaf.grad}
 
 
 class SplitFedV2Interleaved(SplitFedV2):

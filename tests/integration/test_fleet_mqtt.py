@@ -10,10 +10,8 @@ import signal
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
-from conftest import run_in_process, server_run
-from safetensors.numpy import load_file
+from conftest import run_in_process, run_weights, server_run
 
 from jetsplit.data import load_dataset_split
 from jetsplit.server.brokers import MosquittoProcess
@@ -22,13 +20,6 @@ from jetsplit.server.config import ModelSection, ServerConfig
 from jetsplit.server.mqtt_engine import MqttEngine
 from jetsplit.server.round_loop import run_training
 from jetsplit.server.settings import Settings
-
-
-def _weights(run_dir: Path) -> dict[str, np.ndarray]:
-    out: dict[str, np.ndarray] = {}
-    for path in sorted(run_dir.glob("*.safetensors")) + sorted(run_dir.glob("clients/*")):
-        out.update({f"{path.stem}:{k}": v for k, v in load_file(str(path)).items()})
-    return out
 
 
 @pytest.mark.parametrize(("algorithm", "agents", "rounds", "steps"),
@@ -59,7 +50,7 @@ def test_mqtt_and_in_process_engines_give_bit_identical_runs(
     run_in_process(fleet, config, tmp_path / "runs" / "local", threads=3)  # agents run 1
 
     mqtt_run, local_run = tmp_path / "runs" / "mqtt", tmp_path / "runs" / "local"
-    a, b = _weights(mqtt_run), _weights(local_run)
+    a, b = run_weights(mqtt_run), run_weights(local_run)
     assert set(a) == set(b) and len(a) > 50
     differing = [k for k in a if a[k].tobytes() != b[k].tobytes()]
     assert differing == []

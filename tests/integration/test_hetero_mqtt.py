@@ -8,18 +8,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from conftest import run_in_process, server_run
-from safetensors.numpy import load_file
+from conftest import run_in_process, run_weights, server_run
 
 from jetsplit.server.brokers import MosquittoProcess
-
-
-def _weights(run_dir: Path) -> dict[str, np.ndarray]:
-    out: dict[str, np.ndarray] = {}
-    for path in sorted(run_dir.glob("*.safetensors")) + sorted(run_dir.glob("clients/*")):
-        out.update({f"{path.stem}:{k}": v for k, v in load_file(str(path)).items()})
-    return out
 
 
 def test_shallow_and_deep_agents_over_mqtt_match_in_process(
@@ -37,7 +28,7 @@ def test_shallow_and_deep_agents_over_mqtt_match_in_process(
     run_in_process(fleet, config, tmp_path / "runs" / "local", cuts={"a0": 1, "a1": 3})
 
     mqtt_run, local_run = tmp_path / "runs" / "mqtt", tmp_path / "runs" / "local"
-    a, b = _weights(mqtt_run), _weights(local_run)
+    a, b = run_weights(mqtt_run), run_weights(local_run)
     assert set(a) == set(b) and len(a) > 20
     assert [k for k in a if a[k].tobytes() != b[k].tobytes()] == []
     rows = [[json.loads(line) for line in (run / "metrics.jsonl").open()]
@@ -69,7 +60,7 @@ def test_ampere_shallow_and_deep_agents_over_mqtt_match_in_process(
                    settings={"activation_dir": str(tmp_path / "b")})
 
     mqtt_run, local_run = tmp_path / "runs" / "mqtt", tmp_path / "runs" / "local"
-    a, b = _weights(mqtt_run), _weights(local_run)
+    a, b = run_weights(mqtt_run), run_weights(local_run)
     assert set(a) == set(b) and any(k.startswith("aux:aux-k1/") for k in a)
     assert [k for k in a if a[k].tobytes() != b[k].tobytes()] == []
     rows = [[json.loads(line) for line in (run / "metrics.jsonl").open()]

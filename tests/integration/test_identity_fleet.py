@@ -18,8 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import kit_lines, run_in_process
-from test_fleet_mqtt import _weights
+from conftest import kit_lines, run_in_process, run_weights
 
 from jetsplit.broker_url import BrokerAddress
 from jetsplit.identity import load_signer
@@ -172,6 +171,6 @@ def test_attacked_mtls_fleet_matches_the_in_process_run(agent_fleet: Any,
     assert "SenderMismatch" not in rejected  # the broker's ACL stops those first
 
     run_in_process(fleet, config, tmp_path / "runs" / "local")
-    a, b = _weights(tmp_path / "runs" / "mqtt"), _weights(tmp_path / "runs" / "local")
+    a, b = run_weights(tmp_path / "runs" / "mqtt"), run_weights(tmp_path / "runs" / "local")
     assert set(a) == set(b) and len(a) > 50
     assert [k for k in a if a[k].tobytes() != b[k].tobytes()] == []

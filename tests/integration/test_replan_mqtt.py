@@ -13,9 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from conftest import run_in_process, server_run
-from safetensors.numpy import load_file
+from conftest import run_in_process, run_weights, server_run
 
 from jetsplit.server.brokers import MosquittoProcess
 
@@ -26,13 +24,6 @@ TRACE = ('[[emulation.trace.at]]\nround = 0\npower_mode = "MAXN"\n'
          'power_mode = "5W"\n'
          '[[emulation.trace.at]]\nround = 3\ncompute = 1.0\nuplink_mbps = 1000.0\n'
          'power_mode = "MAXN"\n')
-
-
-def _weights(run_dir: Path) -> dict[str, np.ndarray]:
-    out: dict[str, np.ndarray] = {}
-    for path in sorted(run_dir.glob("*.safetensors")) + sorted(run_dir.glob("clients/*")):
-        out.update({f"{path.stem}:{k}": v for k, v in load_file(str(path)).items()})
-    return out
 
 
 def test_switches_over_mqtt_match_the_in_process_engine(
@@ -75,6 +66,6 @@ def test_switches_over_mqtt_match_the_in_process_engine(
     assert returned["switch_bytes"] == {}  # it holds its old cut's bundle
     for key in ("cuts", "train_loss", "accuracy"):
         assert [r[key] for r in rows[0]] == [r[key] for r in rows[1]], key
-    a, b = _weights(mqtt_run), _weights(local)
+    a, b = run_weights(mqtt_run), run_weights(local)
     assert set(a) == set(b) and len(a) > 5
     assert [k for k in a if a[k].tobytes() != b[k].tobytes()] == []

@@ -77,6 +77,22 @@ def play(method: Ampere, round_: int) -> float | None:
     return method.run_round(t.engine.registry.eligible())
 
 
+def record_pulls(monkeypatch: pytest.MonkeyPatch, trainer: Trainer
+                 ) -> dict[str, dict[str, np.ndarray]]:
+    """What each agent's last pull returned (the trainer's `pull` wrapped), by agent."""
+    seen: dict[str, dict[str, np.ndarray]] = {}
+    pull = trainer.pull
+
+    def recording(agents: list[str], blocks: tuple[str, ...] = ("client",)
+                  ) -> dict[str, dict[str, np.ndarray]]:
+        out = pull(agents, blocks)
+        seen.update({a: dict(v) for a, v in out.items()})
+        return out
+
+    monkeypatch.setattr(trainer, "pull", recording)
+    return seen
+
+
 def rows(n: int, first: int = 0, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     return (rng.standard_normal((n, *SHAPE)).astype(np.float32),
@@ -378,16 +394,7 @@ def test_cuts_1_and_2_average_each_layer_over_its_holders(archive: Path, tmp_pat
     engine = fleet(2, rows=list(sizes.values()))
     method = ampere(engine, archive, tmp_path / "work", cuts={"a0": 1}, rounds=2)
     t = method.trainer
-    seen: dict[str, dict[str, np.ndarray]] = {}
-    pull = t.pull
-
-    def recording(agents: list[str], blocks: tuple[str, ...] = ("client",)
-                  ) -> dict[str, dict[str, np.ndarray]]:
-        out = pull(agents, blocks)
-        seen.update({a: dict(v) for a, v in out.items()})
-        return out
-
-    monkeypatch.setattr(t, "pull", recording)
+    seen = record_pulls(monkeypatch, t)
     play(method, 0)  # N_d = 1: phase 1 ends with this epoch's average
     assert method.phase == 2 and set(seen) == {"a0", "a1"}
     layer = {n: n.split("/", 1)[1].split(".", 1)[0] for n in t.global_client}
@@ -486,21 +493,14 @@ def test_a_phase_one_switch_moves_the_device_to_its_new_cuts_head_and_back_for_f
     fresh_head = to_arrays(load_bundle(t.shipper.bundles.get("client", 1, aux=True).root
                                        ).aux_module(), "aux")
     pushed: dict[str, dict[str, np.ndarray]] = {}
-    pulled: dict[str, dict[str, np.ndarray]] = {}
-    push, pull = t.push, t.pull
+    push = t.push
 
     def recording_push(agents: list[str], arrays: dict[str, np.ndarray]) -> list[str]:
         pushed.update({a: dict(arrays) for a in agents})
         return push(agents, arrays)
 
-    def recording_pull(agents: list[str], blocks: tuple[str, ...] = ("client",)
-                       ) -> dict[str, dict[str, np.ndarray]]:
-        out = pull(agents, blocks)
-        pulled.update({a: dict(v) for a, v in out.items()})
-        return out
-
     monkeypatch.setattr(t, "push", recording_push)
-    monkeypatch.setattr(t, "pull", recording_pull)
+    pulled = record_pulls(monkeypatch, t)
     play(method, 0)
     assert set(method.aux) == {2}
     assert method.switch_cuts({"a0": 1, "a1": 2}) == ["a0"]

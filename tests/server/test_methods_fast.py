@@ -449,20 +449,20 @@ def test_the_loss_bound_weighs_a_device_far_above_the_fleet_as_if_at_the_bound()
     nobody is over the bound returns None (the unweighted path); factor 0 never weighs."""
     from jetsplit.server.influence import LossBound
 
-    bound, notes = LossBound(3.0, window=8), {}
+    bound, notes, steps = LossBound(3.0, window=8), {}, {}
     agents = ["a0", "a1", "a2", "a3"]
-    got = bound.weights(agents, [0.5, 0.6, 0.4, 6.0], notes)
+    got = bound.weights(agents, [0.5, 0.6, 0.4, 6.0], notes, steps)
     assert got == pytest.approx([1.0, 1.0, 1.0, 1.65 / 6.0])
     assert list(bound.history) == pytest.approx([0.5, 0.6, 0.4, 1.65])
     assert list(notes) == ["a3"] and notes["a3"].startswith("1 steps down-weighted, last: ")
     assert "weight 0.275" in notes["a3"]
-    got = bound.weights(agents, [0.5, 0.5, 0.5, 3.0], notes)
+    got = bound.weights(agents, [0.5, 0.5, 0.5, 3.0], notes, steps)
     reference = float(np.median([0.5, 0.6, 0.4, 1.65, 0.5, 0.5, 0.5, 3.0]))
     assert got == pytest.approx([1.0, 1.0, 1.0, 3 * reference / 3.0])
     assert notes["a3"].startswith("2 steps down-weighted")
-    assert bound.weights(agents, [0.5, 0.6, 0.4, 0.7], {}) is None
-    assert bound.weights(["a0"], [float("nan")], {}) is None
-    assert LossBound(0.0).weights(agents, [0.5, 0.6, 0.4, 60.0], {}) is None
+    assert bound.weights(agents, [0.5, 0.6, 0.4, 0.7], {}, {}) is None
+    assert bound.weights(["a0"], [float("nan")], {}, {}) is None
+    assert LossBound(0.0).weights(agents, [0.5, 0.6, 0.4, 60.0], {}, {}) is None
 
 
 @pytest.mark.parametrize("reduction", ["sum", "mean"])
