@@ -31,6 +31,7 @@ from jetsplit.server.algorithms.scala_math import (
     label_prior,
     lla_sfl_server_step,
     logit_adjusted_ce,
+    prior_from_counts,
     scala_server_step,
 )
 
@@ -490,3 +491,131 @@ def test_gapsl_server_loss_value_and_first_order_gradient() -> None:
     assert w.grad.tolist() == pytest.approx([0.0, -2.0], abs=1e-12)
     with pytest.raises(ValueError):
         gapsl_server_loss(losses[:2], sel)
+
+
+# ---------------------------------------------------------------- edges and rejections
+
+
+def test_prior_floor_formula_with_a_visible_eps() -> None:
+    # P(y) = (n_y/n + ε)/(1 + C·ε), written out with an ε large enough to see in float64
+    got = label_prior(torch.tensor([0, 0, 2, 1, 0]), 4, eps=0.1, dtype=D).tolist()
+    want = [(n / 5 + 0.1) / 1.4 for n in (3, 1, 1, 0)]
+    assert got == pytest.approx(want, rel=1e-15)
+    got = prior_from_counts([3, 1, 1, 0], 4, eps=0.1, dtype=D).tolist()
+    assert got == pytest.approx(want, rel=1e-15)
+    # the default floor is 1e-12, visible in float64 against 0.5 and exact at an absent class
+    p = label_prior(torch.tensor([0, 1]), 3, dtype=D).tolist()
+    assert p == pytest.approx([(0.5 + 1e-12) / (1 + 3e-12)] * 2 + [1e-12 / (1 + 3e-12)],
+                              rel=1e-15)
+    assert p[0] != 0.5
+    assert prior_from_counts([2, 2, 0], 3, dtype=D).tolist() == pytest.approx(p, rel=1e-15)
+    assert PRIOR_EPS == 1e-12
+    # one class is a valid (if trivial) distribution; labels at both ends of the range
+    assert label_prior(torch.tensor([0, 0]), 1, dtype=D).tolist() == [1.0]
+    assert label_prior(torch.tensor([0, 2]), 3, dtype=D)[2].item() == pytest.approx(0.5)
+    assert label_prior(torch.tensor([1]), 2, dtype=torch.float16).dtype == torch.float16
+
+
+@pytest.mark.parametrize(("labels", "classes", "eps", "match"), [
+    ([[0, 1]], 2, 1e-12, "1-D"),
+    ([], 2, 1e-12, "empty"),
+    ([0], 0, 1e-12, "num_classes must be >= 1, got 0"),
+    ([0], 2, -1e-12, "eps must be > 0"),
+    ([0], 2, float("nan"), "eps must be > 0"),
+    ([-1, 0], 2, 1e-12, r"lie in \[0, 1\], got \[-1, 0\]"),
+    ([0, 2], 2, 1e-12, r"lie in \[0, 1\], got \[0, 2\]"),
+])
+def test_label_prior_rejects(labels: list, classes: int, eps: float, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        label_prior(torch.tensor(labels, dtype=torch.long), classes, eps)
+
+
+@pytest.mark.parametrize(("counts", "match"), [
+    ([1, 2], "2 class counts for 3 classes"),
+    ([1, -1, 2], "finite"),
+    ([0, 0, 0], "finite"),
+    ([1, float("inf"), 0], "finite"),
+    ([1, float("nan"), 0], "finite"),
+])
+def test_prior_from_counts_rejects(counts: list, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        prior_from_counts(counts, 3)
+
+
+def test_logit_adjusted_ce_checks_the_prior_and_keeps_half_precision_finite() -> None:
+    logits = torch.zeros(2, 3)
+    with pytest.raises(ValueError, match=r"prior has shape \(2,\), logits have 3 classes"):
+        logit_adjusted_ce(logits, torch.tensor([0, 1]), torch.tensor([0.5, 0.5]))
+    with pytest.raises(ValueError, match="prior has shape"):
+        logit_adjusted_ce(logits, torch.tensor([0, 1]), torch.full((1, 3), 1 / 3))
+    # a half prior holding the 1e-12 floor would log to −inf; it is logged in float32
+    half = torch.tensor([0.5, 0.5, 1e-12], dtype=torch.float64).to(torch.float32)
+    got = logit_adjusted_ce(torch.zeros(1, 3, dtype=torch.bfloat16), torch.tensor([0]),
+                            half.to(torch.bfloat16))
+    assert got.dtype == torch.bfloat16 and math.isfinite(got.item())
+    assert got.item() == pytest.approx(math.log(2), rel=1e-2)
+
+
+def test_steps_reject_every_malformed_input() -> None:
+    server = _linear()
+    opt = torch.optim.SGD(server.parameters(), lr=0.1)
+    acts, labels = _inputs()
+    with pytest.raises(ValueError, match="2 activation batches but 1 label sets"):
+        scala_server_step(server, acts, labels[:1], 3, opt)
+    with pytest.raises(ValueError, match="no clients"):
+        lla_sfl_server_step(server, [], [], 3, opt)
+    with pytest.raises(ValueError, match="client 1 sent an empty batch"):
+        scala_server_step(server, [acts[0], acts[1][:0]], [labels[0], labels[1][:0]], 3, opt)
+    with pytest.raises(ValueError, match=r"client 0: 3 activations but labels of shape "
+                                         r"\(3, 1\)"):
+        scala_server_step(server, acts, [labels[0][:, None], labels[1]], 3, opt)
+    with pytest.raises(ValueError, match="1 client priors for 2 clients"):
+        scala_server_step(server, acts, labels, 3, opt, client_priors=[torch.ones(3) / 3])
+    with pytest.raises(ValueError, match="1 client priors for 2 clients"):
+        lla_sfl_server_step(server, acts, labels, 3, opt, client_priors=[torch.ones(3) / 3])
+    with pytest.raises(ValueError, match=r"server output has shape \(5, 3\), expected "
+                                         r"\(batch, 4\)"):
+        ca_sfl_server_step(server, acts, labels, 4, opt)
+    with pytest.raises(ValueError, match=r"server output has shape \(3, 3\), expected "
+                                         r"\(batch, 4\)"):
+        lla_sfl_server_step(server, acts, labels, 4, opt)
+    flat = nn.Sequential(_linear(), nn.Flatten(0))
+    with pytest.raises(ValueError, match="server output has shape"):
+        scala_server_step(flat, acts, labels, 3, torch.optim.SGD(flat.parameters(), lr=0.1))
+
+
+def test_gapsl_rejects_malformed_input() -> None:
+    with pytest.raises(ValueError, match=r"grads must be \(S, P\) with S >= 1, got \(0, 2\)"):
+        consistency_scores(torch.zeros(0, 2))
+    with pytest.raises(ValueError, match="grads must be"):
+        leader_gradient(torch.zeros(3), torch.tensor([0]))
+    with pytest.raises(ValueError, match="leader set is empty"):
+        leader_gradient(torch.ones(2, 2), torch.tensor([], dtype=torch.long))
+    with pytest.raises(ValueError, match="total must be > 0, got 0"):
+        leader_fraction(1, 0, 0.1, 0.1, 0.1)
+    assert leader_fraction(1, 1, 0.1, 0.1, 0.1) == pytest.approx(0.8)
+    with pytest.raises(ValueError, match="need 0 <= k_min <= k_max <= 1, got 0.5, 0.4"):
+        leader_fraction(1, 2, 0.1, 0.1, 0.1, 0.5, 0.4)
+    with pytest.raises(ValueError, match="k_min"):
+        leader_fraction(1, 2, 0.1, 0.1, 0.1, -0.1, 0.4)
+    with pytest.raises(ValueError, match="k_min"):
+        leader_fraction(1, 2, 0.1, 0.1, 0.1, 0.1, 1.1)
+    assert leader_fraction(1, 2, 0.1, 0.1, 0.1, 0.0, 1.0) == pytest.approx(0.5)
+    assert leader_fraction(1, 2, 0.1, 0.1, 0.1, 0.4, 0.4) == pytest.approx(0.4)
+    # t beyond T and ν outside [ν_min, ν_max] are clamped: K stays in [K_min, K_max]
+    assert leader_fraction(20, 10, 0.0, 0.1, 0.5) == pytest.approx(0.8)
+    assert leader_fraction(-5, 10, 0.3, 0.1, 0.5) == pytest.approx(0.2)
+    assert leader_fraction(5, 10, 0.9, 0.1, 0.5) == pytest.approx(0.2)
+    assert leader_fraction(5, 10, 0.3, 0.1, math.inf) == pytest.approx(0.5)
+    for bad in ([], [[0.1, 0.2]]):
+        with pytest.raises(ValueError, match="scores must be a non-empty 1-D tensor"):
+            leader_set(torch.tensor(bad, dtype=D), 0.5)
+        with pytest.raises(ValueError, match="theta_lead must be a non-empty 1-D tensor"):
+            threshold(torch.tensor(bad, dtype=D), 0.5)
+    sel = select_clients(_grads(), 1, 4, NuTracker())
+    with pytest.raises(ValueError, match="3 losses for 4 clients"):
+        gapsl_server_loss([torch.tensor(1.0)] * 3, sel)
+    tracker = NuTracker()
+    with pytest.raises(ValueError, match="nu must be finite, got inf"):
+        tracker.update(math.inf)
+    assert (tracker.nu_min, tracker.nu_max) == (math.inf, -math.inf)
