@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from jetsplit.edge_agent.attacks import ALLOW_ENV
 from jetsplit.server.brokers import MosquittoProcess
 
 # Test helpers that are not part of the installed package (the wire fuzzer): importable as
@@ -55,12 +56,15 @@ class AgentFleet:
 
     def __init__(self, root: Path, broker_url: str, fleet: str, count: int, *,
                  dataset: str = "digits", threads: int = 1, fleet_key_file: Path | None = None,
-                 edges: int = 0, kits: Path | None = None) -> None:
+                 edges: int = 0, kits: Path | None = None,
+                 attacks: dict[str, str] | None = None) -> None:
         """`kits`: a `jetsplit provision` output; each agent uses its own kit (mTLS +
-        signing key)."""
+        signing key). `attacks`: {agent: spec} written into that agent's `[attack]`
+        (edge_agent/attacks.py); its process runs with JETSPLIT_ALLOW_ATTACKS=1."""
         self.root, self.broker_url, self.fleet = root, broker_url, fleet
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.configs: dict[str, Path] = {}
+        self.attacks = dict(attacks or {})
         for i in range(count):
             agent = f"a{i}"
             key = f'fleet_key_file = "{fleet_key_file}"\n' if fleet_key_file else ""
@@ -72,7 +76,9 @@ class AgentFleet:
                 f"threads = {threads}\nseed = {i}\n"
                 f'[mqtt]\nbroker = "{broker_url}"\n{key}'
                 f'[data]\ndataset = "{dataset}"\npartition = "iid"\nclients = {count}\n'
-                f"index = {i}\n")
+                f"index = {i}\n"
+                + (f'[attack]\nkind = "{self.attacks[agent]}"\n' if agent in self.attacks
+                   else ""))
             self.configs[agent] = path
         for j in range(edges):
             agent = f"e{j}"
@@ -87,9 +93,10 @@ class AgentFleet:
     def start(self) -> AgentFleet:
         for agent, path in self.configs.items():
             log = (self.root / f"{agent}.log").open("wb")
+            env = {**os.environ, ALLOW_ENV: "1"} if agent in self.attacks else None
             self.processes[agent] = subprocess.Popen(
                 [sys.executable, "-m", "jetsplit.cli", "agent", "run", "--config", str(path)],
-                stdout=log, stderr=subprocess.STDOUT)
+                stdout=log, stderr=subprocess.STDOUT, env=env)
         return self
 
     def log(self, agent: str) -> str:
