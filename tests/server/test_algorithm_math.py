@@ -619,3 +619,32 @@ def test_gapsl_rejects_malformed_input() -> None:
     with pytest.raises(ValueError, match="nu must be finite, got inf"):
         tracker.update(math.inf)
     assert (tracker.nu_min, tracker.nu_max) == (math.inf, -math.inf)
+
+
+def test_rejections_at_the_other_side_of_each_check() -> None:
+    """The shapes just past each check's other edge: 3-D gradients, 0-d scores and priors,
+    a label far past the range, a server wider than the classes, 300 clients (past
+    CPython's small-int cache, where `is` and `==` part ways)."""
+    with pytest.raises(ValueError, match="grads must be"):
+        consistency_scores(torch.zeros(2, 2, 2))
+    with pytest.raises(ValueError, match="scores must be a non-empty 1-D tensor"):
+        leader_set(torch.tensor(0.5, dtype=D), 0.5)
+    with pytest.raises(ValueError, match="theta_lead must be a non-empty 1-D tensor"):
+        threshold(torch.tensor(0.5, dtype=D), 0.5)
+    with pytest.raises(ValueError, match=r"lie in \[0, 1\], got \[0, 5\]"):
+        label_prior(torch.tensor([0, 5]), 2)
+    with pytest.raises(ValueError, match=r"prior has shape \(\)"):
+        logit_adjusted_ce(torch.zeros(2, 3), torch.tensor([0, 1]), torch.tensor(1.0))
+    server = _linear()  # 3 outputs
+    opt = torch.optim.SGD(server.parameters(), lr=0.1)
+    acts = [torch.ones(2, 2, dtype=D), torch.ones(1, 2, dtype=D)]
+    labels = [torch.tensor([0, 1]), torch.tensor([1])]
+    for step in (scala_server_step, ca_sfl_server_step, lla_sfl_server_step):
+        with pytest.raises(ValueError, match=r"server output has shape \(\d, 3\), expected "
+                                             r"\(batch, 2\)"):
+            step(server, acts, labels, 2, opt)
+    many = torch.tensor([_vec(float(d)) for d in range(300)], dtype=D)
+    sel = select_clients(many, 1, 4, NuTracker())
+    loss = gapsl_server_loss([torch.tensor(float(i), dtype=D) for i in range(300)], sel)
+    assert loss.item() == pytest.approx(sum(float(i) for i in sel.selected)
+                                        + 5e-4 * float(sel.alignment_penalty.sum()))
