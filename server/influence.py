@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # torch loads with the first step, not with the config that reads the default
@@ -130,3 +131,25 @@ class LossBound:
                                 f"{self.factor:g}× the fleet's {reference:.4g}, weight "
                                 f"{weight:.3g}")
         return out
+
+
+def slice_weighted(loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                   scores: torch.Tensor, targets: torch.Tensor, sizes: list[int],
+                   weigh: Callable[[list[float]], list[float] | None]
+                   ) -> torch.Tensor | None:
+    """A concatenated batch's loss with each device's slice weighted: Σ_k w_k·B_k·L_k / B
+    (the plain mean loss when every w_k = 1), w from `weigh` given each slice's L_k.
+
+    The slices' losses are measured without a graph (this runs every step); the weighted,
+    grad-carrying loss is built only when `weigh` returns weights (a device over the
+    bound). None otherwise: the caller keeps its unweighted loss, bit for bit."""
+    import torch
+
+    with torch.no_grad():
+        seen = [loss_fn(s, t) for s, t in zip(scores.detach().split(sizes),
+                                              targets.split(sizes), strict=True)]
+    weights = weigh(torch.stack(seen).tolist())
+    if weights is None:
+        return None
+    slices = zip(weights, sizes, scores.split(sizes), targets.split(sizes), strict=True)
+    return sum(w * n * loss_fn(s, t) for w, n, s, t in slices) / sum(sizes)

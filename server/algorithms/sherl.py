@@ -59,7 +59,7 @@ from jetsplit.server.algorithms.base import Method
 from jetsplit.server.checkpoint import CheckpointError
 from jetsplit.server.compute import autocast, to_device
 from jetsplit.server.engine import Command, Outcome, Reply
-from jetsplit.server.influence import ActivationBound
+from jetsplit.server.influence import ActivationBound, slice_weighted
 from jetsplit.server.optim import tier_optimizer
 from jetsplit.server.topology import Topology, resolve
 from jetsplit.server.trainer import Arrays, Settings, Trainer
@@ -369,7 +369,9 @@ class SHeRL(Method):
     def _cloud_step(self, embeddings: dict[str, np.ndarray], labels: dict[str, np.ndarray]
                     ) -> float | None:
         """One cross-entropy step of the head on every edge's detached embeddings, each
-        edge's bounded against the others' (server/influence.py)."""
+        edge's bounded against the others' and each edge's share of the loss down-weighted
+        where it sits far above the others' (server/influence.py); returns the unweighted
+        loss."""
         if not embeddings:
             return None
         t = self.trainer
@@ -383,9 +385,14 @@ class SHeRL(Method):
         with autocast(t.device, t.settings.autocast):
             self.head.train()
             t.optimizer.zero_grad(set_to_none=True)
-            loss = nn.functional.cross_entropy(self.head(x), y)
-            loss.backward()  # x is detached: nothing reaches the edge block
-            t.optimizer.step()
+            logits = self.head(x)
+            loss = nn.functional.cross_entropy(logits, y)
+            weigh, step_loss = t.loss_weights(order), None
+            if weigh is not None:
+                step_loss = slice_weighted(nn.functional.cross_entropy, logits, y,
+                                           [len(embeddings[e]) for e in order], weigh)
+            (loss if step_loss is None else step_loss).backward()  # x is detached: nothing
+            t.optimizer.step()  # reaches the edge block
         return float(loss.detach())
 
     # ------------------------------------------------------------------ aggregation

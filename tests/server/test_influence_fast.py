@@ -5,10 +5,15 @@ any sample still over the bound is cut to it; a clean step passes untouched."""
 
 from __future__ import annotations
 
+import copy
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
 import pytest
 import torch
 
-from jetsplit.server.influence import ActivationBound
+from jetsplit.server.influence import ActivationBound, slice_weighted
 
 pytestmark = pytest.mark.fast
 
@@ -53,3 +58,68 @@ def test_clean_steps_are_untouched_and_shapes_have_their_own_reference() -> None
     assert off.apply(["a0", "a1"], huge, notes) is huge
     empty = [torch.zeros(0, 2, 2), _acts([3])]
     assert bound.apply(["a0", "a1"], empty, notes)[0].shape == (0, 2, 2)
+
+
+def _edge_batches() -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Three edges' embeddings (2, 1 and 3 samples: unequal sizes) and labels."""
+    g = np.random.default_rng(0)
+    sizes = {"e0": 2, "e1": 1, "e2": 3}
+    embeddings = {e: g.normal(size=(n, 4)).astype(np.float32) for e, n in sizes.items()}
+    labels = {"e0": np.array([0, 2]), "e1": np.array([1]), "e2": np.array([2, 2, 0])}
+    return embeddings, labels
+
+
+def test_slice_weighted_is_the_size_weighted_sum_of_the_slices_losses() -> None:
+    """Σ_k w_k·B_k·L_k / B over slices of sizes (2, 1, 3) with weights (1, 0.25, 1); `weigh`
+    sees each slice's own mean loss; None from `weigh` gives None (the caller's plain loss)."""
+    embeddings, labels = _edge_batches()
+    scores = torch.from_numpy(np.concatenate(list(embeddings.values()))[:, :3])
+    targets = torch.from_numpy(np.concatenate(list(labels.values())))
+    ce = torch.nn.functional.cross_entropy
+    per = [ce(scores[:2], targets[:2]), ce(scores[2:3], targets[2:3]), ce(scores[3:], targets[3:])]
+    seen: list[list[float]] = []
+    got = slice_weighted(ce, scores, targets, [2, 1, 3],
+                         lambda losses: seen.append(losses) or [1.0, 0.25, 1.0])
+    assert seen == [pytest.approx([float(x) for x in per], abs=1e-7)]
+    assert got is not None
+    want = (2 * per[0] + 0.25 * 1 * per[1] + 3 * per[2]) / 6
+    assert float(got) == pytest.approx(float(want), abs=1e-7)
+    assert float(got) != pytest.approx(float(ce(scores, targets)), abs=1e-3)
+    assert slice_weighted(ce, scores, targets, [2, 1, 3], lambda losses: None) is None
+
+
+def test_sherl_cloud_head_steps_on_the_down_weighted_edge_loss() -> None:
+    """SHeRL-FL's cloud step (`SHeRL._cloud_step`): the head takes its SGD step on
+    Σ_e w_e·B_e·CE_e / B with the loss bound's weights per EDGE (here e1 at 0.25), the
+    bound sees the edges in sorted order, and the step reports the unweighted loss."""
+    from jetsplit.server.algorithms.sherl import SHeRL
+
+    embeddings, labels = _edge_batches()
+    torch.manual_seed(0)
+    head = torch.nn.Linear(4, 3)
+    start = copy.deepcopy(head)
+    asked: list[list[str]] = []
+    weights = {"e0": 1.0, "e1": 0.25, "e2": 1.0}
+
+    def loss_weights(order: list[str]) -> Any:
+        asked.append(order)
+        return lambda losses: [weights[e] for e in order]
+
+    trainer = SimpleNamespace(
+        device=torch.device("cpu"), settings=SimpleNamespace(autocast="off"),
+        optimizer=torch.optim.SGD(head.parameters(), lr=0.5), loss_weights=loss_weights,
+        books=SimpleNamespace(bounded={}, activation_scale={}))
+    method = SimpleNamespace(trainer=trainer, head=head, embedding_bound=ActivationBound(0.0))
+    reported = SHeRL._cloud_step(method, embeddings, labels)  # type: ignore[arg-type]
+    assert asked == [["e0", "e1", "e2"]]
+
+    ce = torch.nn.functional.cross_entropy
+    x = {e: torch.from_numpy(v) for e, v in embeddings.items()}
+    y = {e: torch.from_numpy(v) for e, v in labels.items()}
+    by_hand = sum(weights[e] * len(y[e]) * ce(start(x[e]), y[e]) for e in x) / 6
+    by_hand.backward()
+    with torch.no_grad():
+        for p, q in zip(head.parameters(), start.parameters(), strict=True):
+            torch.testing.assert_close(p, q - 0.5 * q.grad, rtol=0, atol=1e-6)
+        plain = ce(start(torch.cat(list(x.values()))), torch.cat(list(y.values())))
+    assert reported == pytest.approx(float(plain), abs=1e-6)
