@@ -47,9 +47,10 @@ ATTACKS = ("scale:1000", "signflip", "noise:1", "labelflip", "activation-scale:1
            "size-lie:1000000000", "histogram-lie")
 DEFENCES: dict[str, dict[str, Any]] = {
     "none": {"aggregator": "mean", "activation_bound": 0.0, "size_cap": 0.0,
-             "loss_bound": 0.0},
+             "loss_bound": 0.0, "outlier_bound": 0.0},
     "default": {},
     "default-no-loss-bound": {"loss_bound": 0.0},
+    "default-no-outlier-bound": {"outlier_bound": 0.0},
     "clipped": {"aggregator": "clipped"},
     "median": {"aggregator": "median"},
     "trimmed-mean": {"aggregator": "trimmed-mean"},

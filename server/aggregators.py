@@ -16,6 +16,12 @@ model), layer by layer over mixed cuts like `layerwise_fedavg`:
   nearest others; the n − f best kept and averaged with |D_k| weights (Blanchard et al.,
   2017); f = ⌊β·n⌋, at most (n − 3) / 2.
 
+Before any rule, a device whose update is more than `outlier_bound` × the median update
+norm (over at least three devices) is left out of that average: no honest device's update
+is ten times the typical one, while weights scaled, sign-flipped or drowned in noise are
+hundreds of times it. On a clean fleet nobody is over it and every rule gives the same bits
+as without it; it is what keeps the default `mean` from being taken over by one upload.
+
 Integer buffers (BatchNorm's `num_batches_tracked`) take the element-wise max under
 `mean` and the element-wise median under the robust rules, so no single device sets them.
 Each rule notes per device what it did (clipped by how much, left out), for the round's
@@ -39,6 +45,7 @@ from jetsplit.server.aggregation import Arrays, fedavg, layerwise
 AGGREGATORS = ("mean", "clipped", "median", "trimmed-mean", "multi-krum")
 DEFAULT_CLIP_FACTOR = 2.0
 DEFAULT_ROBUST_FRACTION = 0.2
+DEFAULT_OUTLIER_BOUND = 10.0  # [train] outlier_bound: × the median update norm; 0 off
 
 Notes = dict[str, str]  # agent → what a rule did to its upload this time
 
@@ -229,6 +236,33 @@ def mean(states: Mapping[str, Arrays], weights: Mapping[str, float],
     return fedavg(states, weights)
 
 
+def without_outliers(states: Mapping[str, Arrays], factor: float,
+                     reference: Arrays | None = None, notes: Notes | None = None,
+                     shares: Shares | None = None) -> list[str]:
+    """The devices (sorted) whose update norm is at most `factor` × the median update norm;
+    the others are noted and given a share of 0. Updates are taken from `reference` (the
+    block they started from), else from the coordinate-wise median. Fewer than three
+    devices, no float tensors, a median norm of 0 or `factor` 0: everybody is kept."""
+    agents = sorted(states)
+    names = _floats(states, agents)
+    if factor <= 0 or len(agents) < 3 or not names:
+        return agents
+    if reference is None or any(n not in reference for n in names):
+        reference = median(states, {a: 1.0 for a in agents})
+    norms = {a: float(np.linalg.norm(_vector(states[a], names, reference))) for a in agents}
+    typical = float(np.median(list(norms.values())))
+    if not typical > 0:
+        return agents
+    out = [a for a in agents if norms[a] > factor * typical]
+    for a in out:
+        if notes is not None:
+            notes[a] = (f"left out: update norm {norms[a]:.3g} over {factor:g}× the median "
+                        f"{typical:.3g}")
+    if out and shares is not None:
+        shares.add(dict.fromkeys(out, 0.0), _float_params(states, agents, names))
+    return [a for a in agents if a not in out]
+
+
 Rule = Callable[..., Arrays]
 RULES: dict[str, Rule] = {"mean": mean, "clipped": clipped, "median": median,
                           "trimmed-mean": trimmed_mean, "multi-krum": multi_krum}
@@ -237,12 +271,17 @@ RULES: dict[str, Rule] = {"mean": mean, "clipped": clipped, "median": median,
 def aggregate(states: Mapping[str, Arrays], weights: Mapping[str, float], rule: str, *,
               reference: Arrays | None = None, notes: Notes | None = None,
               shares: Shares | None = None, clip_factor: float = DEFAULT_CLIP_FACTOR,
-              robust_fraction: float = DEFAULT_ROBUST_FRACTION) -> Arrays:
+              robust_fraction: float = DEFAULT_ROBUST_FRACTION,
+              outlier_bound: float = 0.0) -> Arrays:
     """`rule` over the devices' uploads, layer by layer over the devices that hold each
-    layer (mixed cuts); `reference` is the block they started from (for `clipped`)."""
+    layer (mixed cuts), each layer group's outliers left out first (`without_outliers`,
+    off at 0); `reference` is the block they started from."""
     combine = RULES[rule]
 
     def one_group(group: Mapping[str, Arrays], group_weights: Mapping[str, float]) -> Arrays:
+        kept = without_outliers(group, outlier_bound, reference, notes, shares)
+        if len(kept) < len(group):
+            group = {a: group[a] for a in kept}
         return combine(group, group_weights, reference, notes, shares, clip_factor=clip_factor,
                        robust_fraction=robust_fraction)
 

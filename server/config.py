@@ -10,7 +10,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from jetsplit import catalog
 from jetsplit.config_io import load_toml_model
-from jetsplit.server.aggregators import DEFAULT_CLIP_FACTOR, DEFAULT_ROBUST_FRACTION
+from jetsplit.server.aggregators import (
+    DEFAULT_CLIP_FACTOR,
+    DEFAULT_OUTLIER_BOUND,
+    DEFAULT_ROBUST_FRACTION,
+)
 from jetsplit.server.claims import DEFAULT_SIZE_CAP
 from jetsplit.server.influence import DEFAULT_ACTIVATION_BOUND, DEFAULT_LOSS_BOUND
 from jetsplit.server.settings import Settings
@@ -68,6 +72,9 @@ class TrainSection(BaseModel):
     replan_clock: Literal["measured", "model"] = "measured"
     clip_factor: Annotated[float, Field(gt=0, le=1000)] = DEFAULT_CLIP_FACTOR
     robust_fraction: Annotated[float, Field(ge=0, lt=0.5)] = DEFAULT_ROBUST_FRACTION
+    # A device whose update is over this × the median update norm is left out of that
+    # average, whatever the aggregator (server/aggregators.py); 0: never.
+    outlier_bound: Annotated[float, Field(ge=0, le=1e6)] = DEFAULT_OUTLIER_BOUND
     # After this many deadline misses in a row an agent sits out 1, 2, 4 … rounds
     # (server/benching.py); 0: never.
     max_misses: Annotated[int, Field(ge=0, le=1_000_000)] = 3

@@ -11,7 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from jetsplit.catalog import DEFAULT_METHOD
-from jetsplit.server.aggregators import DEFAULT_CLIP_FACTOR, DEFAULT_ROBUST_FRACTION
+from jetsplit.server.aggregators import (
+    DEFAULT_CLIP_FACTOR,
+    DEFAULT_OUTLIER_BOUND,
+    DEFAULT_ROBUST_FRACTION,
+)
 from jetsplit.server.claims import DEFAULT_SIZE_CAP
 from jetsplit.server.influence import DEFAULT_ACTIVATION_BOUND, DEFAULT_LOSS_BOUND
 
@@ -36,6 +40,7 @@ class Settings:
     aggregator: str = "mean"
     clip_factor: float = DEFAULT_CLIP_FACTOR
     robust_fraction: float = DEFAULT_ROBUST_FRACTION
+    outlier_bound: float = DEFAULT_OUTLIER_BOUND  # × the median update norm: left out; 0 off
     activation_bound: float = DEFAULT_ACTIVATION_BOUND  # × the fleet's median norm; 0 off
     loss_bound: float = DEFAULT_LOSS_BOUND  # × the fleet's median device loss; 0 off
     max_misses: int = 3  # deadline misses in a row before an agent sits out (0: never)

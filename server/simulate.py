@@ -231,7 +231,7 @@ SIMULATE_TRAIN_FLAGS = (
     "psl_reduction", "k_min", "k_max", "lam", "eta", "patience", "device_epochs",
     "server_batch", "server_epochs", "tau1", "tau2", "margin", "edge_lr", "cloud_lr",
     "size_cap", "max_misses", "aggregator", "clip_factor", "robust_fraction",
-    "activation_bound", "loss_bound")
+    "outlier_bound", "activation_bound", "loss_bound")
 
 
 def peak_rss_mb() -> float:

@@ -39,6 +39,8 @@ HELP: dict[str, str] = {
     "clip_factor": "clipped: each update's norm bounded at this many times the median.",
     "robust_fraction": "trimmed-mean: share trimmed at each end; multi-krum: assumed "
                        "attackers' share.",
+    "outlier_bound": "A device whose update norm is over this many times the median is left "
+                     "out of that average (0: never).",
     "activation_bound": "Each sample's activation norm at most this many times the fleet's "
                         "median (0: no bound).",
     "loss_bound": "A device whose server loss is over this many times the fleet's median is "

@@ -248,7 +248,7 @@ class Trainer:
         notes: dict[str, str] = {}
         merged = aggregate(states, weights, s.aggregator, reference=reference, notes=notes,
                            shares=self.books.influence, clip_factor=s.clip_factor,
-                           robust_fraction=s.robust_fraction)
+                           robust_fraction=s.robust_fraction, outlier_bound=s.outlier_bound)
         books = self.books.aggregation
         for agent, note in sorted(notes.items()):
             books[agent] = "; ".join(filter(None, (books.get(agent), f"{block}: {note}")))

@@ -10,10 +10,12 @@ import pytest
 from jetsplit.server.aggregation import fedavg
 from jetsplit.server.aggregators import (
     AGGREGATORS,
+    DEFAULT_OUTLIER_BOUND,
     Shares,
     aggregate,
     krum_kept,
     trimmed_count,
+    without_outliers,
 )
 
 pytestmark = pytest.mark.fast
@@ -230,3 +232,66 @@ def test_shares_average_over_the_parameters_of_each_devices_layers() -> None:
     assert twice.result() == {"a": 0.25, "b": 1.0}
     twice.clear()
     assert twice.result() == {}
+
+
+def test_an_update_over_the_outlier_bound_is_left_out_before_the_rule() -> None:
+    """Updates from g = 0 with norms 1, 2, 3, 40 (a, b, c, x): median 2.5, bound ×10 = 25,
+    so x is left out of the |D_k|-weighted mean (weights 1, 2, 3, 100: x would own it), with
+    a share of 0 and a note; its integer buffer is out of the median too. At ×20 (bound 50)
+    everybody stays and the result is the plain rule's, bit for bit."""
+    reference = {"w": np.zeros(2, np.float32)}
+    states = {"a": {"w": np.array([1, 0], np.float32), "n": np.array([1])},
+              "b": {"w": np.array([0, 2], np.float32), "n": np.array([2])},
+              "c": {"w": np.array([3, 0], np.float32), "n": np.array([3])},
+              "x": {"w": np.array([0, -40], np.float32), "n": np.array([900])}}
+    weights = {"a": 1, "b": 2, "c": 3, "x": 100}
+    notes: dict[str, str] = {}
+    shares = Shares()
+    out = aggregate(states, weights, "mean", reference=reference, notes=notes, shares=shares,
+                    outlier_bound=10.0)
+    assert out["w"].tolist() == pytest.approx([(1 + 9) / 6, 4 / 6])
+    assert out["n"].tolist() == [3]  # FedAvg's max over a, b, c: not x's 900
+    assert list(notes) == ["x"]
+    assert notes["x"] == "left out: update norm 40 over 10× the median 2.5"
+    assert shares.result() == pytest.approx({"a": 1 / 6, "b": 2 / 6, "c": 3 / 6, "x": 0.0},
+                                           abs=1e-6)
+    plain = aggregate(states, weights, "mean", reference=reference)
+    kept = aggregate(states, weights, "mean", reference=reference, outlier_bound=20.0)
+    assert kept["w"].tobytes() == plain["w"].tobytes()
+    assert kept["n"].tobytes() == plain["n"].tobytes()
+    assert aggregate(states, weights, "mean", reference=reference,
+                     outlier_bound=0.0)["w"].tobytes() == plain["w"].tobytes()
+    # the bound sits exactly at 10 × 2.5 = 25: an update of norm 25 stays, 25.5 does not
+    at = {**states, "x": {"w": np.array([0, -25], np.float32), "n": np.array([4])}}
+    assert without_outliers(at, 10.0, reference) == ["a", "b", "c", "x"]
+    over = {**states, "x": {"w": np.array([0, -25.5], np.float32), "n": np.array([4])}}
+    assert without_outliers(over, 10.0, reference) == ["a", "b", "c"]
+    assert DEFAULT_OUTLIER_BOUND == 10.0
+
+
+def test_the_outlier_bound_per_layer_group_and_where_it_cannot_judge() -> None:
+    """Mixed cuts: l1 held by a, b, c, x; l2 only by a, b, x. x's l1 update is an outlier
+    (left out of l1), its l2 update is not (kept in l2). Two devices (no majority), an
+    all-zero median, no float tensors: nobody is left out. Without a reference the
+    updates are taken from the coordinate-wise median."""
+    states = {"a": {"l1": np.array([1.0]), "l2": np.array([1.0])},
+              "b": {"l1": np.array([2.0]), "l2": np.array([2.0])},
+              "c": {"l1": np.array([3.0])},
+              "x": {"l1": np.array([500.0]), "l2": np.array([4.0])}}
+    weights = {"a": 1, "b": 1, "c": 1, "x": 1}
+    reference = {"l1": np.array([0.0]), "l2": np.array([0.0])}
+    notes: dict[str, str] = {}
+    out = aggregate(states, weights, "mean", reference=reference, notes=notes,
+                    outlier_bound=10.0)
+    assert out["l1"].tolist() == pytest.approx([2.0])
+    assert out["l2"].tolist() == pytest.approx([7 / 3])
+    assert list(notes) == ["x"]
+    two = {"a": {"w": np.array([1.0])}, "x": {"w": np.array([1e6])}}
+    assert without_outliers(two, 10.0, {"w": np.array([0.0])}) == ["a", "x"]
+    still = {a: {"w": np.array([0.0])} for a in "abc"} | {"x": {"w": np.array([9.0])}}
+    assert without_outliers(still, 10.0, {"w": np.array([0.0])}) == ["a", "b", "c", "x"]
+    ints = {a: {"n": np.array([i])} for i, a in enumerate(["a", "b", "c", "x"])}
+    assert without_outliers(ints, 10.0) == ["a", "b", "c", "x"]
+    # around the coordinate-wise median (2.5 for l1 over a, b, c, x): x is 497.5 away
+    assert without_outliers({a: {"l1": s["l1"]} for a, s in states.items()}, 10.0) == [
+        "a", "b", "c"]
