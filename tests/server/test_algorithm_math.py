@@ -648,3 +648,19 @@ def test_rejections_at_the_other_side_of_each_check() -> None:
     loss = gapsl_server_loss([torch.tensor(float(i), dtype=D) for i in range(300)], sel)
     assert loss.item() == pytest.approx(sum(float(i) for i in sel.selected)
                                         + 5e-4 * float(sel.alignment_penalty.sum()))
+
+
+def test_more_rejections_and_a_nan_gradient_is_unrelated() -> None:
+    """A negative T, more losses than clients, the range message for 5 classes; a
+    gradient row holding NaN has no direction, like a zero row: θ = π/2 to the others and
+    finite scores, so one broken client cannot turn the whole selection into NaN."""
+    with pytest.raises(ValueError, match="total must be > 0, got -1"):
+        leader_fraction(1, -1, 0.1, 0.1, 0.1)
+    sel = select_clients(_grads(), 1, 4, NuTracker())
+    with pytest.raises(ValueError, match="5 losses for 4 clients"):
+        gapsl_server_loss([torch.tensor(1.0)] * 5, sel)
+    with pytest.raises(ValueError, match=r"lie in \[0, 4\], got \[0, 7\]"):
+        label_prior(torch.tensor([0, 7]), 5)
+    g = torch.tensor([[1.0, 0.0], [float("nan"), 0.0], [0.0, 1.0]], dtype=D)
+    scores = consistency_scores(g)
+    assert scores.tolist() == pytest.approx([(PI / 2 + PI / 2) / 2] * 3, abs=1e-12)
