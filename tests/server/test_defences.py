@@ -5,8 +5,11 @@ digits (iid), 3 rounds × 8 steps of 16 samples each, lr 0.1, one attacker a4.
 
 - The defences cost a clean run nothing: with the activation bound on (the default) and
   off, a clean run ends bit for bit the same, and nothing is bounded.
-- Client weights × 1000: under FedAvg the client block grows ~200-fold and the accuracy
-  falls (or the run stops as diverged); Multi-Krum leaves a4's client block out every
+- Client weights × 1000: with the default outlier bound a4's client block is left out of
+  every round's mean (nobody else's), the accuracy stays within 0.02 of clean and the
+  block's norm near the clean one; without it (`outlier_bound = 0`), under the plain mean
+  the client block grows ~200-fold and the accuracy falls (or the run stops as
+  diverged); Multi-Krum (bound off) leaves a4's client block out every
   round (and one server copy per round, as it always drops f = 1 of five), keeps the clean
   accuracy within 0.1 and the block's norm near the clean one.
 - Activations × 10^6: with the bound, a4's samples are scaled down every round and the
@@ -69,13 +72,22 @@ def test_the_defences_cost_a_clean_run_nothing_and_contain_an_attacker(tmp_path:
                                  if v.dtype.kind == "f")))
 
     clean_norm = client_norm(tmp_path / "clean")
+    guarded, rows = _run(tmp_path / "guarded", "scale:1000")  # the defaults
+    assert [sorted(r["aggregation"]) for r in rows] == [["a4"]] * 3
+    assert all(r["aggregation"]["a4"].startswith("client: left out: update norm ")
+               and "over 10× the median" in r["aggregation"]["a4"] for r in rows)
+    assert all(r["influence"]["a4"] < 0.2 for r in rows)  # its server copy still counts
+    assert guarded["final_accuracy"] >= accuracy - 0.02
+    assert 0.5 * clean_norm < client_norm(tmp_path / "guarded") < 2 * clean_norm
     try:  # undefended: the scaled upload owns the average (~1000/5 times the honest block)
-        wrecked = _run(tmp_path / "fedavg", "scale:1000")[0]["final_accuracy"]
+        wrecked = _run(tmp_path / "fedavg", "scale:1000",
+                       outlier_bound=0.0)[0]["final_accuracy"]
         assert client_norm(tmp_path / "fedavg") > 50 * clean_norm
     except Diverged:
         wrecked = 0.0
     assert wrecked < accuracy - 0.1
-    krum, rows = _run(tmp_path / "krum", "scale:1000", aggregator="multi-krum")
+    krum, rows = _run(tmp_path / "krum", "scale:1000", aggregator="multi-krum",
+                      outlier_bound=0.0)
     # a4's client block is left out every round; Multi-Krum also leaves out f = 1 of the
     # five server copies each round (whichever scores worst: a4's is honest under this attack)
     assert all("client: left out by multi-krum" in r["aggregation"]["a4"] for r in rows)
