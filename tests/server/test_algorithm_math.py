@@ -664,3 +664,13 @@ def test_more_rejections_and_a_nan_gradient_is_unrelated() -> None:
     g = torch.tensor([[1.0, 0.0], [float("nan"), 0.0], [0.0, 1.0]], dtype=D)
     scores = consistency_scores(g)
     assert scores.tolist() == pytest.approx([(PI / 2 + PI / 2) / 2] * 3, abs=1e-12)
+
+
+def test_a_scalar_label_and_too_many_priors_are_refused() -> None:
+    with pytest.raises(ValueError, match="labels must be 1-D, got shape"):
+        label_prior(torch.tensor(1), 3)
+    server = _linear()
+    opt = torch.optim.SGD(server.parameters(), lr=0.1)
+    acts, labels = _inputs()
+    with pytest.raises(ValueError, match="3 client priors for 2 clients"):
+        scala_server_step(server, acts, labels, 3, opt, client_priors=[torch.ones(3) / 3] * 3)
