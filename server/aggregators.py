@@ -73,8 +73,9 @@ class Shares:
 
 
 def _normalised(weights: Mapping[str, float], agents: list[str]) -> dict[str, float]:
+    """|D_k| / Σ|D| over `agents` (sizes are positive: `claims.registered_size`)."""
     total = float(sum(weights[a] for a in agents))
-    return {a: float(weights[a]) / total if total > 0 else 1.0 / len(agents) for a in agents}
+    return {a: float(weights[a]) / total for a in agents}
 
 
 def _kept_shares(order: np.ndarray, agents: list[str], low: int, high: int

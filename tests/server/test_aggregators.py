@@ -295,3 +295,38 @@ def test_the_outlier_bound_per_layer_group_and_where_it_cannot_judge() -> None:
     # around the coordinate-wise median (2.5 for l1 over a, b, c, x): x is 497.5 away
     assert without_outliers({a: {"l1": s["l1"]} for a, s in states.items()}, 10.0) == [
         "a", "b", "c"]
+
+
+def test_median_and_trimmed_shares_at_five_and_six_devices() -> None:
+    """The positions each coordinate-wise rule keeps, at odd and even n: median of 5 keeps
+    position 2, of 6 positions 2 and 3; trimming 1 of 6 at each end keeps positions 1..4.
+    Values are in id order, so the kept positions are the kept devices."""
+    five = _states({a: [float(i)] for i, a in enumerate("abcde")}, ints=False)
+    assert _shares(five, dict.fromkeys("abcde", 1), "median") == {
+        "a": 0.0, "b": 0.0, "c": 1.0, "d": 0.0, "e": 0.0}
+    six = _states({a: [float(i)] for i, a in enumerate("abcdef")}, ints=False)
+    assert _shares(six, dict.fromkeys("abcdef", 1), "median") == {
+        "a": 0.0, "b": 0.0, "c": 0.5, "d": 0.5, "e": 0.0, "f": 0.0}
+    assert _shares(six, dict.fromkeys("abcdef", 1), "trimmed-mean") == {
+        "a": 0.0, "b": 0.25, "c": 0.25, "d": 0.25, "e": 0.25, "f": 0.0}
+
+
+def test_shares_are_rounded_to_six_decimals() -> None:
+    shares = Shares()
+    shares.add({"a": 1 / 3, "b": 2 / 3}, 1)
+    assert shares.result() == {"a": 0.333333, "b": 0.666667}
+
+
+def test_the_outlier_bound_at_the_edges_of_its_arguments() -> None:
+    """Two devices are never judged, whatever the factor (there is no majority); three
+    are; factor 1 leaves out whoever is over the median; a factor of 0 or less is off."""
+    ref = {"w": np.array([0.0])}
+    two = {"a": {"w": np.array([1.0])}, "x": {"w": np.array([1e6])}}
+    assert without_outliers(two, 1.5, ref) == ["a", "x"]
+    three = {"a": {"w": np.array([1.0])}, "b": {"w": np.array([2.0])},
+             "x": {"w": np.array([100.0])}}
+    assert without_outliers(three, 10.0, ref) == ["a", "b"]
+    assert without_outliers(three, 1.0, ref) == ["a", "b"]
+    assert without_outliers({**three, "x": {"w": np.array([3.0])}}, 1.0, ref) == ["a", "b"]
+    for off in (0.0, -1.0):
+        assert without_outliers(three, off, ref) == ["a", "b", "x"]
