@@ -660,3 +660,51 @@ def test_more_rejections_and_a_nan_gradient_is_unrelated() -> None:
     scores = consistency_scores(g)
     assert scores.tolist() == pytest.approx([(PI / 2 + PI / 2) / 2] * 3, abs=1e-12)
 
+
+
+def test_the_last_edges_of_each_check() -> None:
+    """Inputs on the far side of each remaining check, each refused in its own words:
+    too many counts (and 300 classes, past the small-int cache), a total of exactly 1
+    accepted, a square or a too-long prior, fewer activation batches than label sets,
+    a 0-d or a too-short label vector, 3-D and 1-D server outputs in both step kinds."""
+    assert prior_from_counts([1, 0, 0], 3, dtype=D).tolist()[0] == pytest.approx(1.0)
+    assert prior_from_counts([1] * 300, 300, dtype=D).tolist()[0] == pytest.approx(1 / 300)
+    with pytest.raises(ValueError, match="4 class counts for 3 classes"):
+        prior_from_counts([1, 2, 3, 4], 3)
+    logits = torch.zeros(2, 3)
+    for prior in (torch.full((3, 3), 1 / 3), torch.full((4,), 0.25)):
+        with pytest.raises(ValueError, match="prior has shape"):
+            logit_adjusted_ce(logits, torch.tensor([0, 1]), prior)
+    server = _linear()
+    opt = torch.optim.SGD(server.parameters(), lr=0.1)
+    acts, labels = _inputs()
+    with pytest.raises(ValueError, match="1 activation batches but 2 label sets"):
+        scala_server_step(server, acts[:1], labels, 3, opt)
+    with pytest.raises(ValueError, match=r"client 0: 3 activations but labels of shape \(\)"):
+        scala_server_step(server, acts, [labels[0][0], labels[1]], 3, opt)
+    with pytest.raises(ValueError, match=r"client 0: 3 activations but labels of shape \(2,\)"):
+        lla_sfl_server_step(server, acts, [labels[0][:2], labels[1]], 3, opt)
+    cube = nn.Sequential(_linear(), nn.Unflatten(1, (3, 1)))
+    flat = nn.Sequential(_linear(), nn.Flatten(0))
+    for odd in (cube, flat):
+        for step in (scala_server_step, lla_sfl_server_step):
+            with pytest.raises(ValueError, match="server output has shape"):
+                step(odd, acts, labels, 3, torch.optim.SGD(odd.parameters(), lr=0.1))
+
+
+def test_gapsl_defaults_penalty_and_an_inverted_span() -> None:
+    """η defaults to 0 (θ_th at the mean angle to the leader); the alignment penalty is
+    1 − cos θ_lead also for a selected client more than 60° from the leader (where
+    1 % cos would differ); ν_min > ν_max reads as no spread (ratio 1)."""
+    sel = select_clients(_grads(), 1, 4, NuTracker())
+    assert sel.theta_th == pytest.approx(float(sel.theta_lead.mean()), abs=1e-12)
+    wide = torch.tensor([_vec(0.0), _vec(10.0), _vec(80.0)], dtype=D)
+    sel = select_clients(wide, 4, 4, NuTracker(), k_min=0.3, k_max=0.3, eta=-10.0)
+    assert sel.theta_th == pytest.approx(PI / 2)
+    assert sel.selected.tolist() == [0, 1, 2]
+    assert sel.leaders.tolist() == [1]  # ⌈0.3·3⌉ = 1 leader: 10°, the closest to both
+    angles = [_angle(_vec(d), _vec(10.0)) for d in (0.0, 10.0, 80.0)]
+    assert angles[2] > PI / 3
+    assert sel.alignment_penalty.tolist() == pytest.approx(
+        [1 - math.cos(a) for a in angles], abs=1e-9)
+    assert leader_fraction(5, 10, 0.3, 0.5, 0.1) == pytest.approx(0.2 + 0.5 * 0.6)
