@@ -708,3 +708,21 @@ def test_gapsl_defaults_penalty_and_an_inverted_span() -> None:
     assert sel.alignment_penalty.tolist() == pytest.approx(
         [1 - math.cos(a) for a in angles], abs=1e-9)
     assert leader_fraction(5, 10, 0.3, 0.5, 0.1) == pytest.approx(0.2 + 0.5 * 0.6)
+
+
+def test_three_hundred_classes_clients_and_samples_pass_every_check() -> None:
+    """Counts past CPython's small-int cache (−5…256), where `is not` and `!=` part: 300
+    classes, 300 clients, a client of 300 samples all pass every shape check."""
+    torch.manual_seed(0)
+    server = nn.Linear(2, 300).double()
+    acts = [torch.randn(300, 2, dtype=D)] + [torch.randn(1, 2, dtype=D) for _ in range(299)]
+    labels = [torch.arange(300)] + [torch.tensor([k]) for k in range(299)]
+    priors = [prior_from_counts([1] * 300, 300, dtype=D)] * 300
+    for step in (scala_server_step, lla_sfl_server_step):
+        loss, grads = step(server, acts, labels, 300, torch.optim.SGD(server.parameters(),
+                                                                      lr=0.0),
+                           client_priors=priors)
+        assert math.isfinite(loss) and len(grads) == 300
+    logits = torch.zeros(2, 300, dtype=D)
+    got = logit_adjusted_ce(logits, torch.tensor([0, 299]), priors[0])
+    assert got.item() == pytest.approx(math.log(300))
