@@ -17,10 +17,10 @@ model), layer by layer over mixed cuts like `layerwise_fedavg`:
   2017); f = ⌊β·n⌋, at most (n − 3) / 2.
 
 Before any rule, a device whose update is more than `outlier_bound` × the median update
-norm (over at least three devices) is left out of that average: no honest device's update
-is ten times the typical one, while weights scaled, sign-flipped or drowned in noise are
-hundreds of times it. On a clean fleet nobody is over it and every rule gives the same bits
-as without it; it is what keeps the default `mean` from being taken over by one upload.
+norm (over at least three devices) is left out of that average: scaled or noisy weights are
+hundreds of times the typical update, a healthy honest one is not (a 30-sample device with
+BatchNorm on batches of 3 was ~1000×: left out, like a broken one). Where nobody is over it
+every rule gives the same bits as without it; it keeps one upload from owning the `mean`.
 
 Integer buffers (BatchNorm's `num_batches_tracked`) take the element-wise max under
 `mean` and the element-wise median under the robust rules, so no single device sets them.
