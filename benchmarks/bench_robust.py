@@ -5,14 +5,20 @@ agents, a9 then a8) run `edge_agent.attacks` specs. For each method, attack kind
 of attackers: the final accuracy clean, attacked without any defence, and attacked under
 each defence, over the same seeds. Defences:
 
-- `none`: the weighted mean (FedAvg's rule), no activation bound, no size cap (what the
-  coordinator did before);
-- `default`: the defaults (the weighted mean, activation bound 5×, loss bound 3×, size
-  cap 5× the median claim);
-- `default-no-loss-bound`: the defaults without the loss bound (what it adds);
+- `none`: the weighted mean (FedAvg's rule), no outlier, activation or loss bound, no size
+  cap, histograms believed (what the coordinator did before);
+- `default`: the defaults (the weighted mean, outlier bound 10×, activation bound 5×, loss
+  bound 3×, size cap 5× the median claim, histograms checked against the labels sent);
+- `default-no-loss-bound`, `default-no-outlier-bound`: the defaults without that bound
+  (what it adds);
 - `clipped`, `median`, `trimmed-mean`, `multi-krum`: that aggregator on top of the default.
 
 The clean run under each defence gives its cost (accuracy and wall time against `none`).
+Each attacker count also gets a `without` row: the same partition with the attackers'
+devices left out of the fleet (`simulate(absent=...)`, under the default). It is what a
+defence that found and removed the attackers exactly would reach, so it bounds what any
+defence can do against an attacker holding data the others lack: when the attackers hold a
+large, label-skewed share, losing their data costs more than the goal's 2 points.
 Defaults follow issue 24's setting: 10 agents, MNIST, `dirichlet:0.5`, SCALA, SplitFed V1
 and FedAvg, 1 and 2 attackers of each kind, 3 seeds (hours on a 2-core CPU; see
 docs/results.md for what was run).
@@ -45,9 +51,10 @@ from jetsplit.server.trainer import RoundFailed
 
 ATTACKS = ("scale:1000", "signflip", "noise:1", "labelflip", "activation-scale:1000000",
            "size-lie:1000000000", "histogram-lie")
+WITHOUT = "without"  # the row with the attackers' devices left out (their data too)
 DEFENCES: dict[str, dict[str, Any]] = {
     "none": {"aggregator": "mean", "activation_bound": 0.0, "size_cap": 0.0,
-             "loss_bound": 0.0, "outlier_bound": 0.0},
+             "loss_bound": 0.0, "outlier_bound": 0.0, "histogram_check": "off"},
     "default": {},
     "default-no-loss-bound": {"loss_bound": 0.0},
     "default-no-outlier-bound": {"outlier_bound": 0.0},
@@ -89,18 +96,22 @@ def main() -> int:
     def run(method: str, defence: str, attack: str | None, attackers: int, seed: int
             ) -> tuple[float, float]:
         """(final accuracy, seconds); a run the divergence guard stops, or a round in which
-        no device could train (every one diverged on the model it was sent), scores 0."""
+        no device could train (every one diverged on the model it was sent), scores 0.
+        `attack` WITHOUT: the attackers' devices are left out instead."""
         settings = Settings(algorithm=method, rounds=args.rounds, local_steps=args.local_steps,
                             batch=args.batch, lr=args.lr, seed=seed, **DEFENCES[defence])
         who = [f"a{args.agents - 1 - i}" for i in range(attackers)] if attack else []
-        name = f"{method}-{defence}-{attack or 'clean'}-{attackers}-seed{seed}"
+        absent, attack = (who, None) if attack == WITHOUT else ([], attack)
+        label = WITHOUT if absent else attack or "clean"
+        name = f"{method}-{defence}-{label}-{attackers}-seed{seed}"
         started = time.perf_counter()
         try:
             summary = simulate(settings, model=args.model, split=args.split,
                                dataset=args.dataset, clients=args.agents,
                                partition_scheme=args.partition,
                                out_dir=out / name.replace(":", ""), checkpoint=False,
-                               attacks=dict.fromkeys(who, attack) if attack else None)
+                               attacks=dict.fromkeys(who, attack) if attack else None,
+                               absent=absent)
             accuracy = float(summary["final_accuracy"])
         except (Diverged, RoundFailed) as exc:
             print(f"  {name}: diverged ({str(exc)[:300]})", flush=True)
@@ -115,11 +126,15 @@ def main() -> int:
     run(args.methods[0], args.defences[0], None, 0, args.seeds[0])
     clean: dict[tuple[str, str], list[tuple[float, float]]] = {}
     attacked: dict[tuple[str, str, int, str], list[float]] = {}
+    without: dict[tuple[str, int], list[float]] = {}  # the attackers' devices left out
     for method in args.methods:
         for seed in args.seeds:
             for defence in args.defences:
                 clean.setdefault((method, defence), []).append(
                     run(method, defence, None, 0, seed))
+            for count in args.attackers:
+                without.setdefault((method, count), []).append(
+                    run(method, "default", WITHOUT, count, seed)[0])
             for attack in args.attacks:
                 for count in args.attackers:
                     for defence in args.defences:
@@ -134,6 +149,10 @@ def main() -> int:
     for method in args.methods:
         cells = [mean_spread([a for a, _ in clean[(method, d)]]) for d in args.defences]
         print(f"| {method} | clean | 0 | " + " | ".join(cells) + " |")
+        for count in args.attackers:
+            cells = [mean_spread(without[(method, count)]) if d == "default" else ""
+                     for d in args.defences]
+            print(f"| {method} | {WITHOUT} | {count} | " + " | ".join(cells) + " |")
         for attack in args.attacks:
             for count in args.attackers:
                 cells = [mean_spread(attacked[(method, attack, count, d)])
@@ -153,6 +172,7 @@ def main() -> int:
     (out / "bench_robust.json").write_text(json.dumps({
         "command": command,
         "clean": {f"{m} {d}": v for (m, d), v in clean.items()},
+        "without": {f"{m} {c}": v for (m, c), v in without.items()},
         "attacked": {f"{m} {a} {c} {d}": v for (m, a, c, d), v in attacked.items()}},
         indent=2))
     return 0

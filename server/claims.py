@@ -66,3 +66,71 @@ class ClaimBooks:
                 self.capped[agent] = {"claimed": claim, "weight": cap}
                 log.warning("agent %s claims %d samples, over %d (the size cap × the fleet's "
                             "median claim): it weighs as %d", agent, claim, cap, cap)
+
+
+# A registered label histogram against the labels the device then sends (LabelTally).
+HISTOGRAM_MARGIN = 0.1  # total variation allowed beyond sampling noise
+HISTOGRAM_NOISE = 1.5  # × √(C/n): three times the bound on an honest tally's expected TV
+HISTOGRAM_MIN_PER_CLASS = 20  # judge only after 20·C labels
+
+
+class LabelTally:
+    """The labels each device sent with its activations, against the histogram it
+    registered.
+
+    SCALA's client prior P_k is the device's registered label histogram, and nothing else
+    about a registration can be checked: but in split learning every activation batch comes
+    with its labels, so the coordinator sees the device's label distribution for itself.
+    Once a device has sent `HISTOGRAM_MIN_PER_CLASS`·C labels, a claim whose total
+    variation distance from them is over `HISTOGRAM_MARGIN` + `HISTOGRAM_NOISE`·√(C/n) is
+    replaced, for the rest of the run, by the running tally (an honest tally's expected
+    distance is at most ½√(C/n), for any distribution). Logged once and kept for the
+    summary (`histogram_claims`). An honest device is never judged wrong in expectation;
+    where it is within the margin its registered counts stay (a clean run's same bits)."""
+
+    def __init__(self, classes: int, enabled: bool = True) -> None:
+        self.classes, self.enabled = classes, enabled
+        self.counts: dict[str, list[int]] = {}
+        self.replaced: dict[str, dict[str, float]] = {}  # agent → {distance, bound, labels}
+
+    def add(self, agent: str, labels: Any) -> None:
+        """Count one reply's labels (already range-checked by the trainer)."""
+        if not self.enabled:
+            return
+        import numpy as np
+
+        seen = np.bincount(np.asarray(labels, dtype=np.int64), minlength=self.classes)
+        counts = self.counts.setdefault(agent, [0] * self.classes)
+        for c, n in enumerate(seen.tolist()[:self.classes]):
+            counts[c] += n
+
+    def prior_counts(self, agent: str, claimed: Any) -> Any:
+        """The counts SCALA's P_k should come from: the registered `claimed` histogram, or
+        this device's tally once the claim is shown wrong (then always the tally)."""
+        if not self.enabled:
+            return claimed
+        tally = self.counts.get(agent)
+        if agent in self.replaced:
+            return tally
+        n = sum(tally) if tally else 0
+        if n < HISTOGRAM_MIN_PER_CLASS * self.classes or not _usable(claimed, self.classes):
+            return claimed
+        total = float(sum(claimed))
+        distance = 0.5 * sum(abs(c / total - t / n) for c, t in zip(claimed, tally, strict=True))
+        bound = HISTOGRAM_MARGIN + HISTOGRAM_NOISE * math.sqrt(self.classes / n)
+        if distance <= bound:
+            return claimed
+        self.replaced[agent] = {"distance": round(distance, 4), "bound": round(bound, 4),
+                                "labels": n}
+        log.warning("agent %s: its registered label histogram is %.3f (total variation) from "
+                    "the %d labels it sent, over %.3f: its prior now comes from those labels",
+                    agent, distance, n, bound)
+        return tally
+
+
+def _usable(claimed: Any, classes: int) -> bool:
+    """A histogram the distance can be taken on (anything else is refused downstream)."""
+    return (isinstance(claimed, list) and len(claimed) == classes
+            and all(isinstance(c, (int, float)) and not isinstance(c, bool)
+                    and math.isfinite(c) and c >= 0 for c in claimed)
+            and sum(claimed) > 0)

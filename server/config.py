@@ -58,6 +58,9 @@ class TrainSection(BaseModel):
     # A device's registered |D_k| weighs at most size_cap × the fleet's median claim
     # (server/claims.py); 0 turns the cap off.
     size_cap: Annotated[float, Field(ge=0, le=1e6)] = DEFAULT_SIZE_CAP
+    # A registered label histogram the labels the device sends disprove is replaced by
+    # those labels' tally (server/claims.LabelTally: SCALA's P_k); "off": always believed.
+    histogram_check: Literal["on", "off"] = "on"
     # How the blocks devices upload are combined (server/aggregators.py): `clip_factor` ×
     # the median update norm bounds each update under `clipped`; `robust_fraction` β is
     # the share trimmed at each end (`trimmed-mean`) and the assumed attackers

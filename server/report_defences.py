@@ -4,8 +4,9 @@ Per round and device, from the metrics rows: activations bounded against the fle
 server-loss terms down-weighted (server/influence.py), uploads clipped or left out by the
 aggregator (server/aggregators.py),
 sitting out after missed deadlines (server/benching.py); from the summary, registered sizes
-capped (server/claims.py). The rows are untrusted files like any other: anything not a
-string note is skipped, and every cell is cut to a readable length.
+capped and label histograms the labels sent disproved (server/claims.py). The rows are
+untrusted files like any other: anything not a string note is skipped, and every cell is
+cut to a readable length.
 
 The influence plot draws, per device and round, its share of the round's averages (the
 rows' `influence`, server/aggregators.py) and the scale its activations were bounded to
@@ -56,8 +57,10 @@ def defences_section(rows: Sequence[Row], summary: dict[str, Any]) -> list[str]:
             body.append((round_no, agent, "; ".join(notes)))
     capped = summary.get("capped_claims")
     capped = capped if isinstance(capped, dict) else {}
+    histograms = summary.get("histogram_claims")
+    histograms = histograms if isinstance(histograms, dict) else {}
     lines = ["## Defences", ""]
-    if not body and not capped:
+    if not body and not capped and not histograms:
         return [*lines, "No device's size claim was capped, and no device was bounded, "
                 "down-weighted, clipped, left out or benched.", ""]
     if counts:
@@ -71,7 +74,15 @@ def defences_section(rows: Sequence[Row], summary: dict[str, Any]) -> list[str]:
         if isinstance(books, dict):
             lines.append(f"- {_cell(str(agent)[:64])}: claimed {books.get('claimed')} samples, "
                          f"weighed as {books.get('weight')} (size cap).")
-    return [*lines, ""] if capped else lines
+    for agent, books in sorted(histograms.items()):
+        numbers = [finite(books.get(k), 0.0, 1e15) if isinstance(books, dict) else None
+                   for k in ("distance", "labels", "bound")]
+        if None not in numbers:
+            distance, labels, bound = numbers
+            lines.append(f"- {_cell(str(agent)[:64])}: its label histogram was {distance:.3f} "
+                         f"(total variation) from the {labels:.0f} labels it sent, over "
+                         f"{bound:.3f}: its prior came from those labels.")
+    return [*lines, ""] if capped or histograms else lines
 
 
 def _per_device(rows: Sequence[Row], key: str, low: float, high: float

@@ -179,6 +179,7 @@ def _train(engine: Engine, archive: Path, settings: Settings, test: ArrayDataset
         "agents": engine.registry.snapshot(),
         "missed": [m.__dict__ for m in engine.registry.missed],
         "capped_claims": dict(sorted(trainer.claims.capped.items())),
+        "histogram_claims": dict(sorted(trainer.labels.replaced.items())),
         "benched": dict(sorted(trainer.bench.strikes.items())),  # times each sat out
         "bytes": engine.counters.snapshot(),
     }

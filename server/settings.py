@@ -45,6 +45,7 @@ class Settings:
     loss_bound: float = DEFAULT_LOSS_BOUND  # × the fleet's median device loss; 0 off
     max_misses: int = 3  # deadline misses in a row before an agent sits out (0: never)
     size_cap: float = DEFAULT_SIZE_CAP  # |D_k| weighs at most this × the median claim
+    histogram_check: str = "on"  # a label histogram the labels sent disprove is replaced
     codec: str = "fp32"
     compression: str = "none"
     # GAPSL (the GAPSL paper §III): selection-ratio bounds, alignment weight λ, threshold width η.

@@ -12,6 +12,7 @@ import resource
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -44,6 +45,7 @@ def simulate(
     checkpoint: bool = True,
     attacks: dict[str, str] | None = None,
     validation: float = 0.0,
+    absent: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Partition `dataset` over `clients` in-process agents and train; returns the summary.
     The simulated agents compute on the coordinator's device (`settings.device`): one GPU
@@ -59,12 +61,15 @@ def simulate(
     those simulated clients misbehave; refused unless JETSPLIT_ALLOW_ATTACKS=1.
     `validation` > 0 holds that fraction of the training data out (stratified) and
     evaluates on it instead of the test split, so a learning-rate sweep never sees the
-    test data it is later reported on."""
+    test data it is later reported on.
+    `absent` clients get their shard as usual but never join: the same partition without
+    their data (a benchmark's floor, what the fleet learns without an attacker at all)."""
     from jetsplit.bundle import Bundle
     from jetsplit.data import partition
     from jetsplit.devices import resolve_device
     from jetsplit.edge_agent.edge import no_data
     from jetsplit.edge_agent.worker import AgentWorker
+    from jetsplit.errors import ConfigError
     from jetsplit.export.bundle_writer import write_bundle
     from jetsplit.models import ModelSpec
     from jetsplit.server.engine import InProcessEngine
@@ -72,13 +77,17 @@ def simulate(
 
     device = resolve_device(settings.device, "--device")
     attackers = simulated_attacks(attacks or {}, clients, settings.seed)
+    names = [agent_name(i) for i in range(clients)]
+    if not set(absent) <= set(names) or len(set(absent)) >= clients:
+        raise ConfigError(f"absent clients {sorted(absent)}: name some of a0..a{clients - 1}, "
+                          "not all")
     train, test = simulation_data(dataset, test_fraction, validation, settings.seed)
     shards = partition(train.y, clients, partition_scheme, settings.seed, train.num_classes)
     cache: dict[str, Bundle] = {}
     workers = {agent_name(i): AgentWorker(agent_name(i), train.subset(shard),
                                           seed=settings.seed + i, bundle_cache=cache,
                                           device=device, attack=attackers.get(agent_name(i)))
-               for i, shard in enumerate(shards)}
+               for i, shard in enumerate(shards) if agent_name(i) not in absent}
     workers.update({edge: AgentWorker(edge, no_data(), role="edge", seed=settings.seed,
                                       bundle_cache=cache, device=device)
                     for edge in sorted(settings.edges)})
@@ -92,7 +101,8 @@ def simulate(
 
         by_agent = {agent_name(i): profiles[i % len(profiles)] for i in range(clients)}
         for agent, name in by_agent.items():
-            workers[agent].profile = resolve_profile(name).model_dump(mode="json")
+            if agent in workers:
+                workers[agent].profile = resolve_profile(name).model_dump(mode="json")
         split, cuts, _ = plan_cuts(
             settings.algorithm, model, test.input_shape, test.num_classes, by_agent,
             batch=max(1, settings.batch // clients), local_steps=settings.local_steps,
@@ -104,7 +114,8 @@ def simulate(
             "settings": settings.__dict__, "model": model, "split": split, "dataset": dataset,
             "clients": clients, "partition_scheme": partition_scheme,
             "test_fraction": test_fraction, "aux_ratio": aux_ratio, "profiles": profiles,
-            "common_split": common_split, "attacks": attacks, "validation": validation},
+            "common_split": common_split, "attacks": attacks, "validation": validation,
+            "absent": list(absent)},
             indent=2))
     with tempfile.TemporaryDirectory(prefix="jetsplit-sim-") as tmp:
 
@@ -231,7 +242,7 @@ SIMULATE_TRAIN_FLAGS = (
     "psl_reduction", "k_min", "k_max", "lam", "eta", "patience", "device_epochs",
     "server_batch", "server_epochs", "tau1", "tau2", "margin", "edge_lr", "cloud_lr",
     "size_cap", "max_misses", "aggregator", "clip_factor", "robust_fraction",
-    "outlier_bound", "activation_bound", "loss_bound")
+    "outlier_bound", "activation_bound", "loss_bound", "histogram_check")
 
 
 def peak_rss_mb() -> float:

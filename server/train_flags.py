@@ -49,6 +49,8 @@ HELP: dict[str, str] = {
                   "(0: never).",
     "size_cap": "A device's registered sample count weighs at most this many times the "
                 "fleet's median claim (0: no cap).",
+    "histogram_check": "on | off: a device whose registered label histogram the labels it "
+                       "sends disprove gets its prior from those labels.",
     "codec": "Activation/gradient codec: fp32 | fp16 | bf16 | int8.",
     "replan": "on | off: move devices' cuts between rounds when the live estimates predict "
               "a shorter round (trials: on).",

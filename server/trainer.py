@@ -32,7 +32,7 @@ from jetsplit.protocol import Kind
 from jetsplit.server.aggregators import aggregate
 from jetsplit.server.benching import Bench
 from jetsplit.server.bundle_shipping import BundleShipper
-from jetsplit.server.claims import ClaimBooks, capped, registered_size, size_cap
+from jetsplit.server.claims import ClaimBooks, LabelTally, capped, registered_size, size_cap
 from jetsplit.server.compute import autocast, to_device, to_host
 from jetsplit.server.divergence import DivergenceGuard
 from jetsplit.server.engine import Command, Engine, Outcome, Reply
@@ -109,6 +109,8 @@ class Trainer:
         self.loss_bound = LossBound(settings.loss_bound)
         self.books = RoundBooks(listener=self.bench.note)  # this round's phases, samples, misses
         self.claims = ClaimBooks()  # whose registered |D_k| was capped, at what
+        # the labels each device sent, against the histogram it registered
+        self.labels = LabelTally(self.bundle.spec.num_classes, settings.histogram_check == "on")
         self.guard = DivergenceGuard(settings, self.bundle.spec.num_classes)
         self.round = 0
         self.last_pool = 0
@@ -322,6 +324,7 @@ class Trainer:
                 lambda agent, r: self.activation_problem(r.tensors, batches[agent], agent)))
         for agent, reply in out.replies.items():
             self.books.fwd_samples[agent] += int(len(reply.tensors["labels"]))
+            self.labels.add(agent, reply.tensors["labels"])
         return out
 
     def activation_problem(self, tensors: Arrays, batch: int, agent: str = "") -> str | None:

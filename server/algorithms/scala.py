@@ -19,11 +19,14 @@ log = logging.getLogger("jetsplit.coordinator")
 
 def registered_prior(trainer: Trainer, agent: str) -> torch.Tensor:
     """P_k: the agent's local label distribution from the histogram it registered (SCALA
-    eq. 15); uniform, with a warning, if that histogram is unusable (it is untrusted)."""
+    eq. 15), or from the labels it sent once those show the claim wrong
+    (server/claims.LabelTally); uniform, with a warning, if that histogram is unusable (it
+    is untrusted)."""
     classes = trainer.bundle.spec.num_classes
     dataset = trainer.engine.registry.registration(agent).get("dataset") or {}
+    counts = trainer.labels.prior_counts(agent, dataset.get("label_histogram"))
     try:
-        return scala_math.prior_from_counts(dataset.get("label_histogram") or [], classes)
+        return scala_math.prior_from_counts(counts or [], classes)
     except ValueError as exc:
         log.warning("agent %s: unusable label histogram (%s); uniform prior", agent, exc)
         return torch.full((classes,), 1.0 / classes)

@@ -6,15 +6,18 @@ not count towards the median."""
 from __future__ import annotations
 
 import logging
+import math
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from jetsplit.server.aggregation import fedavg
-from jetsplit.server.claims import ClaimBooks, capped, registered_size, size_cap
+from jetsplit.server.claims import ClaimBooks, LabelTally, capped, registered_size, size_cap
 from jetsplit.server.cut_planning import mean_dataset_size
+from jetsplit.server.engine import Outcome, Reply
 from jetsplit.server.registry import FleetRegistry
+from jetsplit.server.round_books import RoundBooks
 from jetsplit.server.settings import Settings
 from jetsplit.server.trainer import Trainer
 
@@ -96,3 +99,72 @@ def test_the_planner_mean_is_over_capped_claims() -> None:
     assert mean_dataset_size(regs, 4.0) == round((100 + 200 + 300 + 1000) / 4)
     assert mean_dataset_size(regs, 0.0) == round((600 + LIAR) / 4)
     assert mean_dataset_size({"a": {"dataset": {"size": 0}}}) is None
+
+
+def test_a_histogram_the_labels_disprove_is_replaced_by_their_tally(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """C = 4, so judging starts at 80 labels. An honest claim within the margin keeps its
+    registered counts; a claim of everything on class 0 from a device that sends classes
+    1 and 2 is replaced, once, and from then on its prior follows its tally."""
+    tally = LabelTally(4)
+    honest, liar = [10, 20, 30, 40], [100, 0, 0, 0]
+    tally.add("a0", np.array([0] * 8 + [1] * 16 + [2] * 24 + [3] * 31))  # 79 labels
+    tally.add("a1", np.array([1, 2] * 39 + [1]))  # 79 labels
+    assert tally.prior_counts("a1", liar) == liar  # under 80 labels: not judged yet
+    tally.add("a0", np.array([3]))
+    tally.add("a1", np.array([2]))
+    assert tally.counts["a1"] == [0, 40, 40, 0]
+    # a0's tally (8, 16, 24, 32)/80 equals its claim: distance 0
+    assert tally.prior_counts("a0", honest) == honest
+    # a1: TV((1, 0, 0, 0), (0, .5, .5, 0)) = 1 > 0.1 + 1.5·√(4/80) = 0.4354
+    with caplog.at_level(logging.WARNING, "jetsplit.coordinator"):
+        assert tally.prior_counts("a1", liar) == [0, 40, 40, 0]
+        tally.prior_counts("a1", liar)
+    assert tally.replaced == {"a1": {"distance": 1.0, "bound": 0.4354, "labels": 80}}
+    assert [r.getMessage() for r in caplog.records] == [
+        "agent a1: its registered label histogram is 1.000 (total variation) from the 80 "
+        "labels it sent, over 0.435: its prior now comes from those labels"]
+    tally.add("a1", np.array([3, 3]))
+    assert tally.prior_counts("a1", liar) == [0, 40, 40, 2]  # the running tally
+    # off: every claim believed, nothing counted
+    off = LabelTally(4, enabled=False)
+    off.add("a1", np.array([1] * 100))
+    assert off.prior_counts("a1", liar) == liar and off.counts == {}
+
+
+def test_the_histogram_bound_edge_and_unusable_claims() -> None:
+    """The bound at n = 160, C = 4: 0.1 + 1.5·√(1/40) = 0.33717; against a uniform tally a
+    claim 0.34 away is replaced, one 0.33 away is not. Claims the distance cannot be taken
+    on pass through (scala_math refuses them with its own message)."""
+    tally = LabelTally(4)
+    tally.add("a0", np.array([0] * 40 + [1] * 40 + [2] * 40 + [3] * 40))  # uniform, n = 160
+    tally.add("a1", np.array([0] * 40 + [1] * 40 + [2] * 40 + [3] * 40))
+    assert tally.prior_counts("a0", [42, 42, 42, 174]) == [42, 42, 42, 174]  # TV 0.33
+    assert tally.prior_counts("a1", [41, 41, 41, 177]) == [40, 40, 40, 40]  # TV 0.34
+    assert tally.replaced["a1"]["distance"] == 0.34
+    for junk in (None, [1, 2, 3], [1, 2, 3, -4], [0, 0, 0, 0], [1, 2, 3, math.nan],
+                 [1, 2, True, 4], "1234"):
+        assert tally.prior_counts("a0", junk) == junk
+    assert "a0" not in tally.replaced
+    assert LabelTally(4).prior_counts("a9", [1, 2, 3, 4]) == [1, 2, 3, 4]  # sent nothing
+
+
+def test_the_coordinator_counts_what_each_reply_carries() -> None:
+    """The trainer's forward exchange feeds every accepted reply's labels to the tally
+    (the labels it trains on, not the registration's)."""
+    trainer = _trainer(4.0)
+    trainer.labels = LabelTally(3)
+    trainer.books = RoundBooks()
+    trainer.settings = Settings(codec="fp32")
+    trainer.round = 0
+    trainer.activation_problem = lambda tensors, batch, agent="": None  # type: ignore[method-assign]
+    replies = {"a0": [0, 2, 2], "a1": [1, 1]}
+    trainer.engine = SimpleNamespace(  # type: ignore[assignment]
+        registry=trainer.engine.registry,
+        send_and_receive=lambda commands, **kw: Outcome(
+            {a: Reply(a, "forward", {}, {"labels": np.array(replies[a])})
+             for a in commands}, kind="forward"))
+    trainer.checked = lambda outcome, problem: outcome  # type: ignore[method-assign]
+    trainer.forward({"a0": 3, "a1": 2}, step=0)
+    trainer.forward({"a0": 3}, step=1)
+    assert trainer.labels.counts == {"a0": [2, 0, 4], "a1": [0, 2, 0]}  # a1: one step

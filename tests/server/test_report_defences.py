@@ -20,7 +20,9 @@ def test_the_section_names_who_was_limited_and_why() -> None:
             {"round": 1, "bounded": {}, "aggregation": {}, "benched": ["a1"],
              "down_weighted": {"a4": "3 steps down-weighted, last: loss 6.1"}},
             {"round": 2, "aggregation": {"a3": "x" * 1000, "a0": 7}, "benched": "junk"}]
-    summary = {"capped_claims": {"a2": {"claimed": 10**9, "weight": 1250}}}
+    summary = {"capped_claims": {"a2": {"claimed": 10**9, "weight": 1250}},
+               "histogram_claims": {"a5": {"distance": 0.9125, "bound": 0.2936, "labels": 600},
+                                    "a6": {"distance": "x", "bound": 1, "labels": 1}}}
     lines = defences_section(rows, summary)
     text = "\n".join(lines)
     assert lines[0] == "## Defences"
@@ -32,6 +34,11 @@ def test_the_section_names_who_was_limited_and_why() -> None:
     assert "| 1 | a1 | sat out (missed deadlines) |" in text
     assert f"| 2 | a3 | {'x' * MAX_NOTE} |" in text and "a0" not in text
     assert "- a2: claimed 1000000000 samples, weighed as 1250 (size cap)." in text
+    assert ("- a5: its label histogram was 0.912 (total variation) from the 600 labels it "
+            "sent, over 0.294: its prior came from those labels.") in text
+    assert "a6" not in text  # a malformed entry is skipped
+    only = "\n".join(defences_section([], {"histogram_claims": summary["histogram_claims"]}))
+    assert "- a5: its label histogram was 0.912" in only
 
 
 def test_a_clean_run_says_so(tmp_path: Path) -> None:
