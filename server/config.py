@@ -61,6 +61,10 @@ class TrainSection(BaseModel):
     # A registered label histogram the labels the device sends disprove is replaced by
     # those labels' tally (server/claims.LabelTally: SCALA's P_k); "off": always believed.
     histogram_check: Literal["on", "off"] = "on"
+    # A device whose labels do not fit its activations (its label-c samples sit nearest the
+    # fleet's class c' ≠ c) weighs 0 in the server update and the averages
+    # (server/label_consistency.py); "off": never judged.
+    label_check: Literal["on", "off"] = "on"
     # How the blocks devices upload are combined (server/aggregators.py): `clip_factor` ×
     # the median update norm bounds each update under `clipped`; `robust_fraction` β is
     # the share trimmed at each end (`trimmed-mean`) and the assumed attackers

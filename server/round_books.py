@@ -29,6 +29,9 @@ class RoundBooks:
     # agent → "N steps down-weighted, last: …" (its loss far above the fleet's)
     down_weighted: dict[str, str] = field(default_factory=dict)
     down_weighted_steps: dict[str, int] = field(default_factory=dict)  # agent → steps
+    # agent → "N steps left out of the server update, last: …" (labels that do not fit)
+    excluded: dict[str, str] = field(default_factory=dict)
+    excluded_steps: dict[str, int] = field(default_factory=dict)  # agent → steps
     # agent → the smallest mean scale its activations got in a step (1: untouched)
     activation_scale: dict[str, float] = field(default_factory=dict)
     influence: Shares = field(default_factory=Shares)  # each device's share of the averages
@@ -39,7 +42,8 @@ class RoundBooks:
         """A new round: nothing done, nobody missed anything yet."""
         for books in (self.phases, self.fwd_samples, self.bwd_samples, self.full_samples,
                       self.missed, self.missed_kind, self.aggregation, self.bounded,
-                      self.down_weighted, self.down_weighted_steps, self.activation_scale,
+                      self.down_weighted, self.down_weighted_steps, self.excluded,
+                      self.excluded_steps, self.activation_scale,
                       self.influence):
             books.clear()
 

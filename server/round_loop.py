@@ -100,6 +100,7 @@ def _train(engine: Engine, archive: Path, settings: Settings, test: ArrayDataset
         for round_ in range(first, settings.rounds):
             trainer.round = trainer.bench.round = round_
             trainer.books.reset()
+            trainer.consistency.new_round()
             round_started = time.perf_counter()
             before = engine.counters.by_kind()
             selected = trainer.select()
@@ -120,6 +121,7 @@ def _train(engine: Engine, archive: Path, settings: Settings, test: ArrayDataset
                 "aggregation": dict(sorted(trainer.books.aggregation.items())),
                 "bounded": dict(sorted(trainer.books.bounded.items())),
                 "down_weighted": dict(sorted(trainer.books.down_weighted.items())),
+                "excluded": dict(sorted(trainer.books.excluded.items())),
                 "activation_scale": dict(sorted(trainer.books.activation_scale.items())),
                 "influence": trainer.books.influence.result(),
                 "train_loss": loss,

@@ -46,6 +46,7 @@ class Settings:
     max_misses: int = 3  # deadline misses in a row before an agent sits out (0: never)
     size_cap: float = DEFAULT_SIZE_CAP  # |D_k| weighs at most this × the median claim
     histogram_check: str = "on"  # a label histogram the labels sent disprove is replaced
+    label_check: str = "on"  # a device whose labels do not fit its activations weighs 0
     codec: str = "fp32"
     compression: str = "none"
     # GAPSL (the GAPSL paper §III): selection-ratio bounds, alignment weight λ, threshold width η.

@@ -242,7 +242,8 @@ SIMULATE_TRAIN_FLAGS = (
     "psl_reduction", "k_min", "k_max", "lam", "eta", "patience", "device_epochs",
     "server_batch", "server_epochs", "tau1", "tau2", "margin", "edge_lr", "cloud_lr",
     "size_cap", "max_misses", "aggregator", "clip_factor", "robust_fraction",
-    "outlier_bound", "activation_bound", "loss_bound", "histogram_check")
+    "outlier_bound", "activation_bound", "loss_bound", "histogram_check",
+    "label_check")
 
 
 def peak_rss_mb() -> float:

@@ -51,6 +51,8 @@ HELP: dict[str, str] = {
                 "fleet's median claim (0: no cap).",
     "histogram_check": "on | off: a device whose registered label histogram the labels it "
                        "sends disprove gets its prior from those labels.",
+    "label_check": "on | off: a device whose labels do not fit its activations (its samples "
+                   "labelled c sit nearest the fleet's other classes) weighs 0.",
     "codec": "Activation/gradient codec: fp32 | fp16 | bf16 | int8.",
     "replan": "on | off: move devices' cuts between rounds when the live estimates predict "
               "a shorter round (trials: on).",

@@ -38,6 +38,7 @@ from jetsplit.server.divergence import DivergenceGuard
 from jetsplit.server.engine import Command, Engine, Outcome, Reply
 from jetsplit.server.evaluation import Evaluation, evaluate, summarize
 from jetsplit.server.influence import ActivationBound, LossBound
+from jetsplit.server.label_consistency import LabelConsistency
 from jetsplit.server.round_books import RoundBooks
 from jetsplit.server.settings import Settings
 from jetsplit.wire import accounted_bound
@@ -111,6 +112,9 @@ class Trainer:
         self.claims = ClaimBooks()  # whose registered |D_k| was capped, at what
         # the labels each device sent, against the histogram it registered
         self.labels = LabelTally(self.bundle.spec.num_classes, settings.histogram_check == "on")
+        # whose labels do not fit their activations (server/label_consistency.py)
+        self.consistency = LabelConsistency(self.bundle.spec.num_classes,
+                                            settings.label_check == "on", settings.seed)
         self.guard = DivergenceGuard(settings, self.bundle.spec.num_classes)
         self.round = 0
         self.last_pool = 0
@@ -213,7 +217,24 @@ class Trainer:
         acts = self.activation_bound.apply(agents, acts, self.books.bounded,
                                            self.books.activation_scale)
         labels = to_device([out[a].tensors["labels"] for a in agents], np.int64, self.device)
+        self.consistency.observe(agents, acts, labels)
         return agents, acts, labels
+
+    def trusted(self, agents: list[str], acts: list[torch.Tensor], labels: list[torch.Tensor]
+                ) -> tuple[list[str], list[torch.Tensor], list[torch.Tensor]]:
+        """This step's inputs without the devices whose labels do not fit their activations
+        (server/label_consistency.py): they sit out the server update and get no gradient
+        (their forwards still come, so they are judged again each step); noted per round."""
+        excluded = self.consistency.excluded(agents)
+        if not excluded:
+            return agents, acts, labels
+        books = self.books
+        for agent in excluded:
+            books.excluded_steps[agent] = books.excluded_steps.get(agent, 0) + 1
+            books.excluded[agent] = (f"{books.excluded_steps[agent]} steps left out of the "
+                                     f"server update, last: {self.consistency.inconsistent[agent]}")
+        kept = [i for i, a in enumerate(agents) if a not in excluded]
+        return [agents[i] for i in kept], [acts[i] for i in kept], [labels[i] for i in kept]
 
     def loss_weights(self, agents: list[str]
                      ) -> Callable[[list[float]], list[float] | None] | None:
@@ -248,6 +269,11 @@ class Trainer:
         may combine several: client blocks, server copies, aux heads)."""
         s = self.settings
         notes: dict[str, str] = {}
+        excluded = self.consistency.excluded(sorted(states))
+        for agent in excluded:  # labels that do not fit its activations: so may its upload
+            notes[agent] = f"left out: {self.consistency.inconsistent[agent]}"
+        self.books.influence.add(dict.fromkeys(excluded, 0.0), 1)
+        states = {a: v for a, v in states.items() if a not in excluded}
         merged = aggregate(states, weights, s.aggregator, reference=reference, notes=notes,
                            shares=self.books.influence, clip_factor=s.clip_factor,
                            robust_fraction=s.robust_fraction, outlier_bound=s.outlier_bound)

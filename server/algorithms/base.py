@@ -153,7 +153,9 @@ class SplitMethod(Method):
         out = t.forward(batches, step)
         if not out.agents:
             return None
-        agents, acts, labels = t.inputs(out)
+        agents, acts, labels = t.trusted(*t.inputs(out))
+        if not agents:
+            return None
         with t.server_compute():
             acts = t.completions.forward(agents, acts)
             loss, grads = self.server_update(agents, acts, labels)

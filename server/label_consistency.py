@@ -1,0 +1,126 @@
+"""Do a device's labels fit its activations? Flipped labels, caught where a split server sees
+both.
+
+A device that flips or shifts its labels sends honest-looking activations with honest-looking
+norms, and its loss on the server block stays near the fleet's: its own client block and the
+shared server block both learn its mapping (a shifted-label device holding a quarter of the
+data costs SCALA 25 points under every norm and loss bound). But in split learning the
+coordinator sees every sample's activations *and* its label, and all devices start each round
+from the same client block: the samples an honest device labels c look like everyone's c,
+while those a label-shifter labels c look like everyone's c − 1.
+
+So per activation shape, each device's activations are summed per label, after a fixed random
+projection to `DIMS` dimensions (distances kept within a few percent; centroids of 100 devices
+stay small). Each class's fleet centroid is the coordinate-wise median of the devices'
+centroids for it (at least `MIN_HOLDERS` devices with `MIN_SAMPLES` of it each, so a minority
+cannot move it). A device's label-c centroid is *consistent* when the fleet centroid nearest to
+it is c's; a device most of whose judged samples sit nearest another class's is *inconsistent*:
+its terms weigh 0 in the shared server update and its uploads are left out of the averages,
+while it stays so. Sums decay by half at each round (the client block moves between rounds),
+and every step re-judges, so a device that mends its labels comes back.
+
+On a clean fleet nobody is inconsistent and nothing changes, bit for bit (measured: the clean
+runs of `benchmarks/bench_robust.py`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch loads with the first step, not with the config that reads the default
+    import torch
+
+DIMS = 64  # random projection of each flattened activation
+MIN_SAMPLES = 8.0  # a device's (decayed) samples of a class before its centroid is judged
+MIN_HOLDERS = 3  # devices holding a class before the fleet has a centroid for it
+DECAY = 0.5  # sums and counts kept at each new round
+INCONSISTENT_SHARE = 0.5  # over this share of a device's judged samples nearest another class
+
+
+class LabelConsistency:
+    """Per-shape, per-device, per-label activation sums, and who is inconsistent now."""
+
+    def __init__(self, classes: int, enabled: bool = True, seed: int = 0) -> None:
+        self.classes, self.enabled, self.seed = classes, enabled, seed
+        self.projections: dict[tuple[int, ...], torch.Tensor] = {}
+        self.sums: dict[tuple[int, ...], dict[str, torch.Tensor]] = {}  # shape → agent → C×DIMS
+        self.counts: dict[tuple[int, ...], dict[str, torch.Tensor]] = {}  # shape → agent → C
+        self.inconsistent: dict[str, str] = {}  # agent → why, as of the last judgement
+
+    def new_round(self) -> None:
+        """The client block moved: older evidence counts half."""
+        for books in (self.sums, self.counts):
+            for per_agent in books.values():
+                for agent in per_agent:
+                    per_agent[agent] = per_agent[agent] * DECAY
+
+    def observe(self, agents: list[str], acts: list[torch.Tensor],
+                labels: list[torch.Tensor]) -> None:
+        """Add one step's activations and labels, then judge every device of those shapes."""
+        if not self.enabled or not agents:
+            return
+        import torch
+
+        shapes = set()
+        with torch.no_grad():
+            for agent, a, y in zip(agents, acts, labels, strict=True):
+                if not a.shape[0]:
+                    continue
+                shape = tuple(a.shape[1:])
+                shapes.add(shape)
+                projected = a.detach().flatten(1).to(torch.float32) @ self._projection(shape, a)
+                sums = self.sums.setdefault(shape, {}).setdefault(
+                    agent, projected.new_zeros(self.classes, DIMS))
+                counts = self.counts.setdefault(shape, {}).setdefault(
+                    agent, projected.new_zeros(self.classes))
+                sums.index_add_(0, y, projected)
+                counts.index_add_(0, y, torch.ones_like(y, dtype=counts.dtype))
+            for shape in shapes:
+                self._judge(shape)
+
+    def _projection(self, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        """A fixed Gaussian D×DIMS matrix per shape (seeded: the same run, the same bits)."""
+        import torch
+
+        if shape not in self.projections:
+            width = like[0].numel()
+            generator = torch.Generator().manual_seed(self.seed + width)
+            matrix = torch.randn(width, DIMS, generator=generator) / DIMS ** 0.5
+            self.projections[shape] = matrix.to(like.device)
+        return self.projections[shape]
+
+    def _judge(self, shape: tuple[int, ...]) -> None:
+        import torch
+
+        sums, counts = self.sums[shape], self.counts[shape]
+        agents = sorted(sums)
+        count = torch.stack([counts[a] for a in agents])  # devices × C
+        centroid = torch.stack([sums[a] for a in agents]) / count.clamp_min(1e-12)[..., None]
+        held = count >= MIN_SAMPLES  # devices × C
+        fleet = [c for c in range(self.classes) if int(held[:, c].sum()) >= MIN_HOLDERS]
+        for a in agents:
+            self.inconsistent.pop(a, None)
+        if len(fleet) < 2:
+            return
+        medians = torch.stack([centroid[held[:, c], c].median(dim=0).values for c in fleet])
+        distance = torch.cdist(centroid.flatten(0, 1), medians)  # (devices·C) × fleet classes
+        nearest = torch.tensor(fleet)[distance.argmin(dim=1)].view(len(agents), self.classes)
+        judged = held & torch.isin(torch.arange(self.classes), torch.tensor(fleet))
+        wrong = judged & (nearest != torch.arange(self.classes))
+        judged_n = (count * judged).sum(dim=1).tolist()
+        wrong_n = (count * wrong).sum(dim=1).tolist()
+        for i, agent in enumerate(agents):
+            if judged_n[i] >= MIN_SAMPLES and wrong_n[i] > INCONSISTENT_SHARE * judged_n[i]:
+                moved = [f"{c}→{int(nearest[i, c])}" for c in range(self.classes)
+                         if bool(wrong[i, c])]
+                self.inconsistent[agent] = (
+                    f"labels inconsistent with its activations: {wrong_n[i]:.0f} of "
+                    f"{judged_n[i]:.0f} samples sit nearest another class's "
+                    f"({', '.join(moved[:5])})")
+
+    def excluded(self, agents: list[str]) -> set[str]:
+        """Those of `agents` now inconsistent (never all of them: then nobody is trusted
+        less than the rest, and the step goes on as if unjudged)."""
+        out = {a for a in agents if a in self.inconsistent}
+        return out if len(out) < len(agents) else set()
+
