@@ -131,7 +131,8 @@ def test_splitfed_v1_combines_its_server_copies_under_the_robust_rule(
         seen["server"] = to_arrays(self.trainer.server, "server")
 
     monkeypatch.setattr(SplitFedV1, "end_round", spy)
-    _run(tmp_path / "median", "labelflip", rounds=1, aggregator="median", local_steps=2)
+    _run(tmp_path / "median", "labelflip", rounds=1, aggregator="median", local_steps=2,
+         label_check="off")  # a4 stays in: its copy is one of the five
     copies, server = seen["copies"], seen["server"]
     assert sorted(copies) == ["a0", "a1", "a2", "a3", "a4"]
     floats = [n for n, v in server.items() if v.dtype.kind == "f" and v.size > 1]
@@ -146,19 +147,47 @@ def test_splitfed_v1_combines_its_server_copies_under_the_robust_rule(
 
 
 def test_a_label_flipper_is_down_weighted_in_scalas_server_step(tmp_path: Path) -> None:
-    """SCALA (one server step over every device's slice), a4 flips its labels: once the
-    honest devices have learned, its loss stays several times theirs and the loss bound
-    down-weights its term in more steps than any honest device's (an honest device's small
-    batch can cross the bound now and then); with the bound off nothing is noted."""
+    """SCALA (one server step over every device's slice), a4 flips its labels, the label
+    check off (it would leave a4 out first, below): once the honest devices have learned,
+    its loss stays several times theirs and the loss bound down-weights its term in more
+    steps than any honest device's (an honest device's small batch can cross the bound now
+    and then); with the bound off nothing is noted."""
     def steps(note: str) -> int:
         return int(note.split(" ", 1)[0])
 
-    _, rows = _run(tmp_path / "bounded", "labelflip", algorithm="scala")
+    _, rows = _run(tmp_path / "bounded", "labelflip", algorithm="scala", label_check="off")
     counted: dict[str, int] = {}
     for r in rows:
         for agent, note in r["down_weighted"].items():
             assert "down-weighted, last: loss" in note
             counted[agent] = counted.get(agent, 0) + steps(note)
     assert counted.get("a4", 0) > max([n for a, n in counted.items() if a != "a4"] or [0])
-    _, rows = _run(tmp_path / "off", "labelflip", algorithm="scala", loss_bound=0.0)
+    _, rows = _run(tmp_path / "off", "labelflip", algorithm="scala", loss_bound=0.0,
+                   label_check="off")
     assert all(r["down_weighted"] == {} for r in rows)
+
+
+@pytest.mark.parametrize("algorithm", ["scala", "splitfed-v1"])
+def test_a_label_flipper_is_left_out_by_the_label_check(tmp_path: Path, algorithm: str) -> None:
+    """With the defaults, a4 (labels c → c + 1) sits out the server update from its first
+    judged step and its uploads are left out of every round's averages (client block, and
+    SplitFed V1's server copy); nobody else is ever judged inconsistent. A clean run gives
+    the same bits with the check on and off, and notes nothing."""
+    _, rows = _run(tmp_path / "flip", "labelflip", algorithm=algorithm)
+    for r in rows:
+        assert sorted(r["excluded"]) == ["a4"], r["excluded"]
+        assert "labels inconsistent with its activations" in r["excluded"]["a4"]
+        assert sorted(r["aggregation"]) == ["a4"]
+        assert "client: left out: labels inconsistent" in r["aggregation"]["a4"]
+        assert r["influence"]["a4"] == 0.0
+    assert int(rows[1]["excluded"]["a4"].split(" ", 1)[0]) == 8  # every step of round 1
+    if algorithm == "splitfed-v1":
+        assert "server copy: left out: labels inconsistent" in rows[0]["aggregation"]["a4"]
+    clean, rows = _run(tmp_path / "clean", algorithm=algorithm)
+    off, _ = _run(tmp_path / "clean-off", algorithm=algorithm, label_check="off")
+    assert all(r["excluded"] == {} for r in rows)
+    assert clean["final_accuracy"] == off["final_accuracy"]
+    clean_w, off_w = _weights(tmp_path / "clean"), _weights(tmp_path / "clean-off")
+    assert clean_w.keys() == off_w.keys()
+    for name, value in clean_w.items():
+        np.testing.assert_array_equal(value, off_w[name], err_msg=name)

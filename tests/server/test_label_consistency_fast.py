@@ -1,0 +1,129 @@
+"""Whose labels do not fit their activations (server/label_consistency.py), on hand-built
+fleets: three classes whose activations sit at distinct points, four devices of unequal
+sizes, one that shifts its labels by one. The shifter and only the shifter is inconsistent;
+a class held by fewer than three devices is not judged; evidence halves each round; the
+trainer leaves the shifter out of the server step and of the averages, and says so."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from jetsplit.server.label_consistency import MIN_SAMPLES, LabelConsistency
+from jetsplit.server.round_books import RoundBooks
+from jetsplit.server.settings import Settings
+from jetsplit.server.trainer import Trainer
+
+pytestmark = pytest.mark.fast
+
+CENTRES = torch.tensor([[4.0, 0, 0, 0, 0, 0], [0, 4.0, 0, 0, 0, 0], [0, 0, 4.0, 0, 0, 0]])
+
+
+def _batch(counts: list[int], shift: int = 0, seed: int = 0
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`counts[c]` samples of class c near CENTRES[c], labelled (c + shift) mod 3, as
+    activations of shape (n, 2, 3)."""
+    generator = torch.Generator().manual_seed(seed)
+    truth = torch.cat([torch.full((n,), c) for c, n in enumerate(counts)])
+    x = CENTRES[truth] + 0.3 * torch.randn(len(truth), 6, generator=generator)
+    return x.view(-1, 2, 3), (truth + shift) % 3
+
+
+def _observe(check: LabelConsistency, fleet: dict[str, tuple[list[int], int]]) -> None:
+    agents = sorted(fleet)
+    batches = [_batch(fleet[a][0], fleet[a][1], seed=i) for i, a in enumerate(agents)]
+    check.observe(agents, [x for x, _ in batches], [y for _, y in batches])
+
+
+def test_the_shifter_and_only_the_shifter_is_inconsistent() -> None:
+    check = LabelConsistency(3, seed=0)
+    # unequal sizes; a3 holds the most and shifts c → c + 1
+    _observe(check, {"a0": ([10, 12, 9], 0), "a1": ([20, 8, 8], 0), "a2": ([8, 30, 10], 0),
+                     "a3": ([40, 40, 40], 1)})
+    assert sorted(check.inconsistent) == ["a3"]
+    assert check.inconsistent["a3"] == (
+        "labels inconsistent with its activations: 120 of 120 samples sit nearest another "
+        "class's (0→2, 1→0, 2→1)")
+    assert check.excluded(["a0", "a1", "a2", "a3"]) == {"a3"}
+    assert check.excluded(["a3"]) == set()  # everyone inconsistent: nobody trusted less
+    assert check.counts[(2, 3)]["a1"].tolist() == [20, 8, 8]
+
+
+def test_a_class_held_by_fewer_than_three_devices_is_not_judged() -> None:
+    check = LabelConsistency(3, seed=1)
+    # class 2 is held (≥ 8) by a0 and a3 only: no fleet centroid for it; a3 labels its 1s as
+    # 2 (judged by nothing) and its 0s as 1 (judged wrong: 30 of its 30 judged samples)
+    _observe(check, {"a0": ([10, 10, 10], 0), "a1": ([10, 10, 2], 0), "a2": ([10, 10, 0], 0),
+                     "a3": ([30, 30, 0], 1)})
+    assert check.inconsistent["a3"].startswith(
+        "labels inconsistent with its activations: 30 of 30 samples")
+    assert sorted(check.inconsistent) == ["a3"]
+    # a device with fewer than MIN_SAMPLES judged is left alone however wrong
+    small = LabelConsistency(3, seed=1)
+    _observe(small, {"a0": ([10, 10, 10], 0), "a1": ([10, 10, 10], 0),
+                     "a2": ([10, 10, 10], 0), "a3": ([int(MIN_SAMPLES) - 1, 0, 0], 1)})
+    assert small.inconsistent == {}
+
+
+def test_evidence_halves_each_round_and_a_mended_device_comes_back() -> None:
+    check = LabelConsistency(3, seed=2)
+    honest = {"a0": ([10, 10, 10], 0), "a1": ([10, 10, 10], 0), "a2": ([10, 10, 10], 0)}
+    _observe(check, {**honest, "a3": ([8, 8, 8], 1)})
+    assert sorted(check.inconsistent) == ["a3"]
+    check.new_round()
+    assert check.counts[(2, 3)]["a3"].tolist() == [4, 4, 4]
+    assert check.counts[(2, 3)]["a0"].tolist() == [5, 5, 5]
+    # it now labels 20 of each truly: 4 (halved) wrong against 20 right per label
+    _observe(check, {**honest, "a3": ([20, 20, 20], 0)})
+    assert "a3" not in check.inconsistent
+
+
+def test_off_judges_nothing_and_the_projection_is_seeded() -> None:
+    off = LabelConsistency(3, enabled=False)
+    _observe(off, {"a0": ([10, 10, 10], 0), "a1": ([10, 10, 10], 0), "a2": ([10, 10, 10], 0),
+                   "a3": ([40, 40, 40], 1)})
+    assert off.inconsistent == {} and off.sums == {}
+    x = torch.zeros(1, 2, 3)
+    assert torch.equal(LabelConsistency(3, seed=5)._projection((2, 3), x),
+                       LabelConsistency(3, seed=5)._projection((2, 3), x))
+    assert not torch.equal(LabelConsistency(3, seed=5)._projection((2, 3), x),
+                           LabelConsistency(3, seed=6)._projection((2, 3), x))
+
+
+def _trainer() -> Trainer:
+    trainer = object.__new__(Trainer)
+    trainer.books = RoundBooks()
+    trainer.consistency = LabelConsistency(3, seed=0)
+    _observe(trainer.consistency, {"a0": ([10, 12, 9], 0), "a1": ([20, 8, 8], 0),
+                                   "a2": ([8, 30, 10], 0), "a3": ([40, 40, 40], 1)})
+    return trainer
+
+
+def test_the_trainer_leaves_the_shifter_out_of_the_step_and_counts_it() -> None:
+    trainer = _trainer()
+    agents = ["a0", "a1", "a2", "a3"]
+    acts = [torch.full((2, 2, 3), float(i)) for i in range(4)]
+    labels = [torch.tensor([i % 3, 0]) for i in range(4)]
+    for _ in range(2):
+        kept, kept_acts, kept_labels = trainer.trusted(agents, acts, labels)
+    assert kept == ["a0", "a1", "a2"]
+    assert [float(a[0, 0, 0]) for a in kept_acts] == [0.0, 1.0, 2.0]
+    assert [y.tolist() for y in kept_labels] == [[0, 0], [1, 0], [2, 0]]
+    assert trainer.books.excluded_steps == {"a3": 2}
+    assert trainer.books.excluded["a3"].startswith(
+        "2 steps left out of the server update, last: labels inconsistent")
+    assert trainer.trusted(agents[:3], acts[:3], labels[:3])[0] == agents[:3]
+
+
+def test_the_shifters_upload_is_left_out_of_every_average() -> None:
+    """Weights 1, 2, 3, 100 (the shifter would own the mean): the average is over a0..a2."""
+    trainer = _trainer()
+    trainer.settings = Settings(aggregator="mean", outlier_bound=0.0)
+    states = {a: {"w": np.full(2, float(i + 1), np.float32)}
+              for i, a in enumerate(["a0", "a1", "a2", "a3"])}
+    merged = trainer.aggregate(states, {"a0": 1, "a1": 2, "a2": 3, "a3": 100})
+    np.testing.assert_allclose(merged["w"], np.full(2, (1 * 1 + 2 * 2 + 3 * 3) / 6))
+    assert trainer.books.aggregation == {
+        "a3": "client: left out: " + trainer.consistency.inconsistent["a3"]}
+    assert trainer.books.influence.result()["a3"] == 0.0
