@@ -87,6 +87,11 @@ class FleetClient:
         section = self.section or MqttSection(broker=self.broker,
                                               fleet_key_file=self.fleet_key_file,
                                               tls_ca=self.tls_ca)
+        if (section.operator_cert is None) != (section.operator_key is None):
+            raise ConfigError("mqtt: set operator_cert and operator_key together")
+        if section.operator_cert is not None:  # its own identity, not the coordinator's TLS
+            section = section.model_copy(update={"tls_cert": section.operator_cert,
+                                                 "tls_key": section.operator_key})
         # Leave no session behind on the broker.
         options = replace(section.endpoint_options(), session_expiry_s=0)
         self.topics = Topics(self.fleet)

@@ -27,7 +27,11 @@ from jetsplit.server.topology import check_shape
 from jetsplit.transport.topics import COORDINATOR, ROOT, check_id
 
 KIT_FILE = "kit.json"
-RESERVED_IDS = (COORDINATOR, "all", "broker", "ca")
+# The fleet CLI's own TLS identity, kept in the coordinator's kit: the broker names every
+# session by its certificate's CN, so the CLI on the coordinator's certificate would take
+# the running coordinator's session over. It signs as the coordinator (same signing key).
+OPERATOR = "operator"
+RESERVED_IDS = (COORDINATOR, OPERATOR, "all", "broker", "ca")
 
 
 def _x509():  # noqa: ANN202
@@ -142,14 +146,17 @@ def peers_of(edges: Edges) -> dict[str, list[str]]:
 
 def acl_text(fleet: str, agents: list[str], edges: Edges | None = None) -> str:
     """Mosquitto ACL: agent X publishes only up/X and presence/X and reads only down/X and
-    down/all; the coordinator publishes down/* and reads up/* and presence/*. In a SHeRL-FL
+    down/all; the coordinator (and the fleet CLI's `operator`) publishes down/* and reads
+    up/* and presence/*. In a SHeRL-FL
     topology (`edges`), X also reads its own direct topics peer/X/+ and publishes only
     peer/P/X for each of its peers P (a client: its edge; an edge: its clients)."""
     base = f"{ROOT}/{fleet}"
     peers = peers_of(edges or {})
     lines = ["# written by `jetsplit provision`; user = certificate CN (use_identity_as_username)",
-             "", f"user {COORDINATOR}", f"topic write {base}/down/#",
-             f"topic read {base}/up/+", f"topic read {base}/presence/+", ""]
+             ""]
+    for who in (COORDINATOR, OPERATOR):  # the fleet CLI acts for the coordinator
+        lines += [f"user {who}", f"topic write {base}/down/#", f"topic read {base}/up/+",
+                  f"topic read {base}/presence/+", ""]
     for agent in agents:
         lines += [f"user {agent}", f"topic write {base}/up/{agent}",
                   f"topic write {base}/presence/{agent}", f"topic read {base}/down/{agent}",
@@ -174,14 +181,18 @@ def broker_max_packet() -> int:
 
 
 def mosquitto_conf(broker_dir: Path, port: int, bind: str) -> str:
-    """A Mosquitto 2 listener with mutual TLS, identities from certificates, the ACL, and
-    a packet size limit a little above the largest legitimate message."""
+    """A Mosquitto 2 listener with mutual TLS, identities (user names and client ids) from
+    certificates, the ACL, and a packet size limit a little above the largest legitimate
+    message."""
     d = broker_dir.resolve()
     return (f"# written by `jetsplit provision`; paths point at {d}: edit them if you move it\n"
             f"per_listener_settings false\n"
             f"listener {port} {bind}\n"
             f"cafile {d / 'ca.crt'}\ncertfile {d / 'server.crt'}\nkeyfile {d / 'server.key'}\n"
             "require_certificate true\nuse_identity_as_username true\n"
+            "# every session is named by its certificate's CN, whatever client id was sent:\n"
+            "# no enrolled device can connect under another's id and take its session\n"
+            "use_username_as_clientid true\n"
             f"allow_anonymous false\nacl_file {d / 'acl'}\n"
             "# small QoS 1 exchanges wait ~40 ms on Nagle without this (Mosquitto >= 2.0)\n"
             "set_tcp_nodelay true\nmax_queued_messages 10000\n"
@@ -198,6 +209,7 @@ this device's own secrets; nobody else needs them.
 |---|---|
 | `ca.crt` | the fleet CA: trusts the broker, and the broker trusts you through it |
 | `client.crt`, `client.key` | your TLS certificate (CN `{who}`) and key, for mutual TLS |
+| `operator.crt`, `operator.key` | coordinator only: the fleet CLI's certificate (CN `operator`) |
 | `signing.key` | your Ed25519 key: every message you send is signed with it |
 | `trusted/*.pub` | the signing keys you accept messages from ({trusts}) |
 | `kit.json` | fleet and id |
@@ -223,6 +235,12 @@ _COORDINATOR_INSTALL = """On the coordinator host, point `server.toml` at it:
     tls_key = "{d}/client.key"
     signing_key = "{d}/signing.key"
     trusted_keys = "{d}/trusted"
+    operator_cert = "{d}/operator.crt"
+    operator_key = "{d}/operator.key"
+
+`operator.crt` (CN `operator`) is what `jetsplit fleet ... --config server.toml` connects
+with: the broker names each session by its certificate's CN, so the CLI on `client.crt`
+would take the running coordinator's session over.
 
 To add an agent later, provision again into a new folder (a new CA), or copy a new agent's
 `signing.pub` into `trusted/` and add its lines to the broker's ACL."""
@@ -248,10 +266,13 @@ an edge to each of its clients (configure the same `[topology]` in `server.toml`
 certificate from another fleet's CA is refused at the TLS handshake. The broker
 certificate names: {names}. Packets over {max_packet} bytes (`max_packet_size`: one 1 MiB
 chunk and its envelope) are refused by the broker, which disconnects the sender. A broker
-gives a session to whoever connects with its client id, and Mosquitto cannot tie a client
-id to a certificate; so each device's client id ends in 16 hex digits derived from its own
-signing key (`jetsplit-<fleet>-<id>-<digits>`, the same on every start), which another
-enrolled device cannot know, and so cannot take its session over. Mosquitto
+gives a session to whoever connects with its client id; so the broker replaces every
+client id with the certificate's CN (`use_username_as_clientid true`): an enrolled device
+connecting under another's id gets its own session, and takes nobody's over. (Each
+device's client id also ends in 16 hex digits derived from its own signing key,
+`jetsplit-<fleet>-<id>-<digits>`, for brokers configured without this.) The fleet CLI
+connects as `operator` (its certificate is in the coordinator's kit), with the
+coordinator's rights, so it never takes the coordinator's session. Mosquitto
 runs as user `mosquitto`: make `broker/server.key` readable by it (`chown mosquitto
 broker/server.key`).
 
@@ -298,9 +319,11 @@ it keeps strangers out but gives no per-device identity.)
 def emqx_acl(fleet: str, agents: list[str], edges: Edges | None = None) -> str:
     base = f"{ROOT}/{fleet}"
     peers = peers_of(edges or {})
-    rules = [f'{{allow, {{user, "{COORDINATOR}"}}, publish, ["{base}/down/#"]}}.',
-             f'{{allow, {{user, "{COORDINATOR}"}}, subscribe, ["{base}/up/+", '
-             f'"{base}/presence/+"]}}.']
+    rules = []
+    for who in (COORDINATOR, OPERATOR):  # the fleet CLI acts for the coordinator
+        rules += [f'{{allow, {{user, "{who}"}}, publish, ["{base}/down/#"]}}.',
+                  f'{{allow, {{user, "{who}"}}, subscribe, ["{base}/up/+", '
+                  f'"{base}/presence/+"]}}.']
     for a in agents:
         rules += [f'{{allow, {{user, "{a}"}}, publish, ["{base}/up/{a}", '
                   f'"{base}/presence/{a}"]}}.',
@@ -361,6 +384,10 @@ def provision(fleet: str, agents: list[str], out: Path, *, broker_names: tuple[s
         _write(kit / "client.key", _key_pem(key), private=True)
         _write(kit / "signing.key", signer.private_pem(), private=True)
         _write(kit / "signing.pub", signer.public_pem())
+        if who == COORDINATOR:  # the fleet CLI's own TLS identity (see OPERATOR)
+            key, cert = ca.issue(OPERATOR)
+            _write(kit / "operator.crt", _cert_pem(cert))
+            _write(kit / "operator.key", _key_pem(key), private=True)
         trusted = agents if who == COORDINATOR else [COORDINATOR, *peers.get(who, [])]
         for other in trusted:
             _write(kit / "trusted" / f"{other}{PUBLIC_SUFFIX}", signers[other].public_pem())

@@ -39,6 +39,11 @@ class MqttSection(BaseModel):
     # per sender; the shared fleet key gives no per-device identity and cannot be combined.
     signing_key: Optional[str] = None
     trusted_keys: Optional[str] = None
+    # The fleet CLI's own certificate and key (`operator.crt` in the coordinator's kit): a
+    # broker that names sessions by certificate CN would otherwise hand it the running
+    # coordinator's session. Only `jetsplit fleet` reads them.
+    operator_cert: Optional[str] = None
+    operator_key: Optional[str] = None
     # Largest message accepted, encoded and decoded (chunked messages after reassembly).
     max_message_mib: Annotated[int, Field(ge=1, le=256)] = DEFAULT_MAX_MESSAGE_BYTES >> 20
 

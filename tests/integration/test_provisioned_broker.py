@@ -12,7 +12,9 @@ import time
 from pathlib import Path
 
 import paho.mqtt.client as mqtt
+import pytest
 
+from jetsplit.errors import ConfigError
 from jetsplit.server.brokers import MosquittoProcess
 from jetsplit.server.provision import broker_max_packet, provision
 from jetsplit.transport import Topics
@@ -65,41 +67,57 @@ def test_the_provisioned_broker_refuses_a_message_over_its_packet_limit(tmp_path
 
 
 def test_an_enrolled_device_cannot_take_over_another_devices_session(tmp_path: Path) -> None:
-    """Mosquitto hands a session to whoever connects with its client id and cannot tie client
-    ids to certificates (2.0: the dynamic-security plugin's client-id binding is checked at
-    password login only). With per-device identity the client id ends in 16 hex digits only
-    the device's signing key produces: a1's genuine kit connecting as `jetsplit-tk-a0` or
-    as the coordinator's plain id kicks nobody; the same connect with a0's real id, were it
-    leaked, does kick a0 (the broker behaviour the secret suffix defends against)."""
+    """A broker hands a session to whoever connects with its client id. The provisioned
+    Mosquitto config names every session by the certificate's CN
+    (`use_username_as_clientid`), so a1's genuine kit connecting with a0's real client id
+    (as if it had leaked), with a0's plain id, or with the coordinator's, kicks nobody: not
+    a0, not the coordinator. Without that line the same connect does kick a0 (the broker
+    behaviour it defends against), and only the secret suffix of a0's id stands between."""
     from jetsplit.broker_url import BrokerAddress
     from jetsplit.transport.mqtt import MqttEndpoint
     from jetsplit.transport.settings import MqttSection
 
     kits = tmp_path / "kits"
     provision("tk", ["a0", "a1"], kits)
+    conf = kits / "broker" / "mosquitto.conf"
+    assert "use_username_as_clientid true\n" in conf.read_text()
+
+    def endpoint(port: int, who: str) -> MqttEndpoint:
+        kit = kits / who
+        options = MqttSection(
+            broker=f"mqtts://localhost:{port}", tls_ca=str(kit / "ca.crt"),
+            tls_cert=str(kit / "client.crt"), tls_key=str(kit / "client.key"),
+            signing_key=str(kit / "signing.key"),
+            trusted_keys=str(kit / "trusted")).endpoint_options()
+        return MqttEndpoint(BrokerAddress("localhost", port, tls=True), f"jetsplit-tk-{who}",
+                            options, sender=who)
+
+    def impostors(port: int, ids: list[str]) -> None:
+        for guess in ids:
+            impostor, _ = _client(kits / "a1", port, guess)
+            time.sleep(1.5)
+            impostor.loop_stop()
+            impostor.disconnect()
+
     with MosquittoProcess(provisioned=kits / "broker") as broker:
-        kit = kits / "a0"
-
-        def endpoint() -> MqttEndpoint:
-            options = MqttSection(
-                broker=f"mqtts://localhost:{broker.port}", tls_ca=str(kit / "ca.crt"),
-                tls_cert=str(kit / "client.crt"), tls_key=str(kit / "client.key"),
-                signing_key=str(kit / "signing.key"),
-                trusted_keys=str(kit / "trusted")).endpoint_options()
-            return MqttEndpoint(BrokerAddress("localhost", broker.port, tls=True),
-                                "jetsplit-tk-a0", options, sender="a0")
-
-        victim = endpoint().start(30)
+        victim = endpoint(broker.port, "a0").start(30)
+        coordinator = endpoint(broker.port, COORDINATOR).start(30)
         try:
             suffix = victim.client_id.removeprefix("jetsplit-tk-a0-")
             assert len(suffix) == 16 and int(suffix, 16) >= 0
-            assert endpoint().client_id == victim.client_id  # the same id on every start
-            for guess in ("jetsplit-tk-a0", "jetsplit-tk-coordinator", "a0"):
-                impostor, _ = _client(kits / "a1", broker.port, guess)
-                time.sleep(1.5)
-                impostor.loop_stop()
-                impostor.disconnect()
+            assert endpoint(broker.port, "a0").client_id == victim.client_id  # every start
+            impostors(broker.port, [victim.client_id, coordinator.client_id, "a0",
+                                    COORDINATOR, "jetsplit-tk-a0"])
             assert victim.connects == 1 and victim.connected.is_set()
+            assert coordinator.connects == 1 and coordinator.connected.is_set()
+        finally:
+            victim.close()
+            coordinator.close()
+    # the same broker without the binding: the leaked id takes a0's session over
+    conf.write_text(conf.read_text().replace("use_username_as_clientid true\n", ""))
+    with MosquittoProcess(provisioned=kits / "broker") as broker:
+        victim = endpoint(broker.port, "a0").start(30)
+        try:
             leaked, _ = _client(kits / "a1", broker.port, victim.client_id)
             deadline = time.monotonic() + 30
             while victim.connects < 2 and time.monotonic() < deadline:
@@ -109,3 +127,46 @@ def test_an_enrolled_device_cannot_take_over_another_devices_session(tmp_path: P
             assert victim.connects >= 2
         finally:
             victim.close()
+
+
+def test_the_fleet_cli_has_its_own_identity_beside_a_running_coordinator(
+        tmp_path: Path) -> None:
+    """The fleet CLI reads the coordinator's server.toml, but connects with the kit's
+    `operator` certificate: it lists the fleet while the coordinator stays connected (on
+    the coordinator's own certificate the broker would hand it the coordinator's session)."""
+    from jetsplit.broker_url import BrokerAddress
+    from jetsplit.server.fleet_cli import FleetClient
+    from jetsplit.transport.mqtt import MqttEndpoint
+    from jetsplit.transport.settings import MqttSection
+
+    kits = tmp_path / "kits"
+    provision("op", ["a0"], kits)
+    kit = kits / COORDINATOR
+    acl = (kits / "broker" / "acl").read_text()
+    assert "user operator\ntopic write jetsplit/v1/op/down/#" in acl
+    with MosquittoProcess(provisioned=kits / "broker") as broker:
+        section = MqttSection(
+            broker=f"mqtts://localhost:{broker.port}", tls_ca=str(kit / "ca.crt"),
+            tls_cert=str(kit / "client.crt"), tls_key=str(kit / "client.key"),
+            signing_key=str(kit / "signing.key"), trusted_keys=str(kit / "trusted"),
+            operator_cert=str(kit / "operator.crt"), operator_key=str(kit / "operator.key"))
+        coordinator = MqttEndpoint(BrokerAddress("localhost", broker.port, tls=True),
+                                   "jetsplit-op-coordinator", section.endpoint_options(),
+                                   sender=COORDINATOR).start(30)
+        try:
+            with FleetClient(section.broker, "op", section=section) as cli:
+                assert cli.endpoint.connected.is_set()
+                time.sleep(1.5)
+            assert coordinator.connects == 1 and coordinator.connected.is_set()
+            # on the coordinator's own certificate the CLI takes its session: it is kicked
+            plain = section.model_copy(update={"operator_cert": None, "operator_key": None})
+            with FleetClient(section.broker, "op", section=plain):
+                deadline = time.monotonic() + 30
+                while coordinator.connects < 2 and time.monotonic() < deadline:
+                    time.sleep(0.1)
+            assert coordinator.connects >= 2
+            lone = section.model_copy(update={"operator_key": None})
+            with pytest.raises(ConfigError, match="operator_cert and operator_key together"):
+                FleetClient(section.broker, "op", section=lone)
+        finally:
+            coordinator.close()
