@@ -18,7 +18,8 @@ def test_the_section_names_who_was_limited_and_why() -> None:
     rows = [{"round": 0, "bounded": {"a3": "activations bounded: median norm 9e+05"},
              "aggregation": {"a3": "left out by multi-krum (score 12)"}, "benched": []},
             {"round": 1, "bounded": {}, "aggregation": {}, "benched": ["a1"],
-             "down_weighted": {"a4": "3 steps down-weighted, last: loss 6.1"}},
+             "down_weighted": {"a4": "3 steps down-weighted, last: loss 6.1"},
+             "excluded": {"a4": "2 steps left out of the server update"}},
             {"round": 2, "aggregation": {"a3": "x" * 1000, "a0": 7}, "benched": "junk"}]
     summary = {"capped_claims": {"a2": {"claimed": 10**9, "weight": 1250}},
                "histogram_claims": {"a5": {"distance": 0.9125, "bound": 0.2936, "labels": 600},
@@ -28,7 +29,8 @@ def test_the_section_names_who_was_limited_and_why() -> None:
     assert lines[0] == "## Defences"
     assert ("Devices the coordinator limited: a3 (2 of 3 rounds), a1 (1 of 3 rounds), "
             "a4 (1 of 3 rounds).") in text
-    assert "| 1 | a4 | 3 steps down-weighted, last: loss 6.1 |" in text
+    assert ("| 1 | a4 | 3 steps down-weighted, last: loss 6.1; 2 steps left out of the "
+            "server update |") in text
     assert ("| 0 | a3 | activations bounded: median norm 9e+05; left out by multi-krum "
             "(score 12) |") in text
     assert "| 1 | a1 | sat out (missed deadlines) |" in text
