@@ -15,8 +15,9 @@ stay small). Each class's fleet centroid is the coordinate-wise median of the de
 centroids for it (at least `MIN_HOLDERS` devices with `MIN_SAMPLES` of it each, so a minority
 cannot move it). A device's label-c centroid is *consistent* when the fleet centroid nearest to
 it is c's; a device most of whose judged samples sit nearest another class's is *inconsistent*:
-its terms weigh 0 in the shared server update and its uploads are left out of the averages,
-while it stays so. Sums decay by half at each round (the client block moves between rounds),
+it sits out the shared server update, its uploads are left out of the averages and its share
+of each step's batch goes to the others (it sends a probe of `PROBE_BATCH` samples), while it
+stays so. Sums decay by half at each round (the client block moves between rounds),
 and every step re-judges, so a device that mends its labels comes back.
 
 On a clean fleet nobody is inconsistent and nothing changes, bit for bit (measured: the clean
@@ -35,6 +36,7 @@ MIN_SAMPLES = 8.0  # a device's (decayed) samples of a class before its centroid
 MIN_HOLDERS = 3  # devices holding a class before the fleet has a centroid for it
 DECAY = 0.5  # sums and counts kept at each new round
 INCONSISTENT_SHARE = 0.5  # over this share of a device's judged samples nearest another class
+PROBE_BATCH = 8  # samples per step an inconsistent device still sends (to be judged again)
 
 
 class LabelConsistency:

@@ -38,7 +38,7 @@ from jetsplit.server.divergence import DivergenceGuard
 from jetsplit.server.engine import Command, Engine, Outcome, Reply
 from jetsplit.server.evaluation import Evaluation, evaluate, summarize
 from jetsplit.server.influence import ActivationBound, LossBound
-from jetsplit.server.label_consistency import LabelConsistency
+from jetsplit.server.label_consistency import PROBE_BATCH, LabelConsistency
 from jetsplit.server.round_books import RoundBooks
 from jetsplit.server.settings import Settings
 from jetsplit.wire import accounted_bound
@@ -300,15 +300,18 @@ class Trainer:
         """B_k = B·|D_k| / Σ_j |D_j| (at least 2: BatchNorm in training mode needs more
         than one value per channel, and SplitFed V2 serves one client's batch alone): SCALA's
         size-proportional batches; or the fixed per-client batch where one is set
-        (server/optim.client_batch)."""
+        (server/optim.client_batch). A device whose labels do not fit its activations takes
+        no share of B, only a probe of PROBE_BATCH samples (server/label_consistency.py)."""
         from jetsplit.server.optim import client_batch
 
         fixed = client_batch(self.settings)
         if fixed is not None:
             return dict.fromkeys(agents, fixed)
         sizes = self.sizes(agents)
-        total = sum(sizes.values()) or 1
-        return {a: max(MIN_CLIENT_BATCH, round(self.settings.batch * sizes[a] / total))
+        probing = self.consistency.excluded(agents)  # no share of B: a probe to judge again
+        total = sum(n for a, n in sizes.items() if a not in probing) or 1
+        return {a: PROBE_BATCH if a in probing
+                else max(MIN_CLIENT_BATCH, round(self.settings.batch * sizes[a] / total))
                 for a in agents}
 
     def live(self, agents: list[str]) -> list[str]:

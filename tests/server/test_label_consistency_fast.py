@@ -127,3 +127,25 @@ def test_the_shifters_upload_is_left_out_of_every_average() -> None:
     assert trainer.books.aggregation == {
         "a3": "client: left out: " + trainer.consistency.inconsistent["a3"]}
     assert trainer.books.influence.result()["a3"] == 0.0
+
+
+def test_an_inconsistent_device_only_probes_and_the_others_share_the_batch() -> None:
+    """B = 60 over sizes 100, 200, 300 and the shifter's 1000: the shifter sends a probe of
+    PROBE_BATCH samples, the others split all of B by their sizes (10, 20, 30), not 60·n/1600."""
+    from types import SimpleNamespace
+
+    from jetsplit.server.claims import ClaimBooks
+    from jetsplit.server.label_consistency import PROBE_BATCH
+    from jetsplit.server.registry import FleetRegistry
+
+    trainer = _trainer()
+    registry = FleetRegistry()
+    for agent, size in {"a0": 100, "a1": 200, "a2": 300, "a3": 1000}.items():
+        registry.register(agent, {"agent": agent, "role": "client", "dataset": {"size": size}})
+    trainer.engine = SimpleNamespace(registry=registry)  # type: ignore[assignment]
+    trainer.settings = Settings(batch=60)
+    trainer.claims = ClaimBooks()
+    assert trainer.batches(["a0", "a1", "a2", "a3"]) == {"a0": 10, "a1": 20, "a2": 30,
+                                                         "a3": PROBE_BATCH}
+    trainer.consistency.inconsistent.clear()
+    assert trainer.batches(["a0", "a1", "a2", "a3"]) == {"a0": 4, "a1": 8, "a2": 11, "a3": 38}
