@@ -6,9 +6,11 @@ of attackers: the final accuracy clean, attacked without any defence, and attack
 each defence, over the same seeds. Defences:
 
 - `none`: the weighted mean (FedAvg's rule), no outlier, activation or loss bound, no size
-  cap, histograms believed (what the coordinator did before);
+  cap, histograms believed, labels never checked against activations (what the
+  coordinator did before);
 - `default`: the defaults (the weighted mean, outlier bound 10×, activation bound 5×, loss
-  bound 3×, size cap 5× the median claim, histograms checked against the labels sent);
+  bound 3×, size cap 5× the median claim, histograms checked against the labels sent, the
+  label check);
 - `default-no-loss-bound`, `default-no-outlier-bound`: the defaults without that bound
   (what it adds);
 - `clipped`, `median`, `trimmed-mean`, `multi-krum`: that aggregator on top of the default.
