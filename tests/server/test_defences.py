@@ -191,3 +191,25 @@ def test_a_label_flipper_is_left_out_by_the_label_check(tmp_path: Path, algorith
     assert clean_w.keys() == off_w.keys()
     for name, value in clean_w.items():
         np.testing.assert_array_equal(value, off_w[name], err_msg=name)
+
+
+def test_absent_clients_keep_their_shard_but_never_join(tmp_path: Path) -> None:
+    """`simulate(absent=...)` (bench_robust's `without` row): the partition of 4 clients
+    is the same, a3's shard simply never trains, so a0..a2 hold exactly the samples they
+    hold in the full fleet; naming a stranger, or every client, is one ConfigError."""
+    from jetsplit.errors import ConfigError
+
+    base = dict(model="alexnet", split=2, dataset="digits", clients=4,
+                partition_scheme="dirichlet:0.5", checkpoint=False)
+    settings = Settings(algorithm="splitfed-v1", rounds=1, local_steps=1, batch=16, seed=3)
+    full = simulate(settings, out_dir=tmp_path / "full", **base)
+    less = simulate(settings, out_dir=tmp_path / "less", absent=["a3"], **base)
+    sizes = {v["agent"]: v["dataset_size"] for v in full["agents"]}
+    assert sorted(sizes) == ["a0", "a1", "a2", "a3"]
+    assert {v["agent"]: v["dataset_size"] for v in less["agents"]} == {
+        a: sizes[a] for a in ("a0", "a1", "a2")}
+    saved = json.loads((tmp_path / "less" / "simulation.json").read_text())
+    assert saved["absent"] == ["a3"]
+    for absent in (["a9"], ["a0", "a1", "a2", "a3"]):
+        with pytest.raises(ConfigError, match="absent clients"):
+            simulate(settings, out_dir=tmp_path / "bad", absent=absent, **base)
