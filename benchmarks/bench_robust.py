@@ -57,7 +57,7 @@ WITHOUT = "without"  # the row with the attackers' devices left out (their data 
 DEFENCES: dict[str, dict[str, Any]] = {
     "none": {"aggregator": "mean", "activation_bound": 0.0, "size_cap": 0.0,
              "loss_bound": 0.0, "outlier_bound": 0.0, "histogram_check": "off",
-             "label_check": "off"},
+             "label_check": "off", "gradient_bound": 0.0},
     "default": {},
     "default-no-loss-bound": {"loss_bound": 0.0},
     "default-no-outlier-bound": {"outlier_bound": 0.0},

@@ -16,7 +16,11 @@ from jetsplit.server.aggregators import (
     DEFAULT_ROBUST_FRACTION,
 )
 from jetsplit.server.claims import DEFAULT_SIZE_CAP
-from jetsplit.server.influence import DEFAULT_ACTIVATION_BOUND, DEFAULT_LOSS_BOUND
+from jetsplit.server.influence import (
+    DEFAULT_ACTIVATION_BOUND,
+    DEFAULT_GRADIENT_BOUND,
+    DEFAULT_LOSS_BOUND,
+)
 from jetsplit.server.settings import Settings
 from jetsplit.transport.settings import MqttSection
 
@@ -91,6 +95,9 @@ class TrainSection(BaseModel):
     # A device whose server-block loss is over this × the fleet's median is down-weighted
     # in that step's shared server update (server/influence.py); 0: never.
     loss_bound: Annotated[float, Field(ge=0, le=1e6)] = DEFAULT_LOSS_BOUND
+    # Each device's share of the server block's gradient at most this × the step's median
+    # share (GAPSL, which computes per-device gradients anyway; server/influence.py); 0: off.
+    gradient_bound: Annotated[float, Field(ge=0, le=1e6)] = DEFAULT_GRADIENT_BOUND
     codec: Literal["fp32", "fp16", "bf16", "int8"] = "fp32"
     compression: Literal["none", "lz4", "zstd"] = "none"
     k_min: Annotated[float, Field(ge=0, le=1)] = 0.2  # GAPSL

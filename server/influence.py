@@ -153,3 +153,32 @@ def slice_weighted(loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
         return None
     slices = zip(weights, sizes, scores.split(sizes), targets.split(sizes), strict=True)
     return sum(w * n * loss_fn(s, t) for w, n, s, t in slices) / sum(sizes)
+
+
+DEFAULT_GRADIENT_BOUND = 5.0  # [train] gradient_bound: × this step's median share; 0 off
+
+
+def gradient_shares(agents: list[str], norms: list[float], factor: float,
+                    notes: dict[str, str], steps: dict[str, int]) -> list[float] | None:
+    """Each device's weight so that its share of the server block's gradient (the norm of
+    its own term's gradient) is at most `factor` × the median share of this step: weight
+    bound ÷ norm above the bound, 1 below; None when nobody is above (the unweighted step,
+    bit for bit) or with fewer than three devices (no median to stand against). Needs the
+    per-device gradients, which GAPSL computes anyway for its selection."""
+    import math
+
+    finite = [n for n in norms if math.isfinite(n)]
+    if factor <= 0 or len(finite) < 3:
+        return None
+    bound = factor * statistics.median(finite)
+    if bound <= 0 or all(n <= bound for n in finite):
+        return None
+    out = []
+    for agent, norm in zip(agents, norms, strict=True):
+        weight = bound / norm if math.isfinite(norm) and norm > bound else 1.0
+        out.append(weight)
+        if weight < 1.0:
+            steps[agent] = steps.get(agent, 0) + 1
+            notes[agent] = (f"{steps[agent]} steps with its server-gradient share clipped, "
+                            f"last: {norm:.4g} over {factor:g}× the median {bound / factor:.4g}")
+    return out

@@ -45,7 +45,7 @@ def defences_section(rows: Sequence[Row], summary: dict[str, Any]) -> list[str]:
     for i, row in enumerate(rows):
         round_no = str(row.get("round", i) if isinstance(row.get("round", i), int) else i)
         found: dict[str, list[str]] = {}
-        for key in ("bounded", "down_weighted", "excluded", "aggregation"):
+        for key in ("bounded", "down_weighted", "excluded", "gradient_clipped", "aggregation"):
             for agent, note in _notes(row.get(key)).items():
                 found.setdefault(agent, []).append(note)
         benched = row.get("benched")

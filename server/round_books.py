@@ -32,6 +32,9 @@ class RoundBooks:
     # agent → "N steps left out of the server update, last: …" (labels that do not fit)
     excluded: dict[str, str] = field(default_factory=dict)
     excluded_steps: dict[str, int] = field(default_factory=dict)  # agent → steps
+    # agent → "N steps with its server-gradient share clipped, last: …" (GAPSL)
+    gradient_clipped: dict[str, str] = field(default_factory=dict)
+    gradient_clipped_steps: dict[str, int] = field(default_factory=dict)  # agent → steps
     # agent → the smallest mean scale its activations got in a step (1: untouched)
     activation_scale: dict[str, float] = field(default_factory=dict)
     influence: Shares = field(default_factory=Shares)  # each device's share of the averages
@@ -43,7 +46,8 @@ class RoundBooks:
         for books in (self.phases, self.fwd_samples, self.bwd_samples, self.full_samples,
                       self.missed, self.missed_kind, self.aggregation, self.bounded,
                       self.down_weighted, self.down_weighted_steps, self.excluded,
-                      self.excluded_steps, self.activation_scale,
+                      self.excluded_steps, self.gradient_clipped,
+                      self.gradient_clipped_steps, self.activation_scale,
                       self.influence):
             books.clear()
 

@@ -122,6 +122,7 @@ def _train(engine: Engine, archive: Path, settings: Settings, test: ArrayDataset
                 "bounded": dict(sorted(trainer.books.bounded.items())),
                 "down_weighted": dict(sorted(trainer.books.down_weighted.items())),
                 "excluded": dict(sorted(trainer.books.excluded.items())),
+                "gradient_clipped": dict(sorted(trainer.books.gradient_clipped.items())),
                 "activation_scale": dict(sorted(trainer.books.activation_scale.items())),
                 "influence": trainer.books.influence.result(),
                 "train_loss": loss,

@@ -37,7 +37,7 @@ from jetsplit.server.compute import autocast, to_device, to_host
 from jetsplit.server.divergence import DivergenceGuard
 from jetsplit.server.engine import Command, Engine, Outcome, Reply
 from jetsplit.server.evaluation import Evaluation, evaluate, summarize
-from jetsplit.server.influence import ActivationBound, LossBound
+from jetsplit.server.influence import ActivationBound, LossBound, gradient_shares
 from jetsplit.server.label_consistency import PROBE_BATCH, LabelConsistency
 from jetsplit.server.round_books import RoundBooks
 from jetsplit.server.settings import Settings
@@ -235,6 +235,16 @@ class Trainer:
                                      f"server update, last: {self.consistency.inconsistent[agent]}")
         kept = [i for i, a in enumerate(agents) if a not in excluded]
         return [agents[i] for i in kept], [acts[i] for i in kept], [labels[i] for i in kept]
+
+    def gradient_weights(self, agents: list[str], norms: torch.Tensor) -> list[float] | None:
+        """Per device, the weight that keeps its share of the server gradient (`norms`, its
+        own term's gradient norm) within `gradient_bound` × the step's median; None: all 1
+        (server/influence.gradient_shares). One host read of the norms."""
+        if self.settings.gradient_bound <= 0:
+            return None
+        books = self.books
+        return gradient_shares(agents, norms.detach().tolist(), self.settings.gradient_bound,
+                               books.gradient_clipped, books.gradient_clipped_steps)
 
     def loss_weights(self, agents: list[str]
                      ) -> Callable[[list[float]], list[float] | None] | None:

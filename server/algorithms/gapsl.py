@@ -67,6 +67,9 @@ class GAPSL(PSL):
         self.last_selection = selection
         chosen = [int(i) for i in selection.selected]
         scaled = weighted(losses, t.loss_weights(agents))  # bounded influence
+        shares = t.gradient_weights(agents, torch.stack(per_client).norm(dim=1))
+        if shares is not None:  # no device's share of the server gradient far over the rest
+            scaled = [x * w for x, w in zip(scaled or losses, shares, strict=True)]
         server_loss = reduced(gapsl_math.gapsl_server_loss(scaled or losses, selection, o.lam),
                                len(chosen), s)
         grads = step_averaged(t.server, t.optimizer, losses, chosen, leaves, server_loss)

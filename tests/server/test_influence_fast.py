@@ -6,6 +6,7 @@ any sample still over the bound is cut to it; a clean step passes untouched."""
 from __future__ import annotations
 
 import copy
+import math
 from types import SimpleNamespace
 from typing import Any
 
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from jetsplit.server.influence import ActivationBound, slice_weighted
+from jetsplit.server.influence import ActivationBound, gradient_shares, slice_weighted
 
 pytestmark = pytest.mark.fast
 
@@ -123,3 +124,24 @@ def test_sherl_cloud_head_steps_on_the_down_weighted_edge_loss() -> None:
             torch.testing.assert_close(p, q - 0.5 * q.grad, rtol=0, atol=1e-6)
         plain = ce(start(torch.cat(list(x.values()))), torch.cat(list(y.values())))
     assert reported == pytest.approx(float(plain), abs=1e-6)
+
+
+def test_the_gradient_bound_clips_a_share_far_over_the_median() -> None:
+    """Norms 1, 2, 3, 40 at factor 5: median 2.5, bound 12.5, the fourth device weighs
+    12.5/40 = 0.3125 (its term's gradient then has norm 12.5), the others 1; a share at the
+    bound exactly is untouched; fewer than three devices, factor 0, or nobody over: None."""
+    notes: dict[str, str] = {}
+    steps: dict[str, int] = {}
+    agents = ["a0", "a1", "a2", "a3"]
+    assert gradient_shares(agents, [1.0, 2.0, 3.0, 40.0], 5.0, notes, steps) == [
+        1.0, 1.0, 1.0, 0.3125]
+    assert gradient_shares(agents, [1.0, 2.0, 3.0, 40.0], 5.0, notes, steps) is not None
+    assert steps == {"a3": 2}
+    assert notes == {"a3": "2 steps with its server-gradient share clipped, last: 40 over "
+                           "5× the median 2.5"}
+    assert gradient_shares(agents, [1.0, 2.0, 3.0, 12.5], 5.0, {}, {}) is None  # at the bound
+    assert gradient_shares(agents[:3], [1.0, 2.0, 12.5], 2.0, {}, {}) == [1.0, 1.0, 0.32]
+    assert gradient_shares(agents[:2], [1.0, 400.0], 5.0, {}, {}) is None
+    assert gradient_shares(agents, [1.0, 2.0, 3.0, 40.0], 0.0, {}, {}) is None
+    nan = gradient_shares(agents, [1.0, 2.0, 3.0, math.nan], 1.0, {}, {})
+    assert nan == [1.0, 1.0, pytest.approx(2 / 3), 1.0]  # median of the finite three

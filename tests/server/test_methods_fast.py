@@ -343,6 +343,7 @@ def _by_hand(server: nn.Linear, acts: list[torch.Tensor], labels: list[torch.Ten
 def _psl_like(cls: type, server: nn.Module, lr: float, reduction: str, **extra: Any) -> Any:
     method = cls.__new__(cls)
     extra.setdefault("loss_weights", lambda agents: None)  # the loss bound off
+    extra.setdefault("gradient_weights", lambda agents, norms: None)  # the gradient bound off
     method.trainer = SimpleNamespace(
         server=server, optimizer=torch.optim.SGD(server.parameters(), lr=lr), round=0,
         settings=SimpleNamespace(psl_reduction=reduction, local_steps=1, rounds=1,
@@ -483,6 +484,42 @@ def test_gapsl_server_steps_only_on_the_selected_clients(
     method.tracker, method.step = gapsl_math.NuTracker(), 0
     _, got = method.server_update(["a0", "a1", "a2"], acts, labels)
     _check(server, after, got, {"a0": grads[0], "a2": grads[2]})
+
+
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+def test_gapsl_clips_each_clients_share_of_the_server_gradient(
+        monkeypatch: pytest.MonkeyPatch, reduction: str) -> None:
+    """The gradient bound sees each client's own server-gradient norm ‖∂L_i/∂θ‖ (worked out
+    here by hand) and its weights (1, 0.25, 1) scale the selected clients' terms:
+    L_0 + 0.25·L_1 + L_2 (÷ 3 for `mean`); every client still gets ∂L_i/∂A_i unweighted."""
+    selection = SimpleNamespace(selected=torch.tensor([0, 1, 2]), scores=torch.zeros(3),
+                                alignment_penalty=torch.tensor([0.3, 0.7, 0.1]))
+    monkeypatch.setattr(gapsl_math, "select_clients", lambda *a, **k: selection)
+    server, acts, labels = _toy()
+    ce = nn.functional.cross_entropy
+    div = 3 if reduction == "mean" else 1
+    weights = [1.0, 0.25, 1.0]
+    params = list(server.parameters())
+    norms = []
+    for x, y in zip(acts, labels, strict=True):
+        g = torch.autograd.grad(ce(server(x), y), params)
+        norms.append(float(torch.cat([t.reshape(-1) for t in g]).norm()))
+    after, grads = _by_hand(
+        server, acts, labels,
+        lambda lg: sum(w * ce(x, y) for w, x, y in zip(weights, lg, labels, strict=True)) / div,
+        lambda i, lg: ce(lg, labels[i]), lr=0.1)
+    seen: list[list[float]] = []
+
+    def gradient_weights(agents: list[str], got: torch.Tensor) -> list[float]:
+        assert agents == ["a0", "a1", "a2"]
+        seen.append(got.tolist())
+        return weights
+
+    method = _psl_like(GAPSL, server, 0.1, reduction, gradient_weights=gradient_weights)
+    method.tracker, method.step = gapsl_math.NuTracker(), 0
+    _, got = method.server_update(["a0", "a1", "a2"], acts, labels)
+    assert seen[0] == pytest.approx(norms, rel=1e-5)
+    _check(server, after, got, dict(zip(["a0", "a1", "a2"], grads, strict=True)))
 
 
 def test_scala_server_uses_the_batch_prior_and_each_client_its_registered_prior() -> None:
