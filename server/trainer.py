@@ -113,6 +113,7 @@ class Trainer:
         # the labels each device sent, against the histogram it registered
         self.labels = LabelTally(self.bundle.spec.num_classes, settings.histogram_check == "on")
         # whose labels do not fit their activations (server/label_consistency.py)
+        self.left_out: set[str] = set()  # whose uploads counted for nothing last round
         self.consistency = LabelConsistency(self.bundle.spec.num_classes,
                                             settings.label_check == "on", settings.seed)
         self.guard = DivergenceGuard(settings, self.bundle.spec.num_classes)
@@ -220,6 +221,13 @@ class Trainer:
         self.consistency.observe(agents, acts, labels)
         return agents, acts, labels
 
+    def remember_left_out(self) -> None:
+        """At a round's end: the devices whose uploads were left out of every average it
+        made (share 0: the outlier bound, a robust rule, the label check). Next round they
+        only probe (`batches`); one upload that counts again ends it."""
+        shares = self.books.influence.result()
+        self.left_out = {a for a, share in shares.items() if share == 0.0}
+
     def trusted(self, agents: list[str], acts: list[torch.Tensor], labels: list[torch.Tensor]
                 ) -> tuple[list[str], list[torch.Tensor], list[torch.Tensor]]:
         """This step's inputs without the devices whose labels do not fit their activations
@@ -310,15 +318,19 @@ class Trainer:
         """B_k = B·|D_k| / Σ_j |D_j| (at least 2: BatchNorm in training mode needs more
         than one value per channel, and SplitFed V2 serves one client's batch alone): SCALA's
         size-proportional batches; or the fixed per-client batch where one is set
-        (server/optim.client_batch). A device whose labels do not fit its activations takes
-        no share of B, only a probe of PROBE_BATCH samples (server/label_consistency.py)."""
+        (server/optim.client_batch). A device whose labels do not fit its activations
+        (server/label_consistency.py), or whose upload was left out of every average of the
+        round before, takes no share of B, only a probe of PROBE_BATCH samples: its share
+        goes to the devices whose work counts, and it is judged again."""
         from jetsplit.server.optim import client_batch
 
         fixed = client_batch(self.settings)
         if fixed is not None:
             return dict.fromkeys(agents, fixed)
         sizes = self.sizes(agents)
-        probing = self.consistency.excluded(agents)  # no share of B: a probe to judge again
+        probing = self.consistency.excluded(agents) | (self.left_out & set(agents))
+        if len(probing) == len(agents):  # everybody distrusted: nobody is, relatively
+            probing = set()
         total = sum(n for a, n in sizes.items() if a not in probing) or 1
         return {a: PROBE_BATCH if a in probing
                 else max(MIN_CLIENT_BATCH, round(self.settings.batch * sizes[a] / total))

@@ -16,6 +16,7 @@ from jetsplit.server.aggregation import fedavg
 from jetsplit.server.claims import ClaimBooks, LabelTally, capped, registered_size, size_cap
 from jetsplit.server.cut_planning import mean_dataset_size
 from jetsplit.server.engine import Outcome, Reply
+from jetsplit.server.label_consistency import LabelConsistency
 from jetsplit.server.registry import FleetRegistry
 from jetsplit.server.round_books import RoundBooks
 from jetsplit.server.settings import Settings
@@ -60,6 +61,8 @@ def _trainer(size_cap_factor: float, batch: int = 60) -> Trainer:
     trainer.engine = SimpleNamespace(registry=registry)  # type: ignore[assignment]
     trainer.settings = Settings(size_cap=size_cap_factor, batch=batch)
     trainer.claims = ClaimBooks()
+    trainer.left_out = set()  # nobody distrusted: every device takes its share of B
+    trainer.consistency = LabelConsistency(2)
     return trainer
 
 

@@ -94,6 +94,7 @@ def test_off_judges_nothing_and_the_projection_is_seeded() -> None:
 def _trainer() -> Trainer:
     trainer = object.__new__(Trainer)
     trainer.books = RoundBooks()
+    trainer.left_out = set()
     trainer.consistency = LabelConsistency(3, seed=0)
     _observe(trainer.consistency, {"a0": ([10, 12, 9], 0), "a1": ([20, 8, 8], 0),
                                    "a2": ([8, 30, 10], 0), "a3": ([40, 40, 40], 1)})
@@ -131,7 +132,8 @@ def test_the_shifters_upload_is_left_out_of_every_average() -> None:
 
 def test_an_inconsistent_device_only_probes_and_the_others_share_the_batch() -> None:
     """B = 60 over sizes 100, 200, 300 and the shifter's 1000: the shifter sends a probe of
-    PROBE_BATCH samples, the others split all of B by their sizes (10, 20, 30), not 60·n/1600."""
+    PROBE_BATCH samples, the others split all of B by their sizes (10, 20, 30), not 60·n/1600;
+    the same for a device whose upload was left out of every average of the last round."""
     from types import SimpleNamespace
 
     from jetsplit.server.claims import ClaimBooks
@@ -149,3 +151,14 @@ def test_an_inconsistent_device_only_probes_and_the_others_share_the_batch() -> 
                                                          "a3": PROBE_BATCH}
     trainer.consistency.inconsistent.clear()
     assert trainer.batches(["a0", "a1", "a2", "a3"]) == {"a0": 4, "a1": 8, "a2": 11, "a3": 38}
+    # an upload left out of every average of the last round (share 0) probes next round
+    trainer.books.influence.add({"a0": 0.1, "a1": 0.2, "a2": 0.7, "a3": 0.0}, 10)
+    trainer.books.influence.add({"a2": 0.0}, 10)  # a2 counted in one group: not left out
+    trainer.remember_left_out()
+    assert trainer.left_out == {"a3"}
+    assert trainer.batches(["a0", "a1", "a2", "a3"]) == {"a0": 10, "a1": 20, "a2": 30,
+                                                         "a3": PROBE_BATCH}
+    assert trainer.batches(["a3"]) == {"a3": 60}  # alone: nobody is trusted more
+    trainer.books.reset()
+    trainer.remember_left_out()  # a round in which its upload counted again ends it
+    assert trainer.left_out == set()
