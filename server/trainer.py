@@ -47,6 +47,7 @@ log = logging.getLogger("jetsplit.coordinator")
 Arrays = dict[str, np.ndarray]
 REJOIN_GRACE_S = 3.0  # after an outage, how long to wait for the rest of the fleet
 MIN_CLIENT_BATCH = 2  # BatchNorm in training mode needs more than one value per channel
+OUTLIER_NOTE = "left out: update norm"  # how aggregators.without_outliers notes a verdict
 
 
 class RoundFailed(JetsplitError):
@@ -112,8 +113,8 @@ class Trainer:
         self.claims = ClaimBooks()  # whose registered |D_k| was capped, at what
         # the labels each device sent, against the histogram it registered
         self.labels = LabelTally(self.bundle.spec.num_classes, settings.histogram_check == "on")
+        self.left_out: set[str] = set()  # whose uploads were left out as outliers last round
         # whose labels do not fit their activations (server/label_consistency.py)
-        self.left_out: set[str] = set()  # whose uploads counted for nothing last round
         self.consistency = LabelConsistency(self.bundle.spec.num_classes,
                                             settings.label_check == "on", settings.seed)
         self.guard = DivergenceGuard(settings, self.bundle.spec.num_classes)
@@ -222,11 +223,11 @@ class Trainer:
         return agents, acts, labels
 
     def remember_left_out(self) -> None:
-        """At a round's end: the devices whose uploads were left out of every average it
-        made (share 0: the outlier bound, a robust rule, the label check). Next round they
-        only probe (`batches`); one upload that counts again ends it."""
-        shares = self.books.influence.result()
-        self.left_out = {a for a, share in shares.items() if share == 0.0}
+        """At a round's end: the devices with an upload left out of an average as evidence
+        against it (the outlier bound, the label check; not a robust rule's routine drop,
+        which Multi-Krum makes of honest devices every round). Next round they only probe
+        (`batches`); a round without such a verdict ends it."""
+        self.left_out = set(self.books.distrusted)
 
     def trusted(self, agents: list[str], acts: list[torch.Tensor], labels: list[torch.Tensor]
                 ) -> tuple[list[str], list[torch.Tensor], list[torch.Tensor]]:
@@ -295,6 +296,10 @@ class Trainer:
         merged = aggregate(states, weights, s.aggregator, reference=reference, notes=notes,
                            shares=self.books.influence, clip_factor=s.clip_factor,
                            robust_fraction=s.robust_fraction, outlier_bound=s.outlier_bound)
+        # the outlier bound's verdict (aggregators.without_outliers' note, pinned in
+        # tests/server/test_aggregators.py) and the label check's are evidence
+        self.books.distrusted.update(
+            a for a, note in notes.items() if note.startswith(OUTLIER_NOTE) or a in excluded)
         books = self.books.aggregation
         for agent, note in sorted(notes.items()):
             books[agent] = "; ".join(filter(None, (books.get(agent), f"{block}: {note}")))

@@ -133,7 +133,7 @@ def test_the_shifters_upload_is_left_out_of_every_average() -> None:
 def test_an_inconsistent_device_only_probes_and_the_others_share_the_batch() -> None:
     """B = 60 over sizes 100, 200, 300 and the shifter's 1000: the shifter sends a probe of
     PROBE_BATCH samples, the others split all of B by their sizes (10, 20, 30), not 60·n/1600;
-    the same for a device whose upload was left out of every average of the last round."""
+    the same for a device whose upload the outlier bound left out the round before."""
     from types import SimpleNamespace
 
     from jetsplit.server.claims import ClaimBooks
@@ -151,14 +151,25 @@ def test_an_inconsistent_device_only_probes_and_the_others_share_the_batch() -> 
                                                          "a3": PROBE_BATCH}
     trainer.consistency.inconsistent.clear()
     assert trainer.batches(["a0", "a1", "a2", "a3"]) == {"a0": 4, "a1": 8, "a2": 11, "a3": 38}
-    # an upload left out of every average of the last round (share 0) probes next round
-    trainer.books.influence.add({"a0": 0.1, "a1": 0.2, "a2": 0.7, "a3": 0.0}, 10)
-    trainer.books.influence.add({"a2": 0.0}, 10)  # a2 counted in one group: not left out
+    # an upload the outlier bound left out last round probes next round; a robust rule's
+    # routine drop (Multi-Krum's) does not
+    trainer.settings = Settings(batch=60, aggregator="multi-krum", robust_fraction=0.25)
+    states = {a: {"w": np.full(3, v, np.float32)}
+              for a, v in {"a0": 1.0, "a1": 1.1, "a2": 0.9, "a3": 900.0}.items()}
+    start = {"w": np.zeros(3, np.float32)}
+    trainer.aggregate(states, {"a0": 100, "a1": 200, "a2": 300, "a3": 1000}, reference=start)
+    assert trainer.books.aggregation["a3"].startswith("client: left out: update norm")
     trainer.remember_left_out()
     assert trainer.left_out == {"a3"}
     assert trainer.batches(["a0", "a1", "a2", "a3"]) == {"a0": 10, "a1": 20, "a2": 30,
                                                          "a3": PROBE_BATCH}
     assert trainer.batches(["a3"]) == {"a3": 60}  # alone: nobody is trusted more
     trainer.books.reset()
-    trainer.remember_left_out()  # a round in which its upload counted again ends it
+    trainer.settings = Settings(batch=60, aggregator="multi-krum", robust_fraction=0.25,
+                                outlier_bound=0.0)
+    five = {**states, "a4": {"w": np.full(3, 1.05, np.float32)}}  # Multi-Krum needs n > 2f + 2
+    trainer.aggregate(five, {"a0": 100, "a1": 200, "a2": 300, "a3": 1000, "a4": 100},
+                      reference=start)
+    assert "multi-krum" in trainer.books.aggregation["a3"]  # dropped by the rule, not judged
+    trainer.remember_left_out()  # a round without a verdict ends it
     assert trainer.left_out == set()
