@@ -32,8 +32,6 @@ class RoundBooks:
     # agent → "N steps left out of the server update, last: …" (labels that do not fit)
     excluded: dict[str, str] = field(default_factory=dict)
     excluded_steps: dict[str, int] = field(default_factory=dict)  # agent → steps
-    # devices with an upload left out as evidence against them (outlier bound, label check)
-    distrusted: set[str] = field(default_factory=set)
     # agent → "N steps with its server-gradient share clipped, last: …" (GAPSL)
     gradient_clipped: dict[str, str] = field(default_factory=dict)
     gradient_clipped_steps: dict[str, int] = field(default_factory=dict)  # agent → steps
@@ -48,7 +46,7 @@ class RoundBooks:
         for books in (self.phases, self.fwd_samples, self.bwd_samples, self.full_samples,
                       self.missed, self.missed_kind, self.aggregation, self.bounded,
                       self.down_weighted, self.down_weighted_steps, self.excluded,
-                      self.excluded_steps, self.distrusted, self.gradient_clipped,
+                      self.excluded_steps, self.gradient_clipped,
                       self.gradient_clipped_steps, self.activation_scale,
                       self.influence):
             books.clear()

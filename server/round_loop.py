@@ -99,7 +99,6 @@ def _train(engine: Engine, archive: Path, settings: Settings, test: ArrayDataset
         metrics.writelines(json.dumps(r) + "\n" for r in rows)
         for round_ in range(first, settings.rounds):
             trainer.round = trainer.bench.round = round_
-            trainer.remember_left_out()  # before the books of the round before are cleared
             trainer.books.reset()
             trainer.consistency.new_round()
             round_started = time.perf_counter()

@@ -47,7 +47,6 @@ log = logging.getLogger("jetsplit.coordinator")
 Arrays = dict[str, np.ndarray]
 REJOIN_GRACE_S = 3.0  # after an outage, how long to wait for the rest of the fleet
 MIN_CLIENT_BATCH = 2  # BatchNorm in training mode needs more than one value per channel
-OUTLIER_NOTE = "left out: update norm"  # how aggregators.without_outliers notes a verdict
 
 
 class RoundFailed(JetsplitError):
@@ -113,7 +112,6 @@ class Trainer:
         self.claims = ClaimBooks()  # whose registered |D_k| was capped, at what
         # the labels each device sent, against the histogram it registered
         self.labels = LabelTally(self.bundle.spec.num_classes, settings.histogram_check == "on")
-        self.left_out: set[str] = set()  # whose uploads were left out as outliers last round
         # whose labels do not fit their activations (server/label_consistency.py)
         self.consistency = LabelConsistency(self.bundle.spec.num_classes,
                                             settings.label_check == "on", settings.seed)
@@ -222,13 +220,6 @@ class Trainer:
         self.consistency.observe(agents, acts, labels)
         return agents, acts, labels
 
-    def remember_left_out(self) -> None:
-        """At a round's end: the devices with an upload left out of an average as evidence
-        against it (the outlier bound, the label check; not a robust rule's routine drop,
-        which Multi-Krum makes of honest devices every round). Next round they only probe
-        (`batches`); a round without such a verdict ends it."""
-        self.left_out = set(self.books.distrusted)
-
     def trusted(self, agents: list[str], acts: list[torch.Tensor], labels: list[torch.Tensor]
                 ) -> tuple[list[str], list[torch.Tensor], list[torch.Tensor]]:
         """This step's inputs without the devices whose labels do not fit their activations
@@ -296,10 +287,6 @@ class Trainer:
         merged = aggregate(states, weights, s.aggregator, reference=reference, notes=notes,
                            shares=self.books.influence, clip_factor=s.clip_factor,
                            robust_fraction=s.robust_fraction, outlier_bound=s.outlier_bound)
-        # the outlier bound's verdict (aggregators.without_outliers' note, pinned in
-        # tests/server/test_aggregators.py) and the label check's are evidence
-        self.books.distrusted.update(
-            a for a, note in notes.items() if note.startswith(OUTLIER_NOTE) or a in excluded)
         books = self.books.aggregation
         for agent, note in sorted(notes.items()):
             books[agent] = "; ".join(filter(None, (books.get(agent), f"{block}: {note}")))
@@ -323,19 +310,16 @@ class Trainer:
         """B_k = B·|D_k| / Σ_j |D_j| (at least 2: BatchNorm in training mode needs more
         than one value per channel, and SplitFed V2 serves one client's batch alone): SCALA's
         size-proportional batches; or the fixed per-client batch where one is set
-        (server/optim.client_batch). A device whose labels do not fit its activations
-        (server/label_consistency.py), or whose upload was left out of every average of the
-        round before, takes no share of B, only a probe of PROBE_BATCH samples: its share
-        goes to the devices whose work counts, and it is judged again."""
+        (server/optim.client_batch). A device whose labels do not fit its activations takes
+        no share of B, only a probe of PROBE_BATCH samples (server/label_consistency.py):
+        its share goes to the devices whose work counts, and it is judged again."""
         from jetsplit.server.optim import client_batch
 
         fixed = client_batch(self.settings)
         if fixed is not None:
             return dict.fromkeys(agents, fixed)
         sizes = self.sizes(agents)
-        probing = self.consistency.excluded(agents) | (self.left_out & set(agents))
-        if len(probing) == len(agents):  # everybody distrusted: nobody is, relatively
-            probing = set()
+        probing = self.consistency.excluded(agents)  # never all of them
         total = sum(n for a, n in sizes.items() if a not in probing) or 1
         return {a: PROBE_BATCH if a in probing
                 else max(MIN_CLIENT_BATCH, round(self.settings.batch * sizes[a] / total))

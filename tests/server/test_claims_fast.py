@@ -61,7 +61,6 @@ def _trainer(size_cap_factor: float, batch: int = 60) -> Trainer:
     trainer.engine = SimpleNamespace(registry=registry)  # type: ignore[assignment]
     trainer.settings = Settings(size_cap=size_cap_factor, batch=batch)
     trainer.claims = ClaimBooks()
-    trainer.left_out = set()  # nobody distrusted: every device takes its share of B
     trainer.consistency = LabelConsistency(2)
     return trainer
 

@@ -94,7 +94,6 @@ def test_off_judges_nothing_and_the_projection_is_seeded() -> None:
 def _trainer() -> Trainer:
     trainer = object.__new__(Trainer)
     trainer.books = RoundBooks()
-    trainer.left_out = set()
     trainer.consistency = LabelConsistency(3, seed=0)
     _observe(trainer.consistency, {"a0": ([10, 12, 9], 0), "a1": ([20, 8, 8], 0),
                                    "a2": ([8, 30, 10], 0), "a3": ([40, 40, 40], 1)})
@@ -132,8 +131,8 @@ def test_the_shifters_upload_is_left_out_of_every_average() -> None:
 
 def test_an_inconsistent_device_only_probes_and_the_others_share_the_batch() -> None:
     """B = 60 over sizes 100, 200, 300 and the shifter's 1000: the shifter sends a probe of
-    PROBE_BATCH samples, the others split all of B by their sizes (10, 20, 30), not 60·n/1600;
-    the same for a device whose upload the outlier bound left out the round before."""
+    PROBE_BATCH samples, the others split all of B by their sizes (10, 20, 30), not
+    60·n/1600."""
     from types import SimpleNamespace
 
     from jetsplit.server.claims import ClaimBooks
@@ -149,27 +148,6 @@ def test_an_inconsistent_device_only_probes_and_the_others_share_the_batch() -> 
     trainer.claims = ClaimBooks()
     assert trainer.batches(["a0", "a1", "a2", "a3"]) == {"a0": 10, "a1": 20, "a2": 30,
                                                          "a3": PROBE_BATCH}
+    assert trainer.batches(["a3"]) == {"a3": 60}  # alone: nobody is trusted less
     trainer.consistency.inconsistent.clear()
     assert trainer.batches(["a0", "a1", "a2", "a3"]) == {"a0": 4, "a1": 8, "a2": 11, "a3": 38}
-    # an upload the outlier bound left out last round probes next round; a robust rule's
-    # routine drop (Multi-Krum's) does not
-    trainer.settings = Settings(batch=60, aggregator="multi-krum", robust_fraction=0.25)
-    states = {a: {"w": np.full(3, v, np.float32)}
-              for a, v in {"a0": 1.0, "a1": 1.1, "a2": 0.9, "a3": 900.0}.items()}
-    start = {"w": np.zeros(3, np.float32)}
-    trainer.aggregate(states, {"a0": 100, "a1": 200, "a2": 300, "a3": 1000}, reference=start)
-    assert trainer.books.aggregation["a3"].startswith("client: left out: update norm")
-    trainer.remember_left_out()
-    assert trainer.left_out == {"a3"}
-    assert trainer.batches(["a0", "a1", "a2", "a3"]) == {"a0": 10, "a1": 20, "a2": 30,
-                                                         "a3": PROBE_BATCH}
-    assert trainer.batches(["a3"]) == {"a3": 60}  # alone: nobody is trusted more
-    trainer.books.reset()
-    trainer.settings = Settings(batch=60, aggregator="multi-krum", robust_fraction=0.25,
-                                outlier_bound=0.0)
-    five = {**states, "a4": {"w": np.full(3, 1.05, np.float32)}}  # Multi-Krum needs n > 2f + 2
-    trainer.aggregate(five, {"a0": 100, "a1": 200, "a2": 300, "a3": 1000, "a4": 100},
-                      reference=start)
-    assert "multi-krum" in trainer.books.aggregation["a3"]  # dropped by the rule, not judged
-    trainer.remember_left_out()  # a round without a verdict ends it
-    assert trainer.left_out == set()
