@@ -96,17 +96,21 @@ class LabelConsistency:
 
         sums, counts = self.sums[shape], self.counts[shape]
         agents = sorted(sums)
-        count = torch.stack([counts[a] for a in agents])  # devices × C
+        count = torch.stack([counts[a] for a in agents])  # devices × C, where the acts are
         centroid = torch.stack([sums[a] for a in agents]) / count.clamp_min(1e-12)[..., None]
+        count = count.cpu()  # the verdicts are taken on the host: two transfers per step
         held = count >= MIN_SAMPLES  # devices × C
-        fleet = [c for c in range(self.classes) if int(held[:, c].sum()) >= MIN_HOLDERS]
+        holders = held.sum(dim=0).tolist()
+        fleet = [c for c in range(self.classes) if holders[c] >= MIN_HOLDERS]
         for a in agents:
             self.inconsistent.pop(a, None)
         if len(fleet) < 2:
             return
-        medians = torch.stack([centroid[held[:, c], c].median(dim=0).values for c in fleet])
+        medians = torch.stack([centroid[held[:, c].to(centroid.device), c].median(dim=0).values
+                               for c in fleet])
         distance = torch.cdist(centroid.flatten(0, 1), medians)  # (devices·C) × fleet classes
-        nearest = torch.tensor(fleet)[distance.argmin(dim=1)].view(len(agents), self.classes)
+        nearest = torch.tensor(fleet)[distance.argmin(dim=1).cpu()].view(len(agents),
+                                                                          self.classes)
         judged = held & torch.isin(torch.arange(self.classes), torch.tensor(fleet))
         wrong = judged & (nearest != torch.arange(self.classes))
         judged_n = (count * judged).sum(dim=1).tolist()
