@@ -26,6 +26,9 @@ class _Trainer:
     def loss_weights(self, agents: list[str]) -> None:
         return None  # the loss bound off: the reduction's step alone
 
+    def gradient_weights(self, agents: list[str], norms: torch.Tensor) -> None:
+        return None  # GAPSL's gradient bound off too
+
 
 def _server_step(method: type[PSL], clients: int, **settings: object) -> torch.Tensor:
     """How far one server update moves the server block when `clients` clients send the
