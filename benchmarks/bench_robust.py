@@ -57,7 +57,7 @@ WITHOUT = "without"  # the row with the attackers' devices left out (their data 
 DEFENCES: dict[str, dict[str, Any]] = {
     "none": {"aggregator": "mean", "activation_bound": 0.0, "size_cap": 0.0,
              "loss_bound": 0.0, "outlier_bound": 0.0, "histogram_check": "off",
-             "label_check": "off", "gradient_bound": 0.0},
+             "label_check": "off", "direction_check": "off", "gradient_bound": 0.0},
     "default": {},
     "default-no-loss-bound": {"loss_bound": 0.0},
     "default-no-outlier-bound": {"outlier_bound": 0.0},
@@ -98,13 +98,14 @@ def main() -> int:
           f"{args.agents} agents, {args.rounds} rounds × {args.local_steps} local steps, "
           f"batch {args.batch}, lr {lr}, seeds {args.seeds}", flush=True)
 
-    def run(method: str, defence: str, attack: str | None, attackers: int, seed: int
-            ) -> tuple[float, float]:
+    def run(method: str, defence: str, attack: str | None, attackers: int, seed: int,
+            rounds: int | None = None) -> tuple[float, float]:
         """(final accuracy, seconds); a run the divergence guard stops, or a round in which
         no device could train (every one diverged on the model it was sent), scores 0.
         `attack` WITHOUT: the attackers' devices are left out instead."""
-        settings = Settings(algorithm=method, rounds=args.rounds, local_steps=args.local_steps,
-                            batch=args.batch, lr=args.lr, seed=seed, **DEFENCES[defence])
+        settings = Settings(algorithm=method, rounds=rounds or args.rounds,
+                            local_steps=args.local_steps, batch=args.batch, lr=args.lr,
+                            seed=seed, **DEFENCES[defence])
         who = [f"a{args.agents - 1 - i}" for i in range(attackers)] if attack else []
         absent, attack = (who, None) if attack == WITHOUT else ([], attack)
         label = WITHOUT if absent else attack or "clean"
@@ -125,10 +126,10 @@ def main() -> int:
         print(f"{name:60s} accuracy {accuracy:.4f} ({seconds:.0f}s)", flush=True)
         return accuracy, seconds
 
-    # one untimed run first: dataset loading, bundle export and warm caches would otherwise
-    # all land on the first timed run (and its defence's time ratio)
-    print("warm-up (not counted):", flush=True)
-    run(args.methods[0], args.defences[0], None, 0, args.seeds[0])
+    # one untimed round first: dataset loading, bundle export and warm caches would
+    # otherwise all land on the first timed run (and its defence's time ratio)
+    print("warm-up (1 round, not counted):", flush=True)
+    run(args.methods[0], args.defences[0], None, 0, args.seeds[0], rounds=1)
     clean: dict[tuple[str, str], list[tuple[float, float]]] = {}
     attacked: dict[tuple[str, str, int, str], list[float]] = {}
     without: dict[tuple[str, int], list[float]] = {}  # the attackers' devices left out

@@ -121,16 +121,26 @@ class LossBound:
         self.history.extend(min(x, bound) for x in finite)
         if reference <= 0 or all(x <= bound for x in finite):
             return None
-        out = []
-        for agent, loss in zip(agents, losses, strict=True):
-            weight = bound / loss if math.isfinite(loss) and loss > bound else 1.0
-            out.append(weight)
-            if weight < 1.0:
-                steps[agent] = steps.get(agent, 0) + 1
-                notes[agent] = (f"{steps[agent]} steps down-weighted, last: loss {loss:.4g} over "
-                                f"{self.factor:g}× the fleet's {reference:.4g}, weight "
-                                f"{weight:.3g}")
-        return out
+        return bounded_weights(agents, losses, bound, notes, steps, lambda loss, weight: (
+            f"down-weighted, last: loss {loss:.4g} over {self.factor:g}× the fleet's "
+            f"{reference:.4g}, weight {weight:.3g}"))
+
+
+def bounded_weights(agents: list[str], values: list[float], bound: float,
+                    notes: dict[str, str], steps: dict[str, int],
+                    say: Callable[[float, float], str]) -> list[float]:
+    """Per device, bound ÷ value where its (finite) value is over `bound`, else 1; each
+    device over it gets a step counted and the note "N steps " + say(value, weight)."""
+    import math
+
+    out = []
+    for agent, value in zip(agents, values, strict=True):
+        weight = bound / value if math.isfinite(value) and value > bound else 1.0
+        out.append(weight)
+        if weight < 1.0:
+            steps[agent] = steps.get(agent, 0) + 1
+            notes[agent] = f"{steps[agent]} steps {say(value, weight)}"
+    return out
 
 
 def slice_weighted(loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
@@ -173,12 +183,6 @@ def gradient_shares(agents: list[str], norms: list[float], factor: float,
     bound = factor * statistics.median(finite)
     if bound <= 0 or all(n <= bound for n in finite):
         return None
-    out = []
-    for agent, norm in zip(agents, norms, strict=True):
-        weight = bound / norm if math.isfinite(norm) and norm > bound else 1.0
-        out.append(weight)
-        if weight < 1.0:
-            steps[agent] = steps.get(agent, 0) + 1
-            notes[agent] = (f"{steps[agent]} steps with its server-gradient share clipped, "
-                            f"last: {norm:.4g} over {factor:g}× the median {bound / factor:.4g}")
-    return out
+    return bounded_weights(agents, norms, bound, notes, steps, lambda norm, _: (
+        f"with its server-gradient share clipped, last: {norm:.4g} over {factor:g}× the "
+        f"median {bound / factor:.4g}"))

@@ -36,7 +36,6 @@ from jetsplit.server.trainer import Trainer
 log = logging.getLogger("jetsplit.coordinator")
 Arrays = dict[str, np.ndarray]
 REJOIN_GRACE_S = 3.0  # after an outage, how long to wait for the rest of the fleet
-MIN_CLIENT_BATCH = 2  # BatchNorm in training mode needs more than one value per channel
 
 
 def run_training(
