@@ -69,6 +69,9 @@ class TrainSection(BaseModel):
     # fleet's class c' ≠ c) weighs 0 in the server update and the averages
     # (server/label_consistency.py); "off": never judged.
     label_check: Literal["on", "off"] = "on"
+    # A device whose uploaded updates point away from the fleet's median update (running
+    # mean cosine below 0) is left out of the averages (server/update_direction.py).
+    direction_check: Literal["on", "off"] = "on"
     # How the blocks devices upload are combined (server/aggregators.py): `clip_factor` ×
     # the median update norm bounds each update under `clipped`; `robust_fraction` β is
     # the share trimmed at each end (`trimmed-mean`) and the assumed attackers

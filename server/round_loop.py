@@ -100,6 +100,7 @@ def _train(engine: Engine, archive: Path, settings: Settings, test: ArrayDataset
             trainer.round = trainer.bench.round = round_
             trainer.books.reset()
             trainer.consistency.new_round()
+            trainer.direction.new_round()
             round_started = time.perf_counter()
             before = engine.counters.by_kind()
             selected = trainer.select()

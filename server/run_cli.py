@@ -20,7 +20,8 @@ app = typer.Typer(no_args_is_help=True, help="The coordinator.")
 @train_flags("algorithm", "rounds", "local_steps", "batch", "lr", "fraction", "deadline_s",
              "codec", "compression", "size_cap", "max_misses",
              "aggregator", "clip_factor", "robust_fraction", "outlier_bound", "activation_bound",
-             "loss_bound", "histogram_check", "label_check", "gradient_bound",
+             "loss_bound", "histogram_check", "label_check", "direction_check",
+             "gradient_bound",
              "replan", "replan_threshold", "replan_clock")
 def run(
     train: dict[str, Any],

@@ -52,6 +52,7 @@ class Settings:
     size_cap: float = DEFAULT_SIZE_CAP  # |D_k| weighs at most this × the median claim
     histogram_check: str = "on"  # a label histogram the labels sent disprove is replaced
     label_check: str = "on"  # a device whose labels do not fit its activations weighs 0
+    direction_check: str = "on"  # a device whose updates oppose the fleet's weighs 0
     codec: str = "fp32"
     compression: str = "none"
     # GAPSL (the GAPSL paper §III): selection-ratio bounds, alignment weight λ, threshold width η.

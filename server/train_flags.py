@@ -55,6 +55,9 @@ HELP: dict[str, str] = {
                        "sends disprove gets its prior from those labels.",
     "label_check": "on | off: a device whose labels do not fit its activations (its samples "
                    "labelled c sit nearest the fleet's other classes) weighs 0.",
+    "direction_check": "on | off: a device whose uploaded updates point away from the "
+                       "fleet's median update (running mean cosine below 0) weighs 0 in the "
+                       "averages.",
     "codec": "Activation/gradient codec: fp32 | fp16 | bf16 | int8.",
     "replan": "on | off: move devices' cuts between rounds when the live estimates predict "
               "a shorter round (trials: on).",

@@ -41,6 +41,7 @@ from jetsplit.server.influence import ActivationBound, LossBound, gradient_share
 from jetsplit.server.label_consistency import PROBE_BATCH, LabelConsistency
 from jetsplit.server.round_books import RoundBooks
 from jetsplit.server.settings import Settings
+from jetsplit.server.update_direction import UpdateDirection
 from jetsplit.wire import accounted_bound
 
 log = logging.getLogger("jetsplit.coordinator")
@@ -115,6 +116,8 @@ class Trainer:
         # whose labels do not fit their activations (server/label_consistency.py)
         self.consistency = LabelConsistency(self.bundle.spec.num_classes,
                                             settings.label_check == "on", settings.seed)
+        # whose uploads pull against the fleet's (server/update_direction.py)
+        self.direction = UpdateDirection(settings.direction_check == "on")
         self.guard = DivergenceGuard(settings, self.bundle.spec.num_classes)
         self.round = 0
         self.last_pool = 0
@@ -282,6 +285,11 @@ class Trainer:
         excluded = self.consistency.excluded(sorted(states))
         for agent in excluded:  # labels that do not fit its activations: so may its upload
             notes[agent] = f"left out: {self.consistency.inconsistent[agent]}"
+        self.direction.observe(block, states, reference)
+        opposed = self.direction.excluded(block, sorted(set(states) - excluded))
+        for agent in opposed:  # an update reversed against the fleet's
+            notes[agent] = f"left out: {self.direction.opposed[block, agent]}"
+        excluded |= opposed
         self.books.influence.add(dict.fromkeys(excluded, 0.0), 1)
         states = {a: v for a, v in states.items() if a not in excluded}
         merged = aggregate(states, weights, s.aggregator, reference=reference, notes=notes,

@@ -193,6 +193,33 @@ def test_a_label_flipper_is_left_out_by_the_label_check(tmp_path: Path, algorith
         np.testing.assert_array_equal(value, off_w[name], err_msg=name)
 
 
+@pytest.mark.parametrize(("algorithm", "block"), [("fedavg", "model"),
+                                                ("splitfed-v1", "client")])
+def test_a_reverser_is_left_out_by_the_direction_check(tmp_path: Path, algorithm: str,
+                                                       block: str) -> None:
+    """With the defaults, a4 uploading its updates reversed (g − (w − g): an honest norm,
+    so the outlier bound passes it) is left out of every round's averages for pointing away
+    from the fleet's median update, and nobody else is. A clean run gives the same bits
+    with the check on and off, and notes nothing."""
+    _, rows = _run(tmp_path / "flip", "signflip", algorithm=algorithm)
+    for r in rows:
+        assert sorted(r["aggregation"]) == ["a4"], r["aggregation"]
+        assert f"{block}: left out: update opposed to the fleet's" in r["aggregation"]["a4"]
+        honest = min(v for a, v in r["influence"].items() if a != "a4")
+        if algorithm == "fedavg":  # its one upload is left out
+            assert r["influence"]["a4"] == 0.0
+        else:  # its server copy (trained by the coordinator) still counts
+            assert 0.0 < r["influence"]["a4"] < honest
+    clean, rows = _run(tmp_path / "clean", algorithm=algorithm)
+    off, _ = _run(tmp_path / "clean-off", algorithm=algorithm, direction_check="off")
+    assert all(r["aggregation"] == {} for r in rows)
+    assert clean["final_accuracy"] == off["final_accuracy"]
+    clean_w, off_w = _weights(tmp_path / "clean"), _weights(tmp_path / "clean-off")
+    assert clean_w.keys() == off_w.keys()
+    for name, value in clean_w.items():
+        np.testing.assert_array_equal(value, off_w[name], err_msg=name)
+
+
 def test_absent_clients_keep_their_shard_but_never_join(tmp_path: Path) -> None:
     """`simulate(absent=...)` (bench_robust's `without` row): the partition of 4 clients
     is the same, a3's shard simply never trains, so a0..a2 hold exactly the samples they

@@ -14,6 +14,7 @@ from jetsplit.server.label_consistency import MIN_SAMPLES, LabelConsistency
 from jetsplit.server.round_books import RoundBooks
 from jetsplit.server.settings import Settings
 from jetsplit.server.trainer import Trainer
+from jetsplit.server.update_direction import UpdateDirection
 
 pytestmark = pytest.mark.fast
 
@@ -95,6 +96,7 @@ def _trainer() -> Trainer:
     trainer = object.__new__(Trainer)
     trainer.books = RoundBooks()
     trainer.consistency = LabelConsistency(3, seed=0)
+    trainer.direction = UpdateDirection()
     _observe(trainer.consistency, {"a0": ([10, 12, 9], 0), "a1": ([20, 8, 8], 0),
                                    "a2": ([8, 30, 10], 0), "a3": ([40, 40, 40], 1)})
     return trainer

@@ -1,0 +1,120 @@
+"""Does a device's upload pull the way the fleet's do? Reversed updates, caught over rounds.
+
+A device that reverses its update (uploads g − (w − g), g the block it was sent) keeps an
+honest norm, so the outlier bound passes it, and under the size-weighted mean it subtracts its
+share of the fleet's progress: one such device of ten, holding a quarter of the data, cost
+FedAvg 26 points. Its direction gives it away: an honest update points, on the whole, where
+the fleet's median update points (every device starts from the same block and fits the same
+task), a reversed one points away.
+
+So at every average of uploaded blocks, each device's update u_k = w_k − g (float tensors it
+holds) is compared with the fleet's: per tensor, the coordinate-wise median of the updates of
+the devices holding it (no minority can move it). The cosine between u_k and the median,
+over u_k's tensors, is accumulated per device (running sums that halve at each round, like
+the label check's), per block (a SplitFed V1 device's client block is its own upload, its
+server copy is trained by the coordinator). A device whose running mean cosine for a block is
+below `OPPOSED_BELOW` is *opposed*: its uploads of that block are left out of the averages
+while it stays so. Every average re-judges, so a
+device that mends its uploads comes back once its older evidence has decayed.
+
+On a clean fleet nobody is opposed and nothing changes, bit for bit (the verdicts are the
+only output; measured in the clean runs of `benchmarks/bench_robust.py`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+
+import numpy as np
+
+from jetsplit.server.aggregation import Arrays
+
+DECAY = 0.5  # evidence kept at each new round
+OPPOSED_BELOW = 0.0  # running mean cosine with the fleet's median update
+MIN_DEVICES = 4  # devices holding a tensor before their median is the fleet's update
+MIN_EVIDENCE = 1.0  # (decayed) averages seen before a device is judged
+
+log = logging.getLogger(__name__)
+
+
+class UpdateDirection:
+    """Per-block, per-device running cosine with the fleet's median update, and who is
+    opposed now."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.sums: dict[tuple[str, str], float] = {}  # (block, agent) → decayed sum of cosines
+        self.counts: dict[tuple[str, str], float] = {}  # (block, agent) → decayed number
+        self.last: dict[tuple[str, str], float] = {}  # its latest cosine (for the note)
+        self.opposed: dict[tuple[str, str], str] = {}  # why, as of the last judgement
+
+    def new_round(self) -> None:
+        """The global block moved: older evidence counts half."""
+        for books in (self.sums, self.counts):
+            for key in books:
+                books[key] *= DECAY
+
+    def observe(self, block: str, states: Mapping[str, Arrays], reference: Arrays | None
+                ) -> None:
+        """Add one average's cosines (uploads `states` of `block`, started from
+        `reference`), then judge the devices that uploaded."""
+        if not self.enabled or reference is None or len(states) < MIN_DEVICES:
+            return
+        cosines = update_cosines(states, reference)
+        log.debug("%s: cosines with the median update: %s", block,
+                  " ".join(f"{a} {c:+.3f}" for a, c in cosines.items()))
+        for agent, cosine in cosines.items():
+            key = (block, agent)
+            self.sums[key] = self.sums.get(key, 0.0) + cosine
+            self.counts[key] = self.counts.get(key, 0.0) + 1.0
+            self.last[key] = cosine
+        for agent in states:
+            key = (block, agent)
+            self.opposed.pop(key, None)
+            count = self.counts.get(key, 0.0)
+            if count >= MIN_EVIDENCE and self.sums[key] / count < OPPOSED_BELOW:
+                self.opposed[key] = (
+                    f"update opposed to the fleet's: mean cosine with the median update "
+                    f"{self.sums[key] / count:+.2f} (this time {self.last[key]:+.2f})")
+
+    def excluded(self, block: str, agents: list[str]) -> set[str]:
+        """Those of `agents` now opposed in `block` (never half or more of them: the median
+        is then no longer the honest majority's, and nobody is trusted less than the
+        rest)."""
+        out = {a for a in agents if (block, a) in self.opposed}
+        return out if 2 * len(out) < len(agents) else set()
+
+
+def update_cosines(states: Mapping[str, Arrays], reference: Arrays) -> dict[str, float]:
+    """Per device, cos(u_k, m) over the float tensors it holds that `reference` has and at
+    least MIN_DEVICES devices hold: u_k its update, m the coordinate-wise median update. A
+    device with no such tensor, or a zero update (or a zero median), gets no cosine."""
+    holders: dict[str, list[str]] = {}
+    for agent in sorted(states):
+        for name, value in states[agent].items():
+            ref = reference.get(name)
+            if (ref is not None and ref.shape == value.shape
+                    and np.issubdtype(value.dtype, np.floating)):
+                holders.setdefault(name, []).append(agent)
+    dots: dict[str, float] = {}
+    own: dict[str, float] = {}
+    fleet: dict[str, float] = {}
+    for name, agents in holders.items():
+        if len(agents) < MIN_DEVICES:
+            continue
+        start = reference[name].astype(np.float32)
+        flat = np.stack([(states[a][name].astype(np.float32) - start).ravel() for a in agents])
+        median = np.median(flat, axis=0)
+        mm = float(median @ median)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("tensor %s %s", name, " ".join(
+                f"{a} {float(u @ median) / (math.sqrt(float(u @ u) * mm) or 1):+.2f}"
+                for a, u in zip(agents, flat, strict=True)))
+        for agent, u in zip(agents, flat, strict=True):
+            dots[agent] = dots.get(agent, 0.0) + float(u @ median)
+            own[agent] = own.get(agent, 0.0) + float(u @ u)
+            fleet[agent] = fleet.get(agent, 0.0) + float(median @ median)
+    return {a: dots[a] / math.sqrt(own[a] * fleet[a]) for a in sorted(dots)
+            if own[a] > 0 and fleet[a] > 0}

@@ -1,0 +1,132 @@
+"""Whose uploads pull against the fleet's (server/update_direction.py), on a hand-built fleet
+of five devices that start from a zero block: four honest updates and a4's reversed one,
+a tensor only three devices hold (mixed cuts: not judged on), an integer buffer. The
+cosines with the coordinate-wise median update are computed by hand; the reverser and only
+the reverser is opposed; evidence halves each round and a mended device comes back; the
+trainer leaves the reverser's upload out of the average and says so."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from jetsplit.server.label_consistency import LabelConsistency
+from jetsplit.server.round_books import RoundBooks
+from jetsplit.server.settings import Settings
+from jetsplit.server.trainer import Trainer
+from jetsplit.server.update_direction import UpdateDirection, update_cosines
+
+pytestmark = pytest.mark.fast
+
+# updates (the reference is zero): w's median is [1, 0, 0], b's is [1]: m = [1, 0, 0, 1]
+W = {"a0": [1, 0, 0], "a1": [2, 1, 0], "a2": [1, 1, 1], "a3": [3, 0, 1], "a4": [-2, -1, 0]}
+B = {"a0": [1], "a1": [1], "a2": [2], "a3": [0], "a4": [-1]}
+# by hand: u·m / (|u| |m|), |m|² = 2
+COSINES = {"a0": 2 / math.sqrt(2 * 2), "a1": 3 / math.sqrt(6 * 2), "a2": 3 / math.sqrt(7 * 2),
+           "a3": 3 / math.sqrt(10 * 2), "a4": -3 / math.sqrt(6 * 2)}
+REFERENCE = {"w": np.zeros(3, np.float32), "b": np.zeros(1, np.float32),
+             "c": np.zeros(2, np.float32), "n": np.zeros(1, np.int64)}
+
+
+def _states(mended: bool = False) -> dict[str, dict[str, np.ndarray]]:
+    states = {}
+    for i, agent in enumerate(sorted(W)):
+        w, b = W[agent], B[agent]
+        if mended and agent == "a4":  # a4 now sends a1's update
+            w, b = W["a1"], B["a1"]
+        state = {"w": np.array(w, np.float32), "b": np.array(b, np.float32),
+                 "n": np.array([7 * i], np.int64)}  # an integer buffer: never compared
+        if i < 3:  # held by three devices only: too few for a fleet median
+            state["c"] = np.array([-50.0, 9.0], np.float32) * (1 if i else -1)
+        states[agent] = state
+    return states
+
+
+def test_cosines_with_the_median_update_by_hand() -> None:
+    cosines = update_cosines(_states(), REFERENCE)
+    assert cosines == pytest.approx(COSINES, abs=1e-6)
+    shifted = {a: {n: v + 5 if n != "n" else v for n, v in s.items()}
+               for a, s in _states().items()}  # the same updates from another start
+    start = {n: v + 5 if n != "n" else v for n, v in REFERENCE.items()}
+    assert update_cosines(shifted, start) == pytest.approx(COSINES, abs=1e-6)
+
+
+def test_zero_updates_get_no_cosine_and_too_few_holders_judge_nothing() -> None:
+    states = _states()
+    states["a2"] = {n: REFERENCE[n].copy() for n in ("w", "b", "n")}  # did not move
+    assert "a2" not in update_cosines(states, REFERENCE)
+    check = UpdateDirection()
+    check.observe("client", {a: _states()[a] for a in ("a0", "a1", "a4")},
+                  REFERENCE)  # 3 devices < 4
+    assert check.opposed == {} and check.counts == {}
+    check.observe("client", _states(), None)  # no reference: no updates
+    assert check.counts == {}
+
+
+def test_the_reverser_and_only_the_reverser_is_opposed() -> None:
+    check = UpdateDirection()
+    check.observe("client", _states(), REFERENCE)
+    assert sorted(check.opposed) == [("client", "a4")]
+    assert check.opposed["client", "a4"] == (
+        "update opposed to the fleet's: mean cosine with the median update -0.87 (this time "
+        "-0.87)")
+    assert check.excluded("client", ["a0", "a1", "a2", "a3", "a4"]) == {"a4"}
+    assert check.excluded("model", ["a0", "a1", "a2", "a3", "a4"]) == set()
+    assert check.excluded("client", ["a0", "a4"]) == set()  # half of them: nobody
+    # evidence is per block: an honest upload of another block (SplitFed V1's server copy,
+    # trained by the coordinator) does not clear its reversed client block
+    check.observe("server copy", _states(mended=True), REFERENCE)
+    assert sorted(check.opposed) == [("client", "a4")]
+
+
+def test_evidence_halves_each_round_and_a_mended_device_comes_back() -> None:
+    check = UpdateDirection()
+    check.observe("client", _states(), REFERENCE)
+    check.new_round()
+    check.observe("client", _states(), REFERENCE)
+    assert check.counts["client", "a4"] == pytest.approx(1.5)
+    assert check.sums["client", "a4"] == pytest.approx(1.5 * COSINES["a4"], abs=1e-6)
+    check.new_round()
+    check.observe("client", _states(mended=True), REFERENCE)  # a4 = a1: the median moves
+    # w columns [1,2,1,3,2], [0,1,1,0,1], [0,0,1,1,0] → [2, 1, 0]; b [1,1,2,0,1] → 1
+    m = np.array([2.0, 1, 0, 1])
+    u = np.array([2.0, 1, 0, 1])
+    now = float(u @ m / (np.linalg.norm(u) * np.linalg.norm(m)))
+    assert check.last["client", "a4"] == pytest.approx(now)
+    assert check.counts["client", "a4"] == pytest.approx(1.75)
+    assert check.sums["client", "a4"] == pytest.approx(0.75 * COSINES["a4"] + now, abs=1e-6)
+    assert check.opposed == {}  # (0.75 · −0.866 + 1) / 1.75 > 0
+
+
+def test_off_judges_nothing() -> None:
+    check = UpdateDirection(enabled=False)
+    check.observe("client", _states(), REFERENCE)
+    assert check.opposed == {} and check.counts == {}
+
+
+def _trainer(direction: str = "on") -> Trainer:
+    trainer = object.__new__(Trainer)
+    trainer.books = RoundBooks()
+    trainer.consistency = LabelConsistency(3)
+    trainer.direction = UpdateDirection(direction == "on")
+    trainer.settings = Settings(aggregator="mean", outlier_bound=0.0)
+    return trainer
+
+
+def test_the_reversers_upload_is_left_out_of_the_average() -> None:
+    """Weights 1, 2, 3, 4 and the reverser's 100 (it would own the mean): the average is
+    over a0..a3, and the books say why."""
+    weights = {"a0": 1, "a1": 2, "a2": 3, "a3": 4, "a4": 100}
+    trainer = _trainer()
+    merged = trainer.aggregate(_states(), weights, reference=REFERENCE, block="model")
+    honest = (1 * np.array(W["a0"]) + 2 * np.array(W["a1"]) + 3 * np.array(W["a2"])
+              + 4 * np.array(W["a3"])) / 10
+    np.testing.assert_allclose(merged["w"], honest, rtol=1e-6)
+    assert trainer.books.aggregation == {
+        "a4": "model: left out: " + trainer.direction.opposed["model", "a4"]}
+    assert trainer.books.influence.result()["a4"] == 0.0
+    off = _trainer("off").aggregate(_states(), weights, reference=REFERENCE)
+    everyone = sum(weights[a] * np.array(W[a], float) for a in W) / sum(weights.values())
+    np.testing.assert_allclose(off["w"], everyone, rtol=1e-6)
