@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import math
+import zlib
 from collections.abc import Mapping
 
 import numpy as np
@@ -35,6 +36,7 @@ DECAY = 0.5  # evidence kept at each new round
 OPPOSED_BELOW = 0.0  # running mean cosine with the fleet's median update
 MIN_DEVICES = 4  # devices holding a tensor before their median is the fleet's update
 MIN_EVIDENCE = 1.0  # (decayed) averages seen before a device is judged
+SAMPLE = 1 << 18  # coordinates the cosines are taken over, at most
 
 log = logging.getLogger(__name__)
 
@@ -87,10 +89,14 @@ class UpdateDirection:
         return out if 2 * len(out) < len(agents) else set()
 
 
-def update_cosines(states: Mapping[str, Arrays], reference: Arrays) -> dict[str, float]:
+def update_cosines(states: Mapping[str, Arrays], reference: Arrays,
+                   sample: int = SAMPLE) -> dict[str, float]:
     """Per device, cos(u_k, m) over the float tensors it holds that `reference` has and at
     least MIN_DEVICES devices hold: u_k its update, m the coordinate-wise median update. A
-    device with no such tensor, or a zero update (or a zero median), gets no cosine."""
+    device with no such tensor, or a zero update (or a zero median), gets no cosine. Over
+    `sample` coordinates in all, the same seeded random ones for every device (a cosine
+    over 2^18 of AlexNet's 20M coordinates is within ~0.01 of the whole one, at a
+    hundredth of the cost); below that, over every coordinate, exactly."""
     holders: dict[str, list[str]] = {}
     for agent in sorted(states):
         for name, value in states[agent].items():
@@ -98,14 +104,20 @@ def update_cosines(states: Mapping[str, Arrays], reference: Arrays) -> dict[str,
             if (ref is not None and ref.shape == value.shape
                     and np.issubdtype(value.dtype, np.floating)):
                 holders.setdefault(name, []).append(agent)
+    judged = {n: a for n, a in holders.items() if len(a) >= MIN_DEVICES}
+    fraction = min(1.0, sample / max(1, sum(reference[n].size for n in judged)))
     dots: dict[str, float] = {}
     own: dict[str, float] = {}
     fleet: dict[str, float] = {}
-    for name, agents in holders.items():
-        if len(agents) < MIN_DEVICES:
-            continue
-        start = reference[name].astype(np.float32)
-        flat = np.stack([(states[a][name].astype(np.float32) - start).ravel() for a in agents])
+    for name, agents in judged.items():
+        size = reference[name].size
+        where: np.ndarray | slice = slice(None)
+        if fraction < 1.0:
+            where = np.random.default_rng(zlib.crc32(name.encode())).integers(
+                0, size, max(1, math.ceil(size * fraction)))
+        start = reference[name].reshape(-1)[where].astype(np.float32)
+        flat = np.stack([states[a][name].reshape(-1)[where].astype(np.float32) - start
+                         for a in agents])
         median = np.median(flat, axis=0)
         mm = float(median @ median)
         if log.isEnabledFor(logging.DEBUG):
@@ -115,6 +127,6 @@ def update_cosines(states: Mapping[str, Arrays], reference: Arrays) -> dict[str,
         for agent, u in zip(agents, flat, strict=True):
             dots[agent] = dots.get(agent, 0.0) + float(u @ median)
             own[agent] = own.get(agent, 0.0) + float(u @ u)
-            fleet[agent] = fleet.get(agent, 0.0) + float(median @ median)
+            fleet[agent] = fleet.get(agent, 0.0) + mm
     return {a: dots[a] / math.sqrt(own[a] * fleet[a]) for a in sorted(dots)
             if own[a] > 0 and fleet[a] > 0}

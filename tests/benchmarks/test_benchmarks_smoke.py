@@ -29,6 +29,8 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     "bench_hetero.py": ("mean round wall-time ratio per-device/common",),
     "bench_adaptive.py": ("| round s re-plan | round s plan-once | ratio | predicted |",
                           "mean round-time ratio re-plan/plan-once after the change:"),
+    "bench_defence_cost.py": ("| label check, per step | ", "| direction check, per average | ",
+                              "ratio label check / server step: "),
     "bench_scale.py": ("| agents | register s |", "growth 2 -> 20 agents (10x):"),
     "bench_robust.py": ("command: python benchmarks/bench_robust.py --smoke",
                         "| method | attack | attackers | none | default | multi-krum |",

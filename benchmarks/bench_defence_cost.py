@@ -1,0 +1,122 @@
+"""What the coordinator's per-step and per-average defences cost, side by side in one process.
+
+The label check (server/label_consistency.py) runs at every split step: a projection, sums
+per label, a median per class and the verdicts. It is timed against the server step it rides
+on (forward, backward and update of the server block on every device's activations). The
+direction check (server/update_direction.py) runs at every average of uploads: each
+device's update against the coordinate-wise median update. It is timed against the average
+itself (`aggregators.aggregate` under `mean` with the outlier bound, the default). Inputs are
+random tensors of the real shapes: cost does not depend on their values. One torch thread.
+
+Run: `.venv/bin/python benchmarks/bench_defence_cost.py [--model alexnet --split 2
+--devices 10 --batch 64 --repeats 30] [--smoke]`
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from jetsplit.models.split import split
+from jetsplit.models.weights import to_arrays
+from jetsplit.models.zoo import build_model
+from jetsplit.server.aggregators import DEFAULT_OUTLIER_BOUND, aggregate
+from jetsplit.server.label_consistency import LabelConsistency
+from jetsplit.server.update_direction import UpdateDirection
+
+
+def timed(pairs: list[tuple[Callable[[], object], list[float]]], repeats: int) -> None:
+    """Each callable once to warm up, then `repeats` times interleaved (a drift in the
+    machine's speed lands on both)."""
+    for run, _ in pairs:
+        run()
+    for _ in range(repeats):
+        for run, out in pairs:
+            started = time.perf_counter()
+            run()
+            out.append(time.perf_counter() - started)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="alexnet")
+    parser.add_argument("--split", type=int, default=2)
+    parser.add_argument("--input", default="1,28,28", help="C,H,W (MNIST by default)")
+    parser.add_argument("--classes", type=int, default=10)
+    parser.add_argument("--devices", type=int, default=10)
+    parser.add_argument("--batch", type=int, default=64, help="B, shared by the devices")
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--smoke", action="store_true", help="tiny: 3 repeats (seconds)")
+    args = parser.parse_args()
+    if args.smoke:
+        args.repeats = 3
+    torch.set_num_threads(1)
+    command = "python benchmarks/bench_defence_cost.py " + shlex.join(sys.argv[1:])
+    shape = tuple(int(v) for v in args.input.split(","))
+    model = build_model(args.model, shape, args.classes, seed=0)  # type: ignore[arg-type]
+    client, server = split(model, args.split)
+    generator = torch.Generator().manual_seed(0)
+    # unequal shares of B, as dirichlet partitions give them
+    weights = torch.rand(args.devices, generator=generator) + 0.2
+    shares = [max(2, round(args.batch * float(w / weights.sum()))) for w in weights]
+    with torch.no_grad():
+        acts = [client(torch.randn(n, *shape, generator=generator)) for n in shares]
+    labels = [torch.randint(0, args.classes, (n,), generator=generator) for n in shares]
+    agents = [f"a{i}" for i in range(args.devices)]
+    optimizer = torch.optim.SGD(server.parameters(), lr=0.01)
+    check = LabelConsistency(args.classes, seed=0)
+
+    def server_step() -> None:
+        leaf = torch.cat(acts).requires_grad_()
+        loss = torch.nn.functional.cross_entropy(server(leaf), torch.cat(labels))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    step_s: list[float] = []
+    label_s: list[float] = []
+    timed([(server_step, step_s), (lambda: check.observe(agents, acts, labels), label_s)],
+          args.repeats)
+
+    start = to_arrays(model, "model")
+    rng = np.random.default_rng(0)
+    uploads = {a: {n: (v + rng.normal(0, 1e-2, v.shape)).astype(v.dtype)
+                   if v.dtype.kind == "f" else v for n, v in start.items()} for a in agents}
+    sizes = {a: float(n) for a, n in zip(agents, shares, strict=True)}
+    direction = UpdateDirection()
+
+    def average() -> None:
+        aggregate(uploads, sizes, "mean", reference=start, outlier_bound=DEFAULT_OUTLIER_BOUND)
+
+    average_s: list[float] = []
+    direction_s: list[float] = []
+    timed([(average, average_s), (lambda: direction.observe("model", uploads, start),
+                                  direction_s)], args.repeats)
+
+    params = sum(v.size for v in start.values() if v.dtype.kind == "f")
+    print(f"command: {command}")
+    print(f"# {args.model} split {args.split}, input {shape}, {args.devices} devices, "
+          f"B = {args.batch} ({shares}), activations {tuple(acts[0].shape[1:])}, "
+          f"{params:,} float parameters, median of {args.repeats}, one thread\n")
+    print("| what | ms | defence / what it rides on |")
+    print("|---|---|---|")
+    step, label = statistics.median(step_s), statistics.median(label_s)
+    avg, cosine = statistics.median(average_s), statistics.median(direction_s)
+    print(f"| server step (all devices' activations) | {1e3 * step:.2f} | |")
+    print(f"| label check, per step | {1e3 * label:.2f} | {label / step:.3f} |")
+    print(f"| average of the uploads (mean, outlier bound) | {1e3 * avg:.2f} | |")
+    print(f"| direction check, per average | {1e3 * cosine:.2f} | {cosine / avg:.3f} |")
+    print(f"\nratio label check / server step: {label / step:.3f}; "
+          f"ratio direction check / average: {cosine / avg:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
