@@ -10,8 +10,8 @@ task), a reversed one points away.
 So at every average of uploaded blocks, each device's update u_k = w_k − g (float tensors it
 holds) is compared with the fleet's: per tensor, the coordinate-wise median of the updates of
 the devices holding it (no minority can move it). The cosine between u_k and the median,
-over u_k's tensors, is accumulated per device (running sums that halve at each round, like
-the label check's), per block (a SplitFed V1 device's client block is its own upload, its
+over u_k's tensors, is accumulated per device (running sums kept at `DECAY` each round), per
+block (a SplitFed V1 device's client block is its own upload, its
 server copy is trained by the coordinator). A device whose running mean cosine for a block is
 below `OPPOSED_BELOW` is *opposed*: its uploads of that block are left out of the averages
 while it stays so. Every average re-judges, so a
@@ -32,7 +32,10 @@ import numpy as np
 
 from jetsplit.server.aggregation import Arrays
 
-DECAY = 0.5  # evidence kept at each new round
+# evidence kept at each new round: an honest device holding a quarter of the data, label
+# skewed, had cosines +0.67, -0.09, -0.10, +0.03 over its first rounds (FedAvg, MNIST,
+# dirichlet:0.5); at 0.5 its running mean fell to +0.01, at 0.75 it stays above +0.05
+DECAY = 0.75
 OPPOSED_BELOW = 0.0  # running mean cosine with the fleet's median update
 MIN_DEVICES = 4  # devices holding a tensor before their median is the fleet's update
 MIN_EVIDENCE = 1.0  # (decayed) averages seen before a device is judged

@@ -81,23 +81,25 @@ def test_the_reverser_and_only_the_reverser_is_opposed() -> None:
     assert sorted(check.opposed) == [("client", "a4")]
 
 
-def test_evidence_halves_each_round_and_a_mended_device_comes_back() -> None:
+def test_evidence_decays_each_round_and_a_mended_device_comes_back() -> None:
+    """DECAY = 0.75: two reversed rounds, then a4 sends honest updates. One honest round
+    does not outweigh them, ((0.75 · 1.75 · −0.866) + 1) / 2.3125 < 0; a second does."""
     check = UpdateDirection()
     check.observe("client", _states(), REFERENCE)
     check.new_round()
     check.observe("client", _states(), REFERENCE)
-    assert check.counts["client", "a4"] == pytest.approx(1.5)
-    assert check.sums["client", "a4"] == pytest.approx(1.5 * COSINES["a4"], abs=1e-6)
+    assert check.counts["client", "a4"] == pytest.approx(1.75)
+    assert check.sums["client", "a4"] == pytest.approx(1.75 * COSINES["a4"], abs=1e-6)
     check.new_round()
     check.observe("client", _states(mended=True), REFERENCE)  # a4 = a1: the median moves
-    # w columns [1,2,1,3,2], [0,1,1,0,1], [0,0,1,1,0] → [2, 1, 0]; b [1,1,2,0,1] → 1
-    m = np.array([2.0, 1, 0, 1])
-    u = np.array([2.0, 1, 0, 1])
-    now = float(u @ m / (np.linalg.norm(u) * np.linalg.norm(m)))
-    assert check.last["client", "a4"] == pytest.approx(now)
-    assert check.counts["client", "a4"] == pytest.approx(1.75)
-    assert check.sums["client", "a4"] == pytest.approx(0.75 * COSINES["a4"] + now, abs=1e-6)
-    assert check.opposed == {}  # (0.75 · −0.866 + 1) / 1.75 > 0
+    # w columns [1,2,1,3,2], [0,1,1,0,1], [0,0,1,1,0] → [2, 1, 0]; b [1,1,2,0,1] → 1: m = u
+    assert check.last["client", "a4"] == pytest.approx(1.0)
+    assert check.counts["client", "a4"] == pytest.approx(2.3125)
+    assert check.sums["client", "a4"] == pytest.approx(1.3125 * COSINES["a4"] + 1, abs=1e-6)
+    assert sorted(check.opposed) == [("client", "a4")]
+    check.new_round()
+    check.observe("client", _states(mended=True), REFERENCE)
+    assert check.opposed == {}
 
 
 def test_off_judges_nothing() -> None:
