@@ -96,10 +96,10 @@ def update_cosines(states: Mapping[str, Arrays], reference: Arrays,
                    sample: int = SAMPLE) -> dict[str, float]:
     """Per device, cos(u_k, m) over the float tensors it holds that `reference` has and at
     least MIN_DEVICES devices hold: u_k its update, m the coordinate-wise median update. A
-    device with no such tensor, or a zero update (or a zero median), gets no cosine. Over
-    `sample` coordinates in all, the same seeded random ones for every device (a cosine
-    over 2^18 of AlexNet's 20M coordinates is within ~0.01 of the whole one, at a
-    hundredth of the cost); below that, over every coordinate, exactly."""
+    device with no such tensor, a zero update (or a zero median), or one too large for a
+    finite cosine, gets none. Over `sample` coordinates in all, the same seeded random
+    ones for every device (a cosine over 2^18 of AlexNet's 20M coordinates is within ~0.01
+    of the whole one, at a fortieth of the cost); below that, over every one, exactly."""
     holders: dict[str, list[str]] = {}
     for agent in sorted(states):
         for name, value in states[agent].items():
@@ -118,8 +118,9 @@ def update_cosines(states: Mapping[str, Arrays], reference: Arrays,
         if fraction < 1.0:
             where = np.random.default_rng(zlib.crc32(name.encode())).integers(
                 0, size, max(1, math.ceil(size * fraction)))
-        start = reference[name].reshape(-1)[where].astype(np.float32)
-        flat = np.stack([states[a][name].reshape(-1)[where].astype(np.float32) - start
+        # float64: a scaled upload's squared norm overflows float32 (scale:1000 did)
+        start = reference[name].reshape(-1)[where].astype(np.float64)
+        flat = np.stack([states[a][name].reshape(-1)[where].astype(np.float64) - start
                          for a in agents])
         median = np.median(flat, axis=0)
         mm = float(median @ median)
@@ -131,5 +132,6 @@ def update_cosines(states: Mapping[str, Arrays], reference: Arrays,
             dots[agent] = dots.get(agent, 0.0) + float(u @ median)
             own[agent] = own.get(agent, 0.0) + float(u @ u)
             fleet[agent] = fleet.get(agent, 0.0) + mm
-    return {a: dots[a] / math.sqrt(own[a] * fleet[a]) for a in sorted(dots)
-            if own[a] > 0 and fleet[a] > 0}
+    cosines = {a: dots[a] / math.sqrt(own[a] * fleet[a]) for a in sorted(dots)
+               if own[a] > 0 and fleet[a] > 0}
+    return {a: c for a, c in cosines.items() if math.isfinite(c)}  # no NaN in the sums

@@ -57,6 +57,10 @@ def test_zero_updates_get_no_cosine_and_too_few_holders_judge_nothing() -> None:
     states = _states()
     states["a2"] = {n: REFERENCE[n].copy() for n in ("w", "b", "n")}  # did not move
     assert "a2" not in update_cosines(states, REFERENCE)
+    states["a2"] = {"w": np.full(3, -3e38, np.float32), "b": np.full(1, -3e38, np.float32)}
+    huge = update_cosines(states, REFERENCE)  # its squared norm overflows float32, not 64
+    # the medians move: w [1, 0, 0], b [0]; u ∝ (-1, -1, -1, -1): cos = -1 / 2
+    assert huge["a2"] == pytest.approx(-0.5, abs=1e-6)
     check = UpdateDirection()
     check.observe("client", {a: _states()[a] for a in ("a0", "a1", "a4")},
                   REFERENCE)  # 3 devices < 4
