@@ -275,17 +275,22 @@ class Trainer:
     # ------------------------------------------------------------------ selection
 
     def aggregate(self, states: Mapping[str, Arrays], weights: Mapping[str, float], *,
-                  reference: Arrays | None = None, block: str = "client") -> Arrays:
+                  reference: Arrays | None = None, block: str = "client",
+                  uploaded: bool = True) -> Arrays:
         """The blocks devices uploaded, combined by `[train] aggregator` (server/aggregators.py)
         layer by layer; `reference` is the block they started from. What the rule did to a
         device (clipped, left out) goes into this round's books, named by `block` (a round
-        may combine several: client blocks, server copies, aux heads)."""
+        may combine several: client blocks, server copies, aux heads). `uploaded` False: the
+        coordinator trained these blocks itself (SplitFed V1's and Ampere's server copies), so
+        no device can have reversed them, and the direction check skips them (a label-skewed
+        device's copy honestly points away from the median: measured)."""
         s = self.settings
         notes: dict[str, str] = {}
         excluded = self.consistency.excluded(sorted(states))
         for agent in excluded:  # labels that do not fit its activations: so may its upload
             notes[agent] = f"left out: {self.consistency.inconsistent[agent]}"
-        self.direction.observe(block, states, reference)
+        if uploaded:
+            self.direction.observe(block, states, reference)
         opposed = self.direction.excluded(block, sorted(set(states) - excluded))
         for agent in opposed:  # an update reversed against the fleet's
             notes[agent] = f"left out: {self.direction.opposed[block, agent]}"

@@ -659,6 +659,6 @@ class AmpereNoConsolidation(Ampere):
             states[agent] = to_arrays(server, "server")
         with t.books.timed("aggregate"):  # under [train] aggregator, like every upload
             merged = t.aggregate(states, counts, reference=to_arrays(t.server, "server"),
-                                 block="server copy")
+                                 block="server copy", uploaded=False)
         load_strict(t.server, from_arrays(merged, "server"), "server average")
         return float(np.mean(losses)) if losses else None

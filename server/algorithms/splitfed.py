@@ -45,7 +45,8 @@ class SplitFedV1(SplitMethod):
             states = {a: to_arrays(self.copies[a], "server") for a in participants}
             with t.books.timed("aggregate"):  # under [train] aggregator, like client blocks
                 merged = t.aggregate(states, t.sizes(participants),
-                                     reference=to_arrays(t.server, "server"), block="server copy")
+                                     reference=to_arrays(t.server, "server"), block="server copy",
+                                     uploaded=False)
             load_strict(t.server, from_arrays(merged, "server"), "server average")
         self.copies, self.optimizers = {}, {}
 

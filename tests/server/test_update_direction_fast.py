@@ -86,20 +86,20 @@ def test_the_reverser_and_only_the_reverser_is_opposed() -> None:
 
 
 def test_evidence_decays_each_round_and_a_mended_device_comes_back() -> None:
-    """DECAY = 0.75: two reversed rounds, then a4 sends honest updates. One honest round
-    does not outweigh them, ((0.75 · 1.75 · −0.866) + 1) / 2.3125 < 0; a second does."""
+    """DECAY = 0.9: two reversed rounds, then a4 sends honest updates. One honest round
+    does not outweigh them, (0.9 · 1.9 · −0.866 + 1) / 2.71 < 0; a second does."""
     check = UpdateDirection()
     check.observe("client", _states(), REFERENCE)
     check.new_round()
     check.observe("client", _states(), REFERENCE)
-    assert check.counts["client", "a4"] == pytest.approx(1.75)
-    assert check.sums["client", "a4"] == pytest.approx(1.75 * COSINES["a4"], abs=1e-6)
+    assert check.counts["client", "a4"] == pytest.approx(1.9)
+    assert check.sums["client", "a4"] == pytest.approx(1.9 * COSINES["a4"], abs=1e-6)
     check.new_round()
     check.observe("client", _states(mended=True), REFERENCE)  # a4 = a1: the median moves
     # w columns [1,2,1,3,2], [0,1,1,0,1], [0,0,1,1,0] → [2, 1, 0]; b [1,1,2,0,1] → 1: m = u
     assert check.last["client", "a4"] == pytest.approx(1.0)
-    assert check.counts["client", "a4"] == pytest.approx(2.3125)
-    assert check.sums["client", "a4"] == pytest.approx(1.3125 * COSINES["a4"] + 1, abs=1e-6)
+    assert check.counts["client", "a4"] == pytest.approx(2.71)
+    assert check.sums["client", "a4"] == pytest.approx(1.71 * COSINES["a4"] + 1, abs=1e-6)
     assert sorted(check.opposed) == [("client", "a4")]
     check.new_round()
     check.observe("client", _states(mended=True), REFERENCE)
@@ -156,3 +156,15 @@ def test_a_sampled_cosine_is_near_the_whole_one() -> None:
     assert sampled == pytest.approx(exact, abs=0.05)
     assert exact["a5"] < -0.2 and sampled["a5"] < -0.2
     assert update_cosines(states, start, sample=4096) == sampled
+
+
+def test_blocks_the_coordinator_trained_are_not_judged() -> None:
+    """SplitFed V1's and Ampere's server copies (`uploaded=False`): nobody is left out for
+    their direction, and no evidence is kept."""
+    weights = {"a0": 1, "a1": 2, "a2": 3, "a3": 4, "a4": 100}
+    trainer = _trainer()
+    merged = trainer.aggregate(_states(), weights, reference=REFERENCE, block="server copy",
+                               uploaded=False)
+    everyone = sum(weights[a] * np.array(W[a], float) for a in W) / sum(weights.values())
+    np.testing.assert_allclose(merged["w"], everyone, rtol=1e-6)
+    assert trainer.direction.counts == {} and trainer.books.aggregation == {}
