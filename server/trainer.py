@@ -295,7 +295,9 @@ class Trainer:
         for agent in opposed:  # an update reversed against the fleet's
             notes[agent] = f"left out: {self.direction.opposed[block, agent]}"
         excluded |= opposed
-        self.books.influence.add(dict.fromkeys(excluded, 0.0), 1)
+        for agent in excluded:  # a share of 0 over every float parameter it uploaded
+            self.books.influence.add({agent: 0.0}, sum(
+                int(v.size) for v in states[agent].values() if v.dtype.kind == "f"))
         states = {a: v for a, v in states.items() if a not in excluded}
         merged = aggregate(states, weights, s.aggregator, reference=reference, notes=notes,
                            shares=self.books.influence, clip_factor=s.clip_factor,

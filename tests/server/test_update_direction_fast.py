@@ -168,3 +168,17 @@ def test_blocks_the_coordinator_trained_are_not_judged() -> None:
     everyone = sum(weights[a] * np.array(W[a], float) for a in W) / sum(weights.values())
     np.testing.assert_allclose(merged["w"], everyone, rtol=1e-6)
     assert trainer.direction.counts == {} and trainer.books.aggregation == {}
+
+
+def test_a_left_out_device_weighs_0_over_every_parameter_it_uploaded() -> None:
+    """A round with two averages: a4's reversed client block (4 float parameters, left out)
+    and a server copy of 6 parameters where it weighs 100 of 110. Its share of the round is
+    0 over the first 4 and 100/110 over the other 6, not the copy's share alone."""
+    weights = {"a0": 1, "a1": 2, "a2": 3, "a3": 4, "a4": 100}
+    trainer = _trainer()
+    trainer.aggregate(_states(), weights, reference=REFERENCE)
+    copies = {a: {"s": np.full(6, float(i), np.float32)} for i, a in enumerate(sorted(W))}
+    trainer.aggregate(copies, weights, reference={"s": np.zeros(6, np.float32)},
+                      block="server copy", uploaded=False)
+    assert trainer.books.influence.result()["a4"] == pytest.approx(100 / 110 * 6 / 10,
+                                                                   abs=1e-6)
