@@ -5,12 +5,12 @@ agents, a9 then a8) run `edge_agent.attacks` specs. For each method, attack kind
 of attackers: the final accuracy clean, attacked without any defence, and attacked under
 each defence, over the same seeds. Defences:
 
-- `none`: the weighted mean (FedAvg's rule), no outlier, activation or loss bound, no size
-  cap, histograms believed, labels never checked against activations (what the
-  coordinator did before);
+- `none`: the weighted mean (FedAvg's rule), no outlier, activation, loss or gradient
+  bound, no size cap, histograms believed, labels never checked against activations,
+  update directions never judged (what the coordinator did before);
 - `default`: the defaults (the weighted mean, outlier bound 10×, activation bound 5×, loss
-  bound 3×, size cap 5× the median claim, histograms checked against the labels sent, the
-  label check);
+  bound 3×, GAPSL's gradient bound 5×, size cap 5× the median claim, histograms checked
+  against the labels sent, the label check, the direction check);
 - `default-no-loss-bound`, `default-no-outlier-bound`: the defaults without that bound
   (what it adds);
 - `clipped`, `median`, `trimmed-mean`, `multi-krum`: that aggregator on top of the default.
