@@ -63,7 +63,7 @@ class UpdateDirection:
         self.opposed: dict[tuple[str, str], str] = {}  # why, as of the last judgement
 
     def new_round(self) -> None:
-        """The global block moved: older evidence counts half."""
+        """The global block moved: older evidence weighs DECAY."""
         for books in (self.sums, self.counts):
             for key in books:
                 books[key] *= DECAY
