@@ -12,9 +12,10 @@ holds) is compared with the fleet's: per tensor, the coordinate-wise median of t
 the devices holding it (no minority can move it). The cosine between u_k and the median,
 over u_k's tensors, is accumulated per device and block (running sums kept at `DECAY` each
 round). A device whose running mean cosine for a block is below `OPPOSED_BELOW` is
-*opposed*: its uploads of that block are left out of the averages while it stays so. Every
-average re-judges, so a device that mends its uploads comes back once its honest rounds
-outweigh the older ones.
+*opposed*: its uploads of that block are left out of the averages until its running mean is
+over `RETURN_ABOVE` (a reverser left out has cosines near 0, and at 0 it came back every
+third round). Every average re-judges, so a device that mends its uploads comes back once
+its honest rounds outweigh the older ones.
 
 Only blocks the devices trained are judged (`Trainer.aggregate(uploaded=...)`), not the
 server copies the coordinator trains for SplitFed V1 and Ampere: nobody can reverse those,
@@ -44,6 +45,12 @@ from jetsplit.server.aggregation import Arrays
 # dirichlet:0.5); at 0.5 its running mean fell to +0.01, at 0.9 it stays above +0.07
 DECAY = 0.9
 OPPOSED_BELOW = 0.0  # running mean cosine with the fleet's median update
+# ... and an opposed device is back in once its running mean is over this: a reverser's
+# cosines hovered around 0 once it was left out (its own classes pulled against the
+# fleet's), so at 0 it came back every third round (FedAvg, MNIST, dirichlet:0.5); an
+# honest device's running mean was +0.2 or more in the clean runs, +0.08 for one holding
+# a quarter of the data, label skewed (who, never opposed, is never held to this)
+RETURN_ABOVE = 0.1
 MIN_DEVICES = 4  # devices holding a tensor before their median is the fleet's update
 MIN_EVIDENCE = 1.0  # (decayed) averages seen before a device is judged
 SAMPLE = 1 << 18  # coordinates the cosines are taken over, at most
@@ -84,12 +91,16 @@ class UpdateDirection:
             self.last[key] = cosine
         for agent in states:
             key = (block, agent)
-            self.opposed.pop(key, None)
+            was_opposed = self.opposed.pop(key, None) is not None
             count = self.counts.get(key, 0.0)
-            if count >= MIN_EVIDENCE and self.sums[key] / count < OPPOSED_BELOW:
+            if count < MIN_EVIDENCE:
+                continue
+            mean = self.sums[key] / count
+            if mean < OPPOSED_BELOW or (was_opposed and mean <= RETURN_ABOVE):
                 self.opposed[key] = (
                     f"update opposed to the fleet's: mean cosine with the median update "
-                    f"{self.sums[key] / count:+.2f} (this time {self.last[key]:+.2f})")
+                    f"{mean:+.2f} (this time {self.last[key]:+.2f}; back in over "
+                    f"{RETURN_ABOVE:+.2f})")
 
     def excluded(self, block: str, agents: list[str]) -> set[str]:
         """Those of `agents` now opposed in `block` (never half or more of them: the median

@@ -75,7 +75,7 @@ def test_the_reverser_and_only_the_reverser_is_opposed() -> None:
     assert sorted(check.opposed) == [("client", "a4")]
     assert check.opposed["client", "a4"] == (
         "update opposed to the fleet's: mean cosine with the median update -0.87 (this time "
-        "-0.87)")
+        "-0.87; back in over +0.10)")
     assert check.excluded("client", ["a0", "a1", "a2", "a3", "a4"]) == {"a4"}
     assert check.excluded("model", ["a0", "a1", "a2", "a3", "a4"]) == set()
     assert check.excluded("client", ["a0", "a4"]) == set()  # half of them: nobody
@@ -182,3 +182,19 @@ def test_a_left_out_device_weighs_0_over_every_parameter_it_uploaded() -> None:
                       block="server copy", uploaded=False)
     assert trainer.books.influence.result()["a4"] == pytest.approx(100 / 110 * 6 / 10,
                                                                    abs=1e-6)
+
+
+def test_an_opposed_device_is_back_only_over_the_return_bound() -> None:
+    """Running means in (0, RETURN_ABOVE]: an opposed device stays out, one never opposed
+    stays in. Evidence set by hand, then a round in which a4 sends a1's update (cosine 1):
+    (-1.0 · 0.9 + 1) / (10 · 0.9 + 1) = 0.01."""
+    for was_opposed in (True, False):
+        check = UpdateDirection()
+        check.sums["client", "a4"], check.counts["client", "a4"] = -1.0, 10.0
+        if was_opposed:
+            check.opposed["client", "a4"] = "earlier"
+        check.new_round()
+        check.observe("client", _states(mended=True), REFERENCE)
+        assert check.sums["client", "a4"] / check.counts["client", "a4"] == pytest.approx(0.01)
+        assert (("client", "a4") in check.opposed) is was_opposed
+
