@@ -321,20 +321,26 @@ class Trainer:
         self.claims.note(claims, cap)
         return capped(claims, cap)
 
-    def batches(self, agents: list[str]) -> dict[str, int]:
+    def batches(self, agents: list[str], left_out: set[str] | frozenset[str] = frozenset()
+                ) -> dict[str, int]:
         """B_k = B·|D_k| / Σ_j |D_j| (at least 2: BatchNorm in training mode needs more
         than one value per channel, and SplitFed V2 serves one client's batch alone): SCALA's
         size-proportional batches; or the fixed per-client batch where one is set
         (server/optim.client_batch). A device whose labels do not fit its activations takes
         no share of B, only a probe of PROBE_BATCH samples (server/label_consistency.py):
-        its share goes to the devices whose work counts, and it is judged again."""
+        its share goes to the devices whose work counts, and it is judged again. So does a
+        device in `left_out`: one whose work this round cannot count (FedAvg: its model
+        uploads are left out by the direction check, and its upload is all it contributes;
+        in a split method its activations still train the server block)."""
         from jetsplit.server.optim import client_batch
 
         fixed = client_batch(self.settings)
         if fixed is not None:
             return dict.fromkeys(agents, fixed)
         sizes = self.sizes(agents)
-        probing = self.consistency.excluded(agents)  # never all of them
+        probing = self.consistency.excluded(agents) | (set(left_out) & set(agents))
+        if len(probing) == len(agents):  # never all of them
+            probing = set()
         total = sum(n for a, n in sizes.items() if a not in probing) or 1
         return {a: PROBE_BATCH if a in probing
                 else max(MIN_CLIENT_BATCH, round(self.settings.batch * sizes[a] / total))

@@ -25,7 +25,9 @@ class FedAvg(Method):
         global_state = {**t.global_client, **to_arrays(t.server, "server")}
         if t.round > 0:
             live = t.push(live, global_state)
-        batches = t.batches(live)
+        # a device whose uploads the direction check leaves out only probes (it is judged on
+        # its next upload): its share of B goes to the devices whose work counts
+        batches = t.batches(live, t.direction.excluded("model", live))
         commands = {a: Command(Kind.TRAIN.value, {"target": "full", "batch": batches[a],
                                                   "steps": t.settings.local_steps,
                                                   "lr": t.client_optimizer.lr})

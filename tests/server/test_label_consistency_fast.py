@@ -150,6 +150,10 @@ def test_an_inconsistent_device_only_probes_and_the_others_share_the_batch() -> 
     trainer.claims = ClaimBooks()
     assert trainer.batches(["a0", "a1", "a2", "a3"]) == {"a0": 10, "a1": 20, "a2": 30,
                                                          "a3": PROBE_BATCH}
+    # a device whose work cannot count this round (FedAvg: uploads left out) probes too
+    assert trainer.batches(["a0", "a1", "a2", "a3"], {"a0", "e9"}) == {
+        "a0": PROBE_BATCH, "a1": 24, "a2": 36, "a3": PROBE_BATCH}
+    assert trainer.batches(["a0"], {"a0"}) == {"a0": 60}  # never all of them
     assert trainer.batches(["a3"]) == {"a3": 60}  # alone: nobody is trusted less
     trainer.consistency.inconsistent.clear()
     assert trainer.batches(["a0", "a1", "a2", "a3"]) == {"a0": 4, "a1": 8, "a2": 11, "a3": 38}

@@ -75,7 +75,7 @@ def test_the_reverser_and_only_the_reverser_is_opposed() -> None:
     assert sorted(check.opposed) == [("client", "a4")]
     assert check.opposed["client", "a4"] == (
         "update opposed to the fleet's: mean cosine with the median update -0.87 (this time "
-        "-0.87; back in over +0.10)")
+        "-0.87; back in over +0.25)")
     assert check.excluded("client", ["a0", "a1", "a2", "a3", "a4"]) == {"a4"}
     assert check.excluded("model", ["a0", "a1", "a2", "a3", "a4"]) == set()
     assert check.excluded("client", ["a0", "a4"]) == set()  # half of them: nobody
@@ -87,7 +87,8 @@ def test_the_reverser_and_only_the_reverser_is_opposed() -> None:
 
 def test_evidence_decays_each_round_and_a_mended_device_comes_back() -> None:
     """DECAY = 0.9: two reversed rounds, then a4 sends honest updates. One honest round
-    does not outweigh them, (0.9 · 1.9 · −0.866 + 1) / 2.71 < 0; a second does."""
+    does not outweigh them, (0.9 · 1.9 · −0.866 + 1) / 2.71 < 0; after two its running mean
+    is 0.165, not yet over RETURN_ABOVE (0.25); after three, 0.369: it is back."""
     check = UpdateDirection()
     check.observe("client", _states(), REFERENCE)
     check.new_round()
@@ -103,6 +104,13 @@ def test_evidence_decays_each_round_and_a_mended_device_comes_back() -> None:
     assert sorted(check.opposed) == [("client", "a4")]
     check.new_round()
     check.observe("client", _states(mended=True), REFERENCE)
+    assert check.sums["client", "a4"] / check.counts["client", "a4"] == pytest.approx(
+        0.165, abs=1e-3)
+    assert sorted(check.opposed) == [("client", "a4")]
+    check.new_round()
+    check.observe("client", _states(mended=True), REFERENCE)
+    assert check.sums["client", "a4"] / check.counts["client", "a4"] == pytest.approx(
+        0.369, abs=1e-3)
     assert check.opposed == {}
 
 
