@@ -192,17 +192,20 @@ def test_a_left_out_device_weighs_0_over_every_parameter_it_uploaded() -> None:
                                                                    abs=1e-6)
 
 
-def test_an_opposed_device_is_back_only_over_the_return_bound() -> None:
-    """Running means in (0, RETURN_ABOVE]: an opposed device stays out, one never opposed
-    stays in. Evidence set by hand, then a round in which a4 sends a1's update (cosine 1):
-    (-1.0 · 0.9 + 1) / (10 · 0.9 + 1) = 0.01."""
-    for was_opposed in (True, False):
-        check = UpdateDirection()
-        check.sums["client", "a4"], check.counts["client", "a4"] = -1.0, 10.0
-        if was_opposed:
-            check.opposed["client", "a4"] = "earlier"
-        check.new_round()
-        check.observe("client", _states(mended=True), REFERENCE)
-        assert check.sums["client", "a4"] / check.counts["client", "a4"] == pytest.approx(0.01)
-        assert (("client", "a4") in check.opposed) is was_opposed
-
+@pytest.mark.parametrize(("mean", "was_opposed", "opposed"), [
+    (0.01, True, True), (0.01, False, False),  # under the return bound: only who was out
+    (-0.05, True, True), (-0.05, False, False),  # over OPPOSED_BELOW (-0.1): the same
+    (-0.15, False, True), (0.26, True, False)])
+def test_the_entry_and_return_bounds(mean: float, was_opposed: bool, opposed: bool) -> None:
+    """Evidence set by hand (sum S over 10), then a round in which a4 sends a1's update
+    (cosine 1): (0.9 S + 1) / 10 = `mean`. Under -0.1 a device is out; out, it is back
+    only over +0.25; in between, it stays as it was."""
+    check = UpdateDirection()
+    check.sums["client", "a4"] = (10 * mean - 1) / 0.9
+    check.counts["client", "a4"] = 10.0
+    if was_opposed:
+        check.opposed["client", "a4"] = "earlier"
+    check.new_round()
+    check.observe("client", _states(mended=True), REFERENCE)
+    assert check.sums["client", "a4"] / check.counts["client", "a4"] == pytest.approx(mean)
+    assert (("client", "a4") in check.opposed) is opposed
