@@ -70,7 +70,7 @@ class TrainSection(BaseModel):
     # (server/label_consistency.py); "off": never judged.
     label_check: Literal["on", "off"] = "on"
     # A device whose uploaded updates point away from the fleet's median update (running
-    # mean cosine below -0.1) is left out of the averages (server/update_direction.py).
+    # mean cosine below 0) is left out of the averages (server/update_direction.py).
     direction_check: Literal["on", "off"] = "on"
     # How the blocks devices upload are combined (server/aggregators.py): `clip_factor` ×
     # the median update norm bounds each update under `clipped`; `robust_fraction` β is

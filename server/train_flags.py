@@ -56,7 +56,7 @@ HELP: dict[str, str] = {
     "label_check": "on | off: a device whose labels do not fit its activations (its samples "
                    "labelled c sit nearest the fleet's other classes) weighs 0.",
     "direction_check": "on | off: a device whose uploaded updates point away from the "
-                       "fleet's median update (running mean cosine below -0.1) weighs 0 in the "
+                       "fleet's median update (running mean cosine below 0) weighs 0 in the "
                        "averages.",
     "codec": "Activation/gradient codec: fp32 | fp16 | bf16 | int8.",
     "replan": "on | off: move devices' cuts between rounds when the live estimates predict "

@@ -194,12 +194,12 @@ def test_a_left_out_device_weighs_0_over_every_parameter_it_uploaded() -> None:
 
 @pytest.mark.parametrize(("mean", "was_opposed", "opposed"), [
     (0.01, True, True), (0.01, False, False),  # under the return bound: only who was out
-    (-0.05, True, True), (-0.05, False, False),  # over OPPOSED_BELOW (-0.1): the same
-    (-0.15, False, True), (0.26, True, False)])
+    (-0.05, True, True), (-0.05, False, True),  # under OPPOSED_BELOW (0): out
+    (0.26, True, False), (0.26, False, False)])
 def test_the_entry_and_return_bounds(mean: float, was_opposed: bool, opposed: bool) -> None:
     """Evidence set by hand (sum S over 10), then a round in which a4 sends a1's update
-    (cosine 1): (0.9 S + 1) / 10 = `mean`. Under -0.1 a device is out; out, it is back
-    only over +0.25; in between, it stays as it was."""
+    (cosine 1): (0.9 S + 1) / 10 = `mean`. Under 0 a device is out; out, it is back only
+    over +0.25; in between, it stays as it was."""
     check = UpdateDirection()
     check.sums["client", "a4"] = (10 * mean - 1) / 0.9
     check.counts["client", "a4"] = 10.0
