@@ -51,6 +51,14 @@ def _weights(run: Path) -> dict[str, np.ndarray]:
             for k, v in load_file(str(p)).items()}
 
 
+def _assert_same_weights(a: Path, b: Path) -> None:
+    """Two runs' saved weights, bit for bit (a check that judged nobody changed nothing)."""
+    first, second = _weights(a), _weights(b)
+    assert first and first.keys() == second.keys()
+    for name, value in first.items():
+        np.testing.assert_array_equal(value, second[name], err_msg=name)
+
+
 def test_the_defences_cost_a_clean_run_nothing_and_contain_an_attacker(tmp_path: Path) -> None:
     clean, rows = _run(tmp_path / "clean")
     unbounded, _ = _run(tmp_path / "unbounded", activation_bound=0.0)
@@ -187,10 +195,7 @@ def test_a_label_flipper_is_left_out_by_the_label_check(tmp_path: Path, algorith
     off, _ = _run(tmp_path / "clean-off", algorithm=algorithm, label_check="off")
     assert all(r["excluded"] == {} for r in rows)
     assert clean["final_accuracy"] == off["final_accuracy"]
-    clean_w, off_w = _weights(tmp_path / "clean"), _weights(tmp_path / "clean-off")
-    assert clean_w.keys() == off_w.keys()
-    for name, value in clean_w.items():
-        np.testing.assert_array_equal(value, off_w[name], err_msg=name)
+    _assert_same_weights(tmp_path / "clean", tmp_path / "clean-off")
 
 
 @pytest.mark.parametrize(("algorithm", "block"), [("fedavg", "model"),
@@ -214,10 +219,7 @@ def test_a_reverser_is_left_out_by_the_direction_check(tmp_path: Path, algorithm
     off, _ = _run(tmp_path / "clean-off", algorithm=algorithm, direction_check="off")
     assert all(r["aggregation"] == {} for r in rows)
     assert clean["final_accuracy"] == off["final_accuracy"]
-    clean_w, off_w = _weights(tmp_path / "clean"), _weights(tmp_path / "clean-off")
-    assert clean_w.keys() == off_w.keys()
-    for name, value in clean_w.items():
-        np.testing.assert_array_equal(value, off_w[name], err_msg=name)
+    _assert_same_weights(tmp_path / "clean", tmp_path / "clean-off")
 
 
 def test_absent_clients_keep_their_shard_but_never_join(tmp_path: Path) -> None:
