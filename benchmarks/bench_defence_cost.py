@@ -5,7 +5,10 @@ per label, a median per class and the verdicts. It is timed against the server s
 on (forward, backward and update of the server block on every device's activations). The
 direction check (server/update_direction.py) runs at every average of uploads: each
 device's update against the coordinate-wise median update. It is timed against the average
-itself (`aggregators.aggregate` under `mean` with the outlier bound, the default). Inputs are
+itself (`aggregators.aggregate` under `mean` with the outlier bound, the default). The
+gradient bound's shares, where a method does not compute them anyway (`[train]
+gradient_shares = "every-step"`: one backward per device), are timed as SCALA's server step
+with and without them; SplitFed V2's per-step norm against its one-device step. Inputs are
 random tensors of the real shapes: cost does not depend on their values. One torch thread.
 
 Run: `.venv/bin/python benchmarks/bench_defence_cost.py [--model alexnet --split 2
@@ -28,6 +31,8 @@ from jetsplit.models.split import split
 from jetsplit.models.weights import to_arrays
 from jetsplit.models.zoo import build_model
 from jetsplit.server.aggregators import DEFAULT_OUTLIER_BOUND, aggregate
+from jetsplit.server.algorithms.scala_math import scala_server_step
+from jetsplit.server.influence import gradient_norm
 from jetsplit.server.label_consistency import LabelConsistency
 from jetsplit.server.update_direction import UpdateDirection
 
@@ -85,6 +90,27 @@ def main() -> int:
     timed([(server_step, step_s), (lambda: check.observe(agents, acts, labels), label_s)],
           args.repeats)
 
+    def scala_step(shares: Callable[[list[float]], None] | None) -> None:
+        scala_server_step(server, acts, labels, args.classes, optimizer, shares=shares)
+
+    def split_v2_step() -> None:  # SplitFed V2 serves one device per step
+        leaf = acts[0].clone().requires_grad_()
+        loss = torch.nn.functional.cross_entropy(server(leaf), labels[0])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    def split_v2_norm() -> None:  # and bounds that step's server-gradient norm
+        gradient_norm([p.grad for p in server.parameters() if p.grad is not None])
+
+    scala_s: list[float] = []
+    shares_s: list[float] = []
+    v2_s: list[float] = []
+    norm_s: list[float] = []
+    timed([(lambda: scala_step(None), scala_s), (lambda: scala_step(lambda norms: None),
+                                                 shares_s), (split_v2_step, v2_s),
+           (split_v2_norm, norm_s)], args.repeats)
+
     start = to_arrays(model, "model")
     rng = np.random.default_rng(0)
     uploads = {a: {n: (v + rng.normal(0, 1e-2, v.shape)).astype(v.dtype)
@@ -111,10 +137,19 @@ def main() -> int:
     avg, cosine = statistics.median(average_s), statistics.median(direction_s)
     print(f"| server step (all devices' activations) | {1e3 * step:.2f} | |")
     print(f"| label check, per step | {1e3 * label:.2f} | {label / step:.3f} |")
+    scala, shares_every = statistics.median(scala_s), statistics.median(shares_s)
+    v2, norm = statistics.median(v2_s), statistics.median(norm_s)
+    print(f"| SCALA server step | {1e3 * scala:.2f} | |")
+    print(f"| SCALA server step, gradient_shares = every-step | {1e3 * shares_every:.2f} | "
+          f"{shares_every / scala:.3f} |")
+    print(f"| SplitFed V2 server step (one device's {shares[0]} samples) | {1e3 * v2:.2f} | |")
+    print(f"| SplitFed V2's gradient bound, per step | {1e3 * norm:.2f} | {norm / v2:.3f} |")
     print(f"| average of the uploads (mean, outlier bound) | {1e3 * avg:.2f} | |")
     print(f"| direction check, per average | {1e3 * cosine:.2f} | {cosine / avg:.3f} |")
     print(f"\nratio label check / server step: {label / step:.3f}; "
-          f"ratio direction check / average: {cosine / avg:.3f}")
+          f"ratio direction check / average: {cosine / avg:.3f}; "
+          f"ratio SCALA step every-step / where-free: {shares_every / scala:.3f}; "
+          f"ratio SplitFed V2 gradient bound / its step: {norm / v2:.3f}")
     return 0
 
 

@@ -71,8 +71,9 @@ DEFENCES: dict[str, dict[str, Any]] = {
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--methods", nargs="+", default=["scala", "splitfed-v1", "fedavg"])
-    parser.add_argument("--attacks", nargs="+", default=list(ATTACKS))
-    parser.add_argument("--attackers", nargs="+", type=int, default=[1, 2])
+    parser.add_argument("--attacks", nargs="*", default=list(ATTACKS),
+                        help="none given: only the clean runs (each defence's cost)")
+    parser.add_argument("--attackers", nargs="*", type=int, default=[1, 2])
     parser.add_argument("--defences", nargs="+", default=list(DEFENCES), choices=list(DEFENCES))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     # 30 rounds: at 10, AlexNet's runs end mid-climb and any perturbation moves the final
@@ -138,7 +139,7 @@ def main() -> int:
             for defence in args.defences:
                 clean.setdefault((method, defence), []).append(
                     run(method, defence, None, 0, seed))
-            for count in args.attackers:
+            for count in args.attackers if args.attacks else []:
                 without.setdefault((method, count), []).append(
                     run(method, "default", WITHOUT, count, seed)[0])
             for attack in args.attacks:
@@ -155,7 +156,7 @@ def main() -> int:
     for method in args.methods:
         cells = [mean_spread([a for a, _ in clean[(method, d)]]) for d in args.defences]
         print(f"| {method} | clean | 0 | " + " | ".join(cells) + " |")
-        for count in args.attackers:
+        for count in args.attackers if args.attacks else []:
             cells = [mean_spread(without[(method, count)]) if d == "default" else ""
                      for d in args.defences]
             print(f"| {method} | {WITHOUT} | {count} | " + " | ".join(cells) + " |")

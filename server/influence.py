@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # torch loads with the first step, not with the config that reads the default
@@ -86,25 +86,26 @@ class ActivationBound:
 DEFAULT_LOSS_BOUND = 3.0  # [train] loss_bound: × the fleet's median per-device loss; 0 off
 
 
-class LossBound:
-    """Per step: a device whose loss on the server block is far above the fleet's is
-    down-weighted in the shared server block's update.
+class RunningBound:
+    """Per step: a device whose value (a loss, a gradient norm) is far above the fleet's
+    recent ones is down-weighted in the shared server block's update.
 
-    Flipped or shifted labels do not show in the activations; they show in the loss: once
-    the honest devices have learned, a device whose labels disagree with its inputs keeps a
-    loss many times theirs, and every step its gradient pulls the shared block toward its
-    labels. The reference is the median of the per-device mean losses of this step and the
-    last `window` steps (one SplitFed V2 step serves one device, so the history holds the
-    others); a device over `factor` × the reference gets weight bound ÷ loss, so its term
-    weighs as if its loss were at the bound. History keeps losses clipped at the bound, so
-    it cannot be ratcheted up. Nothing over the bound (a clean run): no weights, and the
-    method takes its unweighted path, bit for bit."""
+    The reference is the median of this step's per-device values and the last `window`
+    steps' (one SplitFed V2 step serves one device, so the history holds the others); a
+    device over `factor` × the reference gets weight bound ÷ value, so its term weighs as if
+    its value were at the bound. History keeps values clipped at the bound, so it cannot be
+    ratcheted up while the window holds more honest steps than not. Nothing over the bound
+    (a clean run): no weights, and the method takes its unweighted path, bit for bit."""
 
-    def __init__(self, factor: float, window: int = WINDOW) -> None:
+    verb = "down-weighted"  # what the books say happened to a device over the bound
+    noun = "value"  # what was measured
+
+    def __init__(self, factor: float, window: int = WINDOW, floor: float = 0.0) -> None:
         self.factor = factor
+        self.floor = floor  # a value at or under it is never over the bound
         self.history: deque[float] = deque(maxlen=window)
 
-    def weights(self, agents: list[str], losses: list[float], notes: dict[str, str],
+    def weights(self, agents: list[str], values: list[float], notes: dict[str, str],
                 steps: dict[str, int]) -> list[float] | None:
         """One weight per device (in `agents` order), or None where none is over the
         bound; the round's books count, per down-weighted device, its steps (`steps`) and
@@ -113,17 +114,47 @@ class LossBound:
 
         if self.factor <= 0 or not agents:
             return None
-        finite = [x for x in losses if math.isfinite(x) and x >= 0]
+        finite = [x for x in values if math.isfinite(x) and x >= 0]
         if not finite:
             return None
         reference = statistics.median([*self.history, *finite])
-        bound = self.factor * reference
+        bound = max(self.factor * reference, self.floor)
         self.history.extend(min(x, bound) for x in finite)
-        if reference <= 0 or all(x <= bound for x in finite):
+        if bound <= 0 or all(x <= bound for x in finite):
             return None
-        return bounded_weights(agents, losses, bound, notes, steps, lambda loss, weight: (
-            f"down-weighted, last: loss {loss:.4g} over {self.factor:g}× the fleet's "
-            f"{reference:.4g}, weight {weight:.3g}"))
+        over = (f"the floor {self.floor:.4g} (the fleet's {reference:.4g})"
+                if bound == self.floor else f"{self.factor:g}× the fleet's {reference:.4g}")
+        return bounded_weights(agents, values, bound, notes, steps, lambda value, weight: (
+            f"{self.verb}, last: {self.noun} {value:.4g} over {over}, weight {weight:.3g}"))
+
+
+class LossBound(RunningBound):
+    """A device whose loss on the server block is far above the fleet's is down-weighted.
+
+    Flipped or shifted labels do not show in the activations; they show in the loss: once
+    the honest devices have learned, a device whose labels disagree with its inputs keeps a
+    loss many times theirs, and every step its gradient pulls the shared block toward its
+    labels. Such a loss is far over chance level (ln C, what a uniform guess scores).
+    `floor` (the trainer gives LOSS_FLOOR × ln C) keeps an honest device that does better
+    than chance in: late in a clean run the fleet's median loss nears 0, and 3× it
+    down-weighted every device's hard batches (all ten devices, in 27 of 30 rounds of a
+    clean SCALA run); under SplitFed V2's client-after-client schedule the next device's
+    first steps sit over 3× the loss of the server block just fitted to the last one
+    (docs/results.md)."""
+
+    noun = "loss"
+
+
+LOSS_FLOOR = 1.0  # × ln(classes), chance level: a mean loss under it is never down-weighted
+
+
+class StepGradientBound(RunningBound):
+    """SplitFed V2's gradient bound: each step serves one device, so that device's share of
+    the server gradient is the whole step's gradient; its norm is bounded at `factor` × the
+    recent steps' (the other devices') median. Measuring it costs one norm per step."""
+
+    verb = "with its server-gradient share clipped"
+    noun = "gradient norm"
 
 
 def bounded_weights(agents: list[str], values: list[float], bound: float,
@@ -145,24 +176,67 @@ def bounded_weights(agents: list[str], values: list[float], bound: float,
 
 def slice_weighted(loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
                    scores: torch.Tensor, targets: torch.Tensor, sizes: list[int],
-                   weigh: Callable[[list[float]], list[float] | None]
-                   ) -> torch.Tensor | None:
+                   weigh: Callable[[list[float]], list[float] | None] | None,
+                   shares: Callable[[list[float]], list[float] | None] | None = None,
+                   params: Sequence[torch.Tensor] = ()) -> torch.Tensor | None:
     """A concatenated batch's loss with each device's slice weighted: Σ_k w_k·B_k·L_k / B
-    (the plain mean loss when every w_k = 1), w from `weigh` given each slice's L_k.
+    (the plain mean loss when every w_k = 1), w from `weigh` given each slice's L_k and
+    then from `shares` (the gradient bound) given the norm of ∇(w_k·L_k) over `params`:
+    per sample, since a slice's batch share already follows its capped size.
 
     The slices' losses are measured without a graph (this runs every step); the weighted,
-    grad-carrying loss is built only when `weigh` returns weights (a device over the
-    bound). None otherwise: the caller keeps its unweighted loss, bit for bit."""
+    grad-carrying loss is built only when a device is over a bound. `shares` costs one
+    backward per device (`share_norms`). None when nobody is over either bound: the caller
+    keeps its unweighted loss, bit for bit."""
     import torch
 
-    with torch.no_grad():
-        seen = [loss_fn(s, t) for s, t in zip(scores.detach().split(sizes),
-                                              targets.split(sizes), strict=True)]
-    weights = weigh(torch.stack(seen).tolist())
-    if weights is None:
+    weights = None
+    if weigh is not None:
+        with torch.no_grad():
+            seen = [loss_fn(s, t) for s, t in zip(scores.detach().split(sizes),
+                                                  targets.split(sizes), strict=True)]
+        weights = weigh(torch.stack(seen).tolist())
+    if shares is None:
+        if weights is None:
+            return None
+        slices = zip(weights, sizes, scores.split(sizes), targets.split(sizes), strict=True)
+        return sum(w * n * loss_fn(s, t) for w, n, s, t in slices) / sum(sizes)
+    means = [w * loss_fn(s, t) for w, s, t in zip(
+        weights or [1.0] * len(sizes), scores.split(sizes), targets.split(sizes), strict=True)]
+    clipped = shares(share_norms(means, params))  # per sample: a large honest slice is no outlier
+    if clipped is None and weights is None:
         return None
-    slices = zip(weights, sizes, scores.split(sizes), targets.split(sizes), strict=True)
-    return sum(w * n * loss_fn(s, t) for w, n, s, t in slices) / sum(sizes)
+    return sum(c * n * m for c, n, m in zip(clipped or [1.0] * len(sizes), sizes, means,
+                                             strict=True)) / sum(sizes)
+
+
+def share_norms(terms: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> list[float]:
+    """The norm of each term's gradient over `params`: each device's share of a shared
+    step's server gradient. One backward per term (the graph is kept for the step's own)."""
+    import torch
+
+    norms = []
+    for term in terms:
+        grads = torch.autograd.grad(term, list(params), retain_graph=True, allow_unused=True)
+        present = [g for g in grads if g is not None]
+        norms.append(gradient_norm(present) if present else 0.0)
+    return norms
+
+
+def gradient_norm(grads: Sequence[torch.Tensor]) -> float:
+    """The norm of a whole gradient given per tensor (one host read): in the tensors' own
+    precision (float64 costs 16× on AlexNet's 20M parameters), again in float64 only where
+    that overflowed, so a huge gradient reads as huge, never as infinite."""
+    import math
+
+    import torch
+
+    def norm(dtype: torch.dtype | None) -> float:
+        return float(torch.linalg.vector_norm(torch.stack(
+            [torch.linalg.vector_norm(g, dtype=dtype) for g in grads])))
+
+    fast = norm(None)
+    return fast if math.isfinite(fast) else norm(torch.float64)
 
 
 DEFAULT_GRADIENT_BOUND = 5.0  # [train] gradient_bound: × this step's median share; 0 off
@@ -174,7 +248,9 @@ def gradient_shares(agents: list[str], norms: list[float], factor: float,
     its own term's gradient) is at most `factor` × the median share of this step: weight
     bound ÷ norm above the bound, 1 below; None when nobody is above (the unweighted step,
     bit for bit) or with fewer than three devices (no median to stand against). Needs the
-    per-device gradients, which GAPSL computes anyway for its selection."""
+    per-device gradients: GAPSL computes them anyway for its selection; SCALA's family and
+    PSL measure their norms only under `[train] gradient_shares = "every-step"`
+    (`share_norms`, one backward per device per step)."""
     import math
 
     finite = [n for n in norms if math.isfinite(n)]

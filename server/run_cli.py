@@ -21,7 +21,7 @@ app = typer.Typer(no_args_is_help=True, help="The coordinator.")
              "codec", "compression", "size_cap", "max_misses",
              "aggregator", "clip_factor", "robust_fraction", "outlier_bound", "activation_bound",
              "loss_bound", "histogram_check", "label_check", "direction_check",
-             "gradient_bound",
+             "gradient_bound", "gradient_shares",
              "replan", "replan_threshold", "replan_clock")
 def run(
     train: dict[str, Any],

@@ -47,7 +47,8 @@ class Settings:
     outlier_bound: float = DEFAULT_OUTLIER_BOUND  # × the median update norm: left out; 0 off
     activation_bound: float = DEFAULT_ACTIVATION_BOUND  # × the fleet's median norm; 0 off
     loss_bound: float = DEFAULT_LOSS_BOUND  # × the fleet's median device loss; 0 off
-    gradient_bound: float = DEFAULT_GRADIENT_BOUND  # GAPSL: × the median gradient share; 0 off
+    gradient_bound: float = DEFAULT_GRADIENT_BOUND  # × the median gradient share; 0 off
+    gradient_shares: str = "where-free"  # every-step: SCALA/PSL too, a backward per device
     max_misses: int = 3  # deadline misses in a row before an agent sits out (0: never)
     size_cap: float = DEFAULT_SIZE_CAP  # |D_k| weighs at most this × the median claim
     histogram_check: str = "on"  # a label histogram the labels sent disprove is replaced

@@ -243,7 +243,8 @@ SIMULATE_TRAIN_FLAGS = (
     "server_batch", "server_epochs", "tau1", "tau2", "margin", "edge_lr", "cloud_lr",
     "size_cap", "max_misses", "aggregator", "clip_factor", "robust_fraction",
     "outlier_bound", "activation_bound", "loss_bound", "histogram_check",
-    "label_check", "direction_check", "gradient_bound")
+    "label_check", "direction_check", "gradient_bound",
+    "gradient_shares")
 
 
 def peak_rss_mb() -> float:

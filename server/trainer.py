@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -37,7 +38,14 @@ from jetsplit.server.compute import autocast, to_device, to_host
 from jetsplit.server.divergence import DivergenceGuard
 from jetsplit.server.engine import Command, Engine, Outcome, Reply
 from jetsplit.server.evaluation import Evaluation, evaluate, summarize
-from jetsplit.server.influence import ActivationBound, LossBound, gradient_shares
+from jetsplit.server.influence import (
+    LOSS_FLOOR,
+    ActivationBound,
+    LossBound,
+    StepGradientBound,
+    gradient_norm,
+    gradient_shares,
+)
 from jetsplit.server.label_consistency import PROBE_BATCH, LabelConsistency
 from jetsplit.server.round_books import RoundBooks
 from jetsplit.server.settings import Settings
@@ -108,7 +116,9 @@ class Trainer:
         self.rng = np.random.default_rng(settings.seed)
         self.bench = Bench(settings.max_misses)  # who keeps missing deadlines sits out
         self.activation_bound = ActivationBound(settings.activation_bound)
-        self.loss_bound = LossBound(settings.loss_bound)
+        self.loss_bound = LossBound(  # a fitted device is no outlier, however small the median
+            settings.loss_bound, floor=LOSS_FLOOR * math.log(self.bundle.spec.num_classes))
+        self.step_gradient_bound = StepGradientBound(settings.gradient_bound)  # SplitFed V2
         self.books = RoundBooks(listener=self.bench.note)  # this round's phases, samples, misses
         self.claims = ClaimBooks()  # whose registered |D_k| was capped, at what
         # the labels each device sent, against the histogram it registered
@@ -239,15 +249,38 @@ class Trainer:
         kept = [i for i, a in enumerate(agents) if a not in excluded]
         return [agents[i] for i in kept], [acts[i] for i in kept], [labels[i] for i in kept]
 
-    def gradient_weights(self, agents: list[str], norms: torch.Tensor) -> list[float] | None:
+    def gradient_weights(self, agents: list[str], norms: torch.Tensor | list[float]
+                         ) -> list[float] | None:
         """Per device, the weight that keeps its share of the server gradient (`norms`, its
         own term's gradient norm) within `gradient_bound` × the step's median; None: all 1
         (server/influence.gradient_shares). One host read of the norms."""
         if self.settings.gradient_bound <= 0:
             return None
         books = self.books
-        return gradient_shares(agents, norms.detach().tolist(), self.settings.gradient_bound,
+        values = norms if isinstance(norms, list) else norms.detach().tolist()
+        return gradient_shares(agents, values, self.settings.gradient_bound,
                                books.gradient_clipped, books.gradient_clipped_steps)
+
+    def measured_gradient_weights(self, agents: list[str]
+                                  ) -> Callable[[list[float]], list[float] | None] | None:
+        """For a shared step whose per-device gradients are not otherwise computed (SCALA's
+        family, PSL): given each device's share norm, its weight (`gradient_weights`);
+        None unless `[train] gradient_shares = "every-step"`, since measuring the shares
+        costs one backward per device per step."""
+        if self.settings.gradient_bound <= 0 or self.settings.gradient_shares != "every-step":
+            return None
+        return lambda norms: self.gradient_weights(agents, norms)
+
+    def step_gradient_weight(self, agent: str, grads: list[torch.Tensor]) -> float | None:
+        """SplitFed V2 (one device per step): the weight that keeps this step's server
+        gradient norm (over `grads`) within `gradient_bound` × the recent steps' median
+        (server/influence.StepGradientBound); None: 1. One host read."""
+        if self.step_gradient_bound.factor <= 0 or not grads:
+            return None
+        books = self.books
+        weights = self.step_gradient_bound.weights(
+            [agent], [gradient_norm(grads)], books.gradient_clipped, books.gradient_clipped_steps)
+        return None if weights is None else weights[0]
 
     def loss_weights(self, agents: list[str]
                      ) -> Callable[[list[float]], list[float] | None] | None:

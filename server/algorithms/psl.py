@@ -18,6 +18,7 @@ from jetsplit.server.checkpoint import (
     save_arrays,
     subset,
 )
+from jetsplit.server.influence import share_norms
 from jetsplit.server.optim import reduction
 from jetsplit.server.trainer import Arrays, Trainer
 
@@ -82,6 +83,11 @@ class PSL(SplitMethod):
         t = self.trainer
         total, leaves, losses = sum_of_client_losses(t.server, t.optimizer, acts, labels)
         scaled = weighted(losses, t.loss_weights(agents))
+        shares = t.measured_gradient_weights(agents)  # each device's share of ∇w_s, bounded
+        clipped = None if shares is None else shares(share_norms(
+            scaled or losses, [p for p in t.server.parameters() if p.requires_grad]))
+        if clipped is not None:
+            scaled = [x * w for x, w in zip(scaled or losses, clipped, strict=True)]
         if scaled is not None:
             total = torch.stack(scaled).sum()
         grads = step_averaged(t.server, t.optimizer, losses, list(range(len(losses))),

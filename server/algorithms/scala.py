@@ -75,6 +75,7 @@ class _ScalaFamily(_RegisteredPriors, SplitMethod):
         extra = {"client_priors": [self.label_prior(a) for a in agents]} if self.adjusted else {}
         if self.concatenated:  # one shared step over every device's slice: bound each one
             extra["weigh"] = t.loss_weights(agents)
+            extra["shares"] = t.measured_gradient_weights(agents)
         loss, grads = type(self).step_fn(t.server, acts, labels, self.num_classes, t.optimizer,
                                          **extra)
         return loss, dict(zip(agents, grads, strict=True))

@@ -32,6 +32,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from jetsplit.server.influence import slice_weighted
+
 #: Floor for a class absent from the batch, added to P(y) before the log. This is what the
 #: reference implementation of logit adjustment (Menon et al., ICLR 2021,
 #: google-research/logit_adjustment: ``np.log(label_freq ** tau + 1e-12)``) and most of its
@@ -140,14 +142,14 @@ def _finish(server: nn.Module, optimizer: torch.optim.Optimizer, server_loss: to
     return float(server_loss.detach()), [g.detach() for g in grads]
 
 
-Weigh = Callable[[list[float]], list[float] | None]  # devices' losses → their weights
+Weigh = Callable[[list[float]], list[float] | None]  # devices' losses (norms) → weights
 
 
 def _concatenated_step(server: nn.Module, activations: Sequence[torch.Tensor],
                        labels: Sequence[torch.Tensor], num_classes: int,
                        optimizer: torch.optim.Optimizer, *, adjust: bool, tau: float,
                        client_priors: Sequence[torch.Tensor] | None,
-                       weigh: Weigh | None = None,
+                       weigh: Weigh | None = None, shares: Weigh | None = None,
                        ) -> tuple[float, list[torch.Tensor]]:
     """One forward of the server block on the concatenation, two backward passes.
 
@@ -161,8 +163,10 @@ def _concatenated_step(server: nn.Module, activations: Sequence[torch.Tensor],
     `weigh` (bounded influence, server/influence.LossBound) sees each client's server loss
     on its slice; weights it returns scale each slice's term of the server loss
     (Σ_k w_k·B_k·L_k / B, the unweighted loss when every w_k = 1), so a down-weighted
-    client steers w_s less. None: the unweighted loss above, bit for bit. The clients' own
-    gradients G_k are not weighted.
+    client steers w_s less. `shares` (the gradient bound) sees the norm of ∇_{w_s}(w_k·L_k)
+    per slice, one extra backward per client, and clips a share far over the others' the
+    same way. Both None, or nobody over a bound: the unweighted loss above, bit
+    for bit. The clients' own gradients G_k are not weighted.
     """
     leaves = _leaves(activations, labels)
     sizes = [a.shape[0] for a in leaves]
@@ -186,14 +190,11 @@ def _concatenated_step(server: nn.Module, activations: Sequence[torch.Tensor],
     else:
         client_losses = [F.cross_entropy(s, t) for s, t in
                          zip(logits.split(sizes), y.split(sizes), strict=True)]
-    if weigh is not None:
-        with torch.no_grad():  # the bound's statistic only: no graph on every step
-            seen = [server_ce(s, t) for s, t in zip(logits.detach().split(sizes),
-                                                    y.split(sizes), strict=True)]
-        weights = weigh(torch.stack(seen).tolist())
-        if weights is not None:  # rare: a device over the bound
-            slices = zip(weights, sizes, logits.split(sizes), y.split(sizes), strict=True)
-            server_loss = sum(w * n * server_ce(s, t) for w, n, s, t in slices) / sum(sizes)
+    if weigh is not None or shares is not None:  # bounded influence (server/influence.py)
+        weighted = slice_weighted(server_ce, logits, y, sizes, weigh, shares,
+                                  _server_params(server))
+        if weighted is not None:  # rare: a device over a bound
+            server_loss = weighted
     return _finish(server, optimizer, server_loss, client_losses, leaves)
 
 
@@ -201,7 +202,7 @@ def scala_server_step(server: nn.Module, activations: list[torch.Tensor],
                       labels: list[torch.Tensor], num_classes: int,
                       optimizer: torch.optim.Optimizer, *, tau: float = 1.0,
                       client_priors: Sequence[torch.Tensor] | None = None,
-                      weigh: Weigh | None = None,
+                      weigh: Weigh | None = None, shares: Weigh | None = None,
                       ) -> tuple[float, list[torch.Tensor]]:
     """SCALA's server iteration (Algorithm 2, lines 14–16; eqs 5–8, 14, 15).
 
@@ -211,13 +212,14 @@ def scala_server_step(server: nn.Module, activations: list[torch.Tensor],
     computed at the pre-update weights. Returns (server loss, [G_k]).
     """
     return _concatenated_step(server, activations, labels, num_classes, optimizer,
-                              adjust=True, tau=tau, client_priors=client_priors, weigh=weigh)
+                              adjust=True, tau=tau, client_priors=client_priors, weigh=weigh,
+                              shares=shares)
 
 
 def ca_sfl_server_step(server: nn.Module, activations: list[torch.Tensor],
                        labels: list[torch.Tensor], num_classes: int,
                        optimizer: torch.optim.Optimizer, *, weigh: Weigh | None = None,
-                       ) -> tuple[float, list[torch.Tensor]]:
+                       shares: Weigh | None = None) -> tuple[float, list[torch.Tensor]]:
     """CA-SFL ablation (journal §5.2, "SFL enabled only with Concatenated Activations").
 
     Same as `scala_server_step` with plain CE in both places: w_s is updated on the mean CE
@@ -225,7 +227,8 @@ def ca_sfl_server_step(server: nn.Module, activations: list[torch.Tensor],
     i.e. B / B_k times the slice of the concatenated-mean gradient).
     """
     return _concatenated_step(server, activations, labels, num_classes, optimizer,
-                              adjust=False, tau=0.0, client_priors=None, weigh=weigh)
+                              adjust=False, tau=0.0, client_priors=None, weigh=weigh,
+                              shares=shares)
 
 
 def lla_sfl_server_step(server: nn.Module, activations: list[torch.Tensor],

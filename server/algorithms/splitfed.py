@@ -88,10 +88,14 @@ class SplitFedV2(SplitMethod):
         value = float(loss.detach())
         weigh = t.loss_weights(agents)  # bounded influence against the recent devices' losses
         weights = None if weigh is None else weigh([value])
+        grads = [p.grad for p in t.server.parameters() if p.grad is not None]
         if weights is not None:  # the server's step only; the client's gradient stays
-            for p in t.server.parameters():
-                if p.grad is not None:
-                    p.grad.mul_(weights[0])
+            for g in grads:
+                g.mul_(weights[0])
+        share = t.step_gradient_weight(agents[0], grads)  # its whole share, bounded
+        if share is not None:
+            for g in grads:
+                g.mul_(share)
         t.optimizer.step()
         return value, {agents[0]: leaf.grad}
 

@@ -120,6 +120,27 @@ def test_the_defences_cost_a_clean_run_nothing_and_contain_an_attacker(tmp_path:
     assert bounded["final_accuracy"] >= accuracy - 0.1
 
 
+NONE = dict(aggregator="mean", activation_bound=0.0, size_cap=0.0, loss_bound=0.0,
+            outlier_bound=0.0, histogram_check="off", label_check="off",
+            direction_check="off", gradient_bound=0.0)  # bench_robust's `none`
+
+
+@pytest.mark.parametrize("algorithm", ["scala", "splitfed-v2"])
+def test_the_default_defence_leaves_a_clean_shared_step_run_bit_for_bit(
+        tmp_path: Path, algorithm: str) -> None:
+    """One server block stepped on every device (SCALA's slices; SplitFed V2's one device
+    per step, under its step gradient bound): a clean run under the defaults names nobody
+    and ends with the weights of a run with every defence off, bit for bit. Before the loss
+    bound's floor (ln C / 2), late steps' tiny median loss down-weighted honest hard
+    batches and the runs parted."""
+    _, rows = _run(tmp_path / "default", algorithm=algorithm)
+    for r in rows:
+        assert r["down_weighted"] == {} and r["gradient_clipped"] == {}, r["round"]
+        assert r["bounded"] == {} and r["aggregation"] == {} and r["excluded"] == {}
+    _run(tmp_path / "none", algorithm=algorithm, **NONE)
+    _assert_same_weights(tmp_path / "default", tmp_path / "none")
+
+
 def test_splitfed_v1_combines_its_server_copies_under_the_robust_rule(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """SplitFed V1's per-device server copies are uploads too (a device's copy trained on

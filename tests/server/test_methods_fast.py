@@ -6,6 +6,7 @@ one cut, unequal edges, two rounds, batches of unequal size, priors unlike the b
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -344,6 +345,7 @@ def _psl_like(cls: type, server: nn.Module, lr: float, reduction: str, **extra: 
     method = cls.__new__(cls)
     extra.setdefault("loss_weights", lambda agents: None)  # the loss bound off
     extra.setdefault("gradient_weights", lambda agents, norms: None)  # the gradient bound off
+    extra.setdefault("measured_gradient_weights", lambda agents: None)  # "where-free"
     method.trainer = SimpleNamespace(
         server=server, optimizer=torch.optim.SGD(server.parameters(), lr=lr), round=0,
         settings=SimpleNamespace(psl_reduction=reduction, local_steps=1, rounds=1,
@@ -466,6 +468,28 @@ def test_the_loss_bound_weighs_a_device_far_above_the_fleet_as_if_at_the_bound()
     assert LossBound(0.0).weights(agents, [0.5, 0.6, 0.4, 60.0], {}, {}) is None
 
 
+def test_the_loss_bound_never_down_weights_a_loss_under_its_floor() -> None:
+    """Late in a clean run the fleet's median loss is 0.05: 3× it is 0.15, and an honest hard
+    batch at 0.7 would be down-weighted; so would a SplitFed V2 device's 1.78 after the
+    server block fitted the device before (median 0.56). With the floor at chance level,
+    ln(10) ≈ 2.303 (the trainer's), neither is; a label flipper's 4.6 is, to the floor
+    (weight 2.303/4.6), and the note says the floor bound it. Where 3× the median is over
+    the floor, the floor changes nothing."""
+    from jetsplit.server.influence import LOSS_FLOOR, LossBound
+
+    floor = LOSS_FLOOR * math.log(10)
+    agents = ["a0", "a1", "a2", "a3"]
+    assert LossBound(3.0, floor=0.0).weights(agents, [0.05, 0.05, 0.05, 0.7], {}, {}) is not None
+    assert LossBound(3.0, floor=floor).weights(agents, [0.05, 0.05, 0.05, 0.7], {}, {}) is None
+    assert LossBound(3.0, floor=floor).weights(agents, [0.56, 0.55, 0.57, 1.78], {}, {}) is None
+    notes: dict[str, str] = {}
+    got = LossBound(3.0, floor=floor).weights(agents, [0.05, 0.05, 0.05, 4.6], notes, {})
+    assert got == pytest.approx([1.0, 1.0, 1.0, floor / 4.6])
+    assert "over the floor 2.303 (the fleet's 0.05)" in notes["a3"]
+    assert LossBound(3.0, floor=floor).weights(agents, [1.0, 1.2, 0.8, 12.0], {}, {}) == \
+        pytest.approx([1.0, 1.0, 1.0, 3.3 / 12.0])
+
+
 @pytest.mark.parametrize("reduction", ["sum", "mean"])
 def test_gapsl_server_steps_only_on_the_selected_clients(
         monkeypatch: pytest.MonkeyPatch, reduction: str) -> None:
@@ -520,6 +544,132 @@ def test_gapsl_clips_each_clients_share_of_the_server_gradient(
     _, got = method.server_update(["a0", "a1", "a2"], acts, labels)
     assert seen[0] == pytest.approx(norms, rel=1e-5)
     _check(server, after, got, dict(zip(["a0", "a1", "a2"], grads, strict=True)))
+
+
+def _share_norms(server: nn.Module, terms: Any) -> list[float]:
+    """By hand: ‖∂ term_i / ∂θ‖ for each client i, each term from its own forward."""
+    params = list(server.parameters())
+    return [float(torch.cat([g.reshape(-1) for g in torch.autograd.grad(term(), params)]
+                            ).norm()) for term in terms]
+
+
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+def test_psl_every_step_clips_each_clients_share_after_the_loss_bound(reduction: str) -> None:
+    """`gradient_shares = "every-step"`: PSL measures each client's share of the server
+    gradient, ‖∂(w_i·L_i)/∂θ‖ with w the loss bound's weights (1, 0.5, 1) (worked out here
+    by hand, so a share measured before the loss bound, or on the mean loss, fails), and
+    the gradient bound's weights (1, 1, 0.2) scale those terms: L_0 + 0.5·L_1 + 0.2·L_2
+    (÷ 3 for `mean`); every client still gets ∂L_i/∂A_i unweighted."""
+    server, acts, labels = _toy()
+    ce = nn.functional.cross_entropy
+    div = 3 if reduction == "mean" else 1
+    loss_w, clip_w = [1.0, 0.5, 1.0], [1.0, 1.0, 0.2]
+    norms = _share_norms(server, [lambda x=x, y=y, w=w: w * ce(server(x), y)
+                                  for x, y, w in zip(acts, labels, loss_w, strict=True)])
+    after, grads = _by_hand(
+        server, acts, labels,
+        lambda lg: sum(a * b * ce(x, y) for a, b, x, y in
+                       zip(loss_w, clip_w, lg, labels, strict=True)) / div,
+        lambda i, lg: ce(lg, labels[i]), lr=0.1)
+    seen: list[list[float]] = []
+
+    def measured(agents: list[str]) -> Any:
+        assert agents == ["a0", "a1", "a2"]
+        return lambda got: seen.append(got) or clip_w
+
+    method = _psl_like(PSL, server, 0.1, reduction, loss_weights=lambda agents: lambda _: loss_w,
+                       measured_gradient_weights=measured)
+    _, got = method.server_update(["a0", "a1", "a2"], acts, labels)
+    assert seen[0] == pytest.approx(norms, rel=1e-5)
+    _check(server, after, got, dict(zip(["a0", "a1", "a2"], grads, strict=True)))
+
+
+def test_scala_every_step_clips_a_slices_share_of_the_server_gradient() -> None:
+    """SCALA's concatenated step with `shares`: it is shown ‖∂L^s_k/∂θ‖ per slice, the
+    slice's MEAN loss (so a slice is not judged by its batch share; L^s_k under the
+    concatenation's prior P_s, by hand from each slice's own forward; the Linear block has
+    no batch coupling) and steps on Σ_k c_k·B_k·L^s_k/B with the weights c = (1, 0.3, 1)
+    it returns; the clients' gradients are the unweighted step's. A `shares` that clips
+    nobody gives the unweighted step, bit for bit."""
+    from jetsplit.server.algorithms import scala_math
+
+    server, acts, labels = _toy()
+    y = torch.cat(labels)
+    prior = scala_math.label_prior(y, 3)
+    sizes = [len(a) for a in acts]
+    clip = [1.0, 0.3, 1.0]
+
+    def term(k: int, logits: torch.Tensor, weight: float = 1.0) -> torch.Tensor:
+        return weight * sizes[k] * scala_math.logit_adjusted_ce(
+            logits, labels[k], prior, 1.0) / sum(sizes)
+
+    norms = _share_norms(server, [lambda k=k: scala_math.logit_adjusted_ce(
+        server(acts[k]), labels[k], prior, 1.0) for k in range(3)])
+    plain = copy.deepcopy(server)
+    _, want_grads = scala_math.scala_server_step(
+        plain, acts, labels, 3, torch.optim.SGD(plain.parameters(), lr=0.1))
+    unclipped = copy.deepcopy(server)
+    scala_math.scala_server_step(unclipped, acts, labels, 3,
+                                 torch.optim.SGD(unclipped.parameters(), lr=0.1),
+                                 shares=lambda got: None)
+    for p, q in zip(plain.parameters(), unclipped.parameters(), strict=True):
+        assert torch.equal(p, q)
+    after, _ = _by_hand(server, acts, labels,
+                        lambda lg: sum(term(k, lg[k], clip[k]) for k in range(3)),
+                        lambda i, lg: lg.sum(), lr=0.1)
+    seen: list[list[float]] = []
+    _, grads = scala_math.scala_server_step(
+        server, acts, labels, 3, torch.optim.SGD(server.parameters(), lr=0.1),
+        shares=lambda got: seen.append(got) or clip)
+    assert seen[0] == pytest.approx(norms, rel=1e-5)
+    for name, p in server.named_parameters():
+        torch.testing.assert_close(p.detach(), after[name], rtol=0, atol=1e-6)
+    for got, want in zip(grads, want_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
+
+def test_splitfed_v2_bounds_a_steps_gradient_against_the_recent_steps() -> None:
+    """SplitFed V2 serves one client per step, so its share of the server gradient is the
+    step's gradient: three honest steps (a0, a1, a2), then a3 with activations × 50. a3's
+    step gradient norm is over 5× the median of the four norms (worked out by hand), so the
+    server steps on its gradient scaled to that bound, the books say so, and a3 still gets
+    its unweighted ∂L/∂A; the honest steps are plain SGD."""
+    import functools
+
+    from jetsplit.server.algorithms.splitfed import SplitFedV2
+    from jetsplit.server.influence import StepGradientBound
+    from jetsplit.server.trainer import Trainer
+
+    server, acts, labels = _toy((4, 4, 4, 4))
+    acts[3] = acts[3] * 50
+    ce = nn.functional.cross_entropy
+    books = SimpleNamespace(gradient_clipped={}, gradient_clipped_steps={})
+    trainer = SimpleNamespace(server=server, optimizer=torch.optim.SGD(server.parameters(), lr=0.1),
+                              loss_weights=lambda agents: None, books=books,
+                              step_gradient_bound=StepGradientBound(5.0, window=8))
+    trainer.step_gradient_weight = functools.partial(Trainer.step_gradient_weight, trainer)
+    method = SplitFedV2.__new__(SplitFedV2)
+    method.trainer = trainer
+    ref = copy.deepcopy(server)
+    norms = []
+    for k in range(4):
+        leaf = acts[k].clone().requires_grad_(True)
+        grads = torch.autograd.grad(ce(ref(leaf), labels[k]), [*ref.parameters(), leaf])
+        norm = float(torch.cat([g.reshape(-1) for g in grads[:-1]]).norm())
+        norms.append(norm)
+        bound = 5.0 * float(np.median(norms))
+        weight = bound / norm if norm > bound else 1.0
+        assert (weight < 1.0) == (k == 3)
+        _, got = method.server_update([f"a{k}"], [acts[k]], [labels[k]])
+        with torch.no_grad():
+            for p, g in zip(ref.parameters(), grads[:-1], strict=True):
+                p.sub_(0.1 * weight * g)
+        for p, q in zip(server.parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(p.detach(), q, rtol=0, atol=1e-5)
+        torch.testing.assert_close(got[f"a{k}"], grads[-1], rtol=0, atol=1e-6)
+    assert books.gradient_clipped_steps == {"a3": 1}
+    assert books.gradient_clipped["a3"].startswith(
+        "1 steps with its server-gradient share clipped, last: gradient norm ")
 
 
 def test_scala_server_uses_the_batch_prior_and_each_client_its_registered_prior() -> None:
