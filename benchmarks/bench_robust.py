@@ -9,7 +9,8 @@ each defence, over the same seeds. Defences:
   bound, no size cap, histograms believed, labels never checked against activations,
   update directions never judged (what the coordinator did before);
 - `default`: the defaults (the weighted mean, outlier bound 10×, activation bound 5×, loss
-  bound 3×, GAPSL's gradient bound 5×, size cap 5× the median claim, histograms checked
+  bound 3× and over chance level, the gradient bound 5× (GAPSL, SplitFed V2), size cap 5×
+  the median claim, histograms checked
   against the labels sent, the label check, the direction check);
 - `default-no-loss-bound`, `default-no-outlier-bound`: the defaults without that bound
   (what it adds);

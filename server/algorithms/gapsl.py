@@ -11,6 +11,7 @@ import torch
 from jetsplit.server.algorithms import gapsl_math
 from jetsplit.server.algorithms.psl import (
     PSL,
+    read,
     reduced,
     step_averaged,
     sum_of_client_losses,
@@ -66,12 +67,13 @@ class GAPSL(PSL):
             o.k_min, o.k_max, o.eta)
         self.last_selection = selection
         chosen = [int(i) for i in selection.selected]
-        scaled = weighted(losses, t.loss_weights(agents))  # bounded influence
+        values = read(losses)
+        scaled = weighted(losses, values, t.loss_weights(agents))  # bounded influence
         shares = t.gradient_weights(agents, torch.stack(per_client).norm(dim=1))
         if shares is not None:  # no device's share of the server gradient far over the rest
             scaled = [x * w for x, w in zip(scaled or losses, shares, strict=True)]
         server_loss = reduced(gapsl_math.gapsl_server_loss(scaled or losses, selection, o.lam),
                                len(chosen), s)
         grads = step_averaged(t.server, t.optimizer, losses, chosen, leaves, server_loss)
-        return (float(torch.stack(losses).mean().detach()),
+        return (sum(values) / len(values),
                 {agents[i]: g for i, g in zip(chosen, grads, strict=True)})

@@ -55,14 +55,22 @@ def step_averaged(server: nn.Module, optimizer: torch.optim.Optimizer,
     return [g.detach() for g in grads]
 
 
-def weighted(losses: list[torch.Tensor], weigh: Any) -> list[torch.Tensor] | None:
-    """Each client's loss times its weight from `weigh` (bounded influence: a client far
-    above the fleet's loss counts less in the server's step, server/influence.LossBound),
-    or None where nothing is weighted (the unweighted step, bit for bit)."""
+def weighted(losses: list[torch.Tensor], values: list[float], weigh: Any
+             ) -> list[torch.Tensor] | None:
+    """Each client's loss times its weight from `weigh` given the losses' `values` (bounded
+    influence: a client far above the fleet's loss counts less in the server's step,
+    server/influence.LossBound), or None where nothing is weighted (the unweighted step,
+    bit for bit)."""
     if weigh is None:
         return None
-    weights = weigh(torch.stack(losses).detach().tolist())
+    weights = weigh(values)
     return None if weights is None else [x * w for x, w in zip(losses, weights, strict=True)]
+
+
+def read(losses: list[torch.Tensor]) -> list[float]:
+    """The clients' losses on the host, in one read: the loss bound's input and the step's
+    reported mean."""
+    return torch.stack(losses).detach().tolist()
 
 
 def reduced(total: torch.Tensor, count: int, settings: Any) -> torch.Tensor:
@@ -82,7 +90,8 @@ class PSL(SplitMethod):
     def server_update(self, agents, acts, labels):  # noqa: ANN001, ANN201
         t = self.trainer
         total, leaves, losses = sum_of_client_losses(t.server, t.optimizer, acts, labels)
-        scaled = weighted(losses, t.loss_weights(agents))
+        values = read(losses)
+        scaled = weighted(losses, values, t.loss_weights(agents))
         shares = t.measured_gradient_weights(agents)  # each device's share of ∇w_s, bounded
         clipped = None if shares is None else shares(share_norms(
             scaled or losses, [p for p in t.server.parameters() if p.requires_grad]))
@@ -92,7 +101,7 @@ class PSL(SplitMethod):
             total = torch.stack(scaled).sum()
         grads = step_averaged(t.server, t.optimizer, losses, list(range(len(losses))),
                                leaves, reduced(total, len(losses), t.settings))
-        return float(torch.stack(losses).mean().detach()), dict(zip(agents, grads, strict=True))
+        return sum(values) / len(values), dict(zip(agents, grads, strict=True))
 
     def __init__(self, trainer: Trainer) -> None:
         super().__init__(trainer)
