@@ -330,3 +330,27 @@ def test_the_outlier_bound_at_the_edges_of_its_arguments() -> None:
     assert without_outliers({**three, "x": {"w": np.array([3.0])}}, 1.0, ref) == ["a", "b"]
     for off in (0.0, -1.0):
         assert without_outliers(three, off, ref) == ["a", "b", "x"]
+
+
+def test_the_outlier_bound_reads_a_float32_overflow_as_huge_not_infinite() -> None:
+    """Update norms are summed in float32 (no float64 copy of the block); an upload at
+    ±3e37 overflows that sum, so it is taken again in float64: x's norm is finite (its note
+    says 1.2e+38, √16 · 3e37) and x is left out, while an honest float32 block's norm is the
+    float64 one to 1e-6."""
+    rng = np.random.default_rng(0)
+    ref = {"w": rng.normal(0, 1, (4, 4)).astype(np.float32), "i": np.array([3], np.int64)}
+    fleet = {a: {"w": (ref["w"] + rng.normal(0, 0.01, (4, 4))).astype(np.float32),
+                 "i": np.array([3], np.int64)} for a in ("a", "b", "c")}
+    huge = np.full((4, 4), 3e37, np.float32)
+    huge[::2] *= -1
+    notes: dict[str, str] = {}
+    kept = without_outliers({**fleet, "x": {"w": huge, "i": np.array([3], np.int64)}}, 10.0,
+                            ref, notes)
+    assert kept == ["a", "b", "c"]
+    assert "update norm 1.2e+38 over 10× the median" in notes["x"]
+    from jetsplit.server.aggregators import _update_norm
+
+    want = float(np.linalg.norm(fleet["a"]["w"].astype(np.float64)
+                                - ref["w"].astype(np.float64)))
+    assert _update_norm(fleet["a"], ["w"], ref) == pytest.approx(want, rel=1e-6)
+    assert np.isfinite(_update_norm({"w": huge}, ["w"], ref))
