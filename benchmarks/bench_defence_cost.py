@@ -5,7 +5,8 @@ per label, a median per class and the verdicts. It is timed against the server s
 on (forward, backward and update of the server block on every device's activations). The
 direction check (server/update_direction.py) runs at every average of uploads: each
 device's update against the coordinate-wise median update. It is timed against the average
-itself (`aggregators.aggregate` under `mean` with the outlier bound, the default). The
+itself (`aggregators.aggregate` under `mean` with the outlier bound, the default), and that
+average against the mean alone (`none`). The
 gradient bound's shares, where a method does not compute them anyway (`[train]
 gradient_shares = "every-step"`: one backward per device), are timed as SCALA's server step
 with and without them; SplitFed V2's per-step norm against its one-device step. Inputs are
@@ -118,13 +119,14 @@ def main() -> int:
     sizes = {a: float(n) for a, n in zip(agents, shares, strict=True)}
     direction = UpdateDirection()
 
-    def average() -> None:
-        aggregate(uploads, sizes, "mean", reference=start, outlier_bound=DEFAULT_OUTLIER_BOUND)
+    def average(bound: float = DEFAULT_OUTLIER_BOUND) -> None:
+        aggregate(uploads, sizes, "mean", reference=start, outlier_bound=bound)
 
     average_s: list[float] = []
+    plain_s: list[float] = []
     direction_s: list[float] = []
-    timed([(average, average_s), (lambda: direction.observe("model", uploads, start),
-                                  direction_s)], args.repeats)
+    timed([(average, average_s), (lambda: average(0.0), plain_s),
+           (lambda: direction.observe("model", uploads, start), direction_s)], args.repeats)
 
     params = sum(v.size for v in start.values() if v.dtype.kind == "f")
     print(f"command: {command}")
@@ -144,10 +146,15 @@ def main() -> int:
           f"{shares_every / scala:.3f} |")
     print(f"| SplitFed V2 server step (one device's {shares[0]} samples) | {1e3 * v2:.2f} | |")
     print(f"| SplitFed V2's gradient bound, per step | {1e3 * norm:.2f} | {norm / v2:.3f} |")
+    plain = statistics.median(plain_s)
     print(f"| average of the uploads (mean, outlier bound) | {1e3 * avg:.2f} | |")
+    print(f"| average of the uploads, mean only (`none`) | {1e3 * plain:.2f} | |")
+    print(f"| outlier bound, per average | {1e3 * (avg - plain):.2f} | "
+          f"{(avg - plain) / plain:.3f} of the mean |")
     print(f"| direction check, per average | {1e3 * cosine:.2f} | {cosine / avg:.3f} |")
     print(f"\nratio label check / server step: {label / step:.3f}; "
           f"ratio direction check / average: {cosine / avg:.3f}; "
+          f"ratio average with / without the outlier bound: {avg / plain:.3f}; "
           f"ratio SCALA step every-step / where-free: {shares_every / scala:.3f}; "
           f"ratio SplitFed V2 gradient bound / its step: {norm / v2:.3f}")
     return 0
