@@ -8,7 +8,7 @@ device's update against the coordinate-wise median update. It is timed against t
 itself (`aggregators.aggregate` under `mean` with the outlier bound, the default), and that
 average against the mean alone (`none`). The
 gradient bound's shares, where a method does not compute them anyway (`[train]
-gradient_shares = "every-step"`: one backward per device), are timed as SCALA's server step
+gradient_shares = "all"`: one backward per device), are timed as SCALA's server step
 with and without them; SplitFed V2's per-step norm against its one-device step. Inputs are
 random tensors of the real shapes: cost does not depend on their values. One torch thread.
 
@@ -142,7 +142,7 @@ def main() -> int:
     scala, shares_every = statistics.median(scala_s), statistics.median(shares_s)
     v2, norm = statistics.median(v2_s), statistics.median(norm_s)
     print(f"| SCALA server step | {1e3 * scala:.2f} | |")
-    print(f"| SCALA server step, gradient_shares = every-step | {1e3 * shares_every:.2f} | "
+    print(f"| SCALA server step, gradient_shares = all | {1e3 * shares_every:.2f} | "
           f"{shares_every / scala:.3f} |")
     print(f"| SplitFed V2 server step (one device's {shares[0]} samples) | {1e3 * v2:.2f} | |")
     print(f"| SplitFed V2's gradient bound, per step | {1e3 * norm:.2f} | {norm / v2:.3f} |")
@@ -155,7 +155,7 @@ def main() -> int:
     print(f"\nratio label check / server step: {label / step:.3f}; "
           f"ratio direction check / average: {cosine / avg:.3f}; "
           f"ratio average with / without the outlier bound: {avg / plain:.3f}; "
-          f"ratio SCALA step every-step / where-free: {shares_every / scala:.3f}; "
+          f"ratio SCALA step all / gapsl: {shares_every / scala:.3f}; "
           f"ratio SplitFed V2 gradient bound / its step: {norm / v2:.3f}")
     return 0
 

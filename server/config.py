@@ -99,12 +99,13 @@ class TrainSection(BaseModel):
     # in that step's shared server update (server/influence.py); 0: never.
     loss_bound: Annotated[float, Field(ge=0, le=1e6)] = DEFAULT_LOSS_BOUND
     # Each device's share of the server block's gradient at most this × the step's median
-    # share (GAPSL, which computes per-device gradients anyway; SplitFed V2 against the
-    # recent steps'; server/influence.py); 0: off.
+    # share (GAPSL, which computes per-device gradients anyway; the others under
+    # `gradient_shares`; server/influence.py); 0: off.
     gradient_bound: Annotated[float, Field(ge=0, le=1e6)] = DEFAULT_GRADIENT_BOUND
-    # "every-step": SCALA's family and PSL measure each device's share too, one backward per
-    # device per step; "where-free": only GAPSL and SplitFed V2 (no extra backward).
-    gradient_shares: Literal["where-free", "every-step"] = "where-free"
+    # "all": SCALA's family and PSL measure each device's share too (one backward per device
+    # per step), SplitFed V2 bounds each step against the recent steps' (it clips honest
+    # devices' first steps under its client-after-client schedule); "gapsl": GAPSL only.
+    gradient_shares: Literal["gapsl", "all"] = "gapsl"
     codec: Literal["fp32", "fp16", "bf16", "int8"] = "fp32"
     compression: Literal["none", "lz4", "zstd"] = "none"
     k_min: Annotated[float, Field(ge=0, le=1)] = 0.2  # GAPSL

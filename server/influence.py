@@ -249,7 +249,7 @@ def gradient_shares(agents: list[str], norms: list[float], factor: float,
     bound ÷ norm above the bound, 1 below; None when nobody is above (the unweighted step,
     bit for bit) or with fewer than three devices (no median to stand against). Needs the
     per-device gradients: GAPSL computes them anyway for its selection; SCALA's family and
-    PSL measure their norms only under `[train] gradient_shares = "every-step"`
+    PSL measure their norms only under `[train] gradient_shares = "all"`
     (`share_norms`, one backward per device per step)."""
     import math
 

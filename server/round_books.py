@@ -33,7 +33,7 @@ class RoundBooks:
     excluded: dict[str, str] = field(default_factory=dict)
     excluded_steps: dict[str, int] = field(default_factory=dict)  # agent → steps
     # agent → "N steps with its server-gradient share clipped, last: …" (GAPSL,
-    # SplitFed V2; SCALA's family and PSL under gradient_shares = "every-step")
+    # and under gradient_shares = "all" SCALA's family, PSL and SplitFed V2)
     gradient_clipped: dict[str, str] = field(default_factory=dict)
     gradient_clipped_steps: dict[str, int] = field(default_factory=dict)  # agent → steps
     # agent → the smallest mean scale its activations got in a step (1: untouched)

@@ -46,10 +46,11 @@ HELP: dict[str, str] = {
     "loss_bound": "A device whose server loss is over this many times the fleet's median is "
                   "down-weighted in that step's server update (0: never).",
     "gradient_bound": "Each device's share of the server gradient at most this many times "
-                      "the median share (gapsl, splitfed-v2; see --gradient-shares; 0: no "
+                      "the median share (gapsl; the others under --gradient-shares; 0: no "
                       "bound).",
-    "gradient_shares": "where-free | every-step: also scala's family and psl, one extra "
-                       "backward per device per step.",
+    "gradient_shares": "gapsl | all: also scala's family and psl (one extra backward per "
+                       "device per step) and splitfed-v2 (each step against the recent "
+                       "steps').",
     "max_misses": "Deadline misses in a row before an agent sits out 1, 2, 4 ... rounds "
                   "(0: never).",
     "size_cap": "A device's registered sample count weighs at most this many times the "

@@ -125,16 +125,16 @@ NONE = dict(aggregator="mean", activation_bound=0.0, size_cap=0.0, loss_bound=0.
             direction_check="off", gradient_bound=0.0)  # bench_robust's `none`
 
 
-@pytest.mark.parametrize(("algorithm", "shares"), [("scala", "where-free"),
-                                                   ("scala", "every-step"),
-                                                   ("psl", "every-step"),
-                                                   ("splitfed-v2", "where-free")])
+@pytest.mark.parametrize(("algorithm", "shares"), [("scala", "gapsl"),
+                                                   ("scala", "all"),
+                                                   ("psl", "all"),
+                                                   ("splitfed-v2", "gapsl")])
 def test_the_default_defence_leaves_a_clean_shared_step_run_bit_for_bit(
         tmp_path: Path, algorithm: str, shares: str) -> None:
     """One server block stepped on every device (SCALA's and PSL's slices, each device's
-    gradient share measured under `every-step`; SplitFed V2's one device per step, under
-    its step gradient bound): a clean run under the defaults names nobody and ends with the
-    weights of a run with every defence off, bit for bit. Before the loss bound's floor
+    gradient share measured under `all`; SplitFed V2's one device per step): a clean run
+    under the defaults names nobody and ends with the weights of a run with every defence
+    off, bit for bit. Before the loss bound's floor
     (chance level, ln C), late steps' tiny median loss down-weighted honest hard batches
     (SCALA), and SplitFed V2's next device after the server block fitted the last one."""
     _, rows = _run(tmp_path / "default", algorithm=algorithm, gradient_shares=shares)
@@ -179,17 +179,17 @@ def test_splitfed_v1_combines_its_server_copies_under_the_robust_rule(
             assert not np.allclose(value, stacked.mean(axis=0), rtol=0, atol=1e-7), name
 
 
-def test_every_step_shares_reach_scalas_server_step_only_when_asked(tmp_path: Path) -> None:
+def test_all_gradient_shares_reach_scalas_server_step_only_when_asked(tmp_path: Path) -> None:
     """The wiring from `[train] gradient_shares` to SCALA's step (the arithmetic is pinned by
     hand in test_methods_fast.py): at a tight gradient bound of 1.2× the median share,
-    `every-step` clips some honest slices (a bound that tight cuts the larger ordinary
-    shares), notes them and changes the weights; `where-free` measures nothing, notes
+    `all` clips some honest slices (a bound that tight cuts the larger ordinary
+    shares), notes them and changes the weights; `gapsl` measures nothing, notes
     nobody and gives the run with the bound off, bit for bit. A label flipper's share did
     not reach 5× the others' in three rounds (the loss bound and the label check are what
     catch it); scaled activations are the activation bound's: under BatchNorm they spoil
     every slice's statistics, which no weight on one slice's term undoes."""
     tight = dict(algorithm="scala", gradient_bound=1.2)
-    _, rows = _run(tmp_path / "every", gradient_shares="every-step", **tight)
+    _, rows = _run(tmp_path / "every", gradient_shares="all", **tight)
     assert any(r["gradient_clipped"] for r in rows)
     assert all("with its server-gradient share clipped, last: " in note
                for r in rows for note in r["gradient_clipped"].values())

@@ -345,7 +345,7 @@ def _psl_like(cls: type, server: nn.Module, lr: float, reduction: str, **extra: 
     method = cls.__new__(cls)
     extra.setdefault("loss_weights", lambda agents: None)  # the loss bound off
     extra.setdefault("gradient_weights", lambda agents, norms: None)  # the gradient bound off
-    extra.setdefault("measured_gradient_weights", lambda agents: None)  # "where-free"
+    extra.setdefault("measured_gradient_weights", lambda agents: None)  # "gapsl"
     method.trainer = SimpleNamespace(
         server=server, optimizer=torch.optim.SGD(server.parameters(), lr=lr), round=0,
         settings=SimpleNamespace(psl_reduction=reduction, local_steps=1, rounds=1,
@@ -554,8 +554,8 @@ def _share_norms(server: nn.Module, terms: Any) -> list[float]:
 
 
 @pytest.mark.parametrize("reduction", ["sum", "mean"])
-def test_psl_every_step_clips_each_clients_share_after_the_loss_bound(reduction: str) -> None:
-    """`gradient_shares = "every-step"`: PSL measures each client's share of the server
+def test_psl_under_all_shares_clips_each_clients_share_after_the_loss_bound(reduction: str) -> None:
+    """`gradient_shares = "all"`: PSL measures each client's share of the server
     gradient, ‖∂(w_i·L_i)/∂θ‖ with w the loss bound's weights (1, 0.5, 1) (worked out here
     by hand, so a share measured before the loss bound, or on the mean loss, fails), and
     the gradient bound's weights (1, 1, 0.2) scale those terms: L_0 + 0.5·L_1 + 0.2·L_2
@@ -584,7 +584,7 @@ def test_psl_every_step_clips_each_clients_share_after_the_loss_bound(reduction:
     _check(server, after, got, dict(zip(["a0", "a1", "a2"], grads, strict=True)))
 
 
-def test_scala_every_step_clips_a_slices_share_of_the_server_gradient() -> None:
+def test_scala_under_all_shares_clips_a_slices_share_of_the_server_gradient() -> None:
     """SCALA's concatenated step with `shares`: it is shown ‖∂L^s_k/∂θ‖ per slice, the
     slice's MEAN loss (so a slice is not judged by its batch share; L^s_k under the
     concatenation's prior P_s, by hand from each slice's own forward; the Linear block has
@@ -629,11 +629,12 @@ def test_scala_every_step_clips_a_slices_share_of_the_server_gradient() -> None:
 
 
 def test_splitfed_v2_bounds_a_steps_gradient_against_the_recent_steps() -> None:
-    """SplitFed V2 serves one client per step, so its share of the server gradient is the
-    step's gradient: three honest steps (a0, a1, a2), then a3 with activations × 50. a3's
-    step gradient norm is over 5× the median of the four norms (worked out by hand), so the
-    server steps on its gradient scaled to that bound, the books say so, and a3 still gets
-    its unweighted ∂L/∂A; the honest steps are plain SGD."""
+    """SplitFed V2 under `gradient_shares = "all"` serves one client per step, so its share
+    of the server gradient is the step's gradient: three honest steps (a0, a1, a2), then a3
+    with activations × 50. a3's step gradient norm is over 5× the median of the four norms
+    (worked out by hand), so the server steps on its gradient scaled to that bound, the
+    books say so, and a3 still gets its unweighted ∂L/∂A; the honest steps are plain SGD.
+    Under the default `gapsl` nothing is bounded."""
     import functools
 
     from jetsplit.server.algorithms.splitfed import SplitFedV2
@@ -646,6 +647,7 @@ def test_splitfed_v2_bounds_a_steps_gradient_against_the_recent_steps() -> None:
     books = SimpleNamespace(gradient_clipped={}, gradient_clipped_steps={})
     trainer = SimpleNamespace(server=server, optimizer=torch.optim.SGD(server.parameters(), lr=0.1),
                               loss_weights=lambda agents: None, books=books,
+                              settings=SimpleNamespace(gradient_shares="all"),
                               step_gradient_bound=StepGradientBound(5.0, window=8))
     trainer.step_gradient_weight = functools.partial(Trainer.step_gradient_weight, trainer)
     method = SplitFedV2.__new__(SplitFedV2)
@@ -670,6 +672,11 @@ def test_splitfed_v2_bounds_a_steps_gradient_against_the_recent_steps() -> None:
     assert books.gradient_clipped_steps == {"a3": 1}
     assert books.gradient_clipped["a3"].startswith(
         "1 steps with its server-gradient share clipped, last: gradient norm ")
+    trainer.settings.gradient_shares = "gapsl"  # the default: SplitFed V2 is not bounded
+    huge = [torch.full((3, 3), 1e6), torch.full((3,), 1e6)]
+    assert trainer.step_gradient_weight("a3", huge) is None
+    trainer.settings.gradient_shares = "all"
+    assert trainer.step_gradient_weight("a3", huge) is not None
 
 
 def test_scala_server_uses_the_batch_prior_and_each_client_its_registered_prior() -> None:
