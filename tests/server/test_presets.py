@@ -29,6 +29,9 @@ class _Trainer:
     def gradient_weights(self, agents: list[str], norms: torch.Tensor) -> None:
         return None  # GAPSL's gradient bound off too
 
+    def measured_gradient_weights(self, agents: list[str]) -> None:
+        return None  # gradient_shares = "gapsl", the default
+
 
 def _server_step(method: type[PSL], clients: int, **settings: object) -> torch.Tensor:
     """How far one server update moves the server block when `clients` clients send the
