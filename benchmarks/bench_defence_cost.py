@@ -155,7 +155,7 @@ def main() -> int:
     print(f"\nratio label check / server step: {label / step:.3f}; "
           f"ratio direction check / average: {cosine / avg:.3f}; "
           f"ratio average with / without the outlier bound: {avg / plain:.3f}; "
-          f"ratio SCALA step all / gapsl: {shares_every / scala:.3f}; "
+          f"ratio SCALA step all / free: {shares_every / scala:.3f}; "
           f"ratio SplitFed V2 gradient bound / its step: {norm / v2:.3f}")
     return 0
 

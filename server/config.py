@@ -104,8 +104,9 @@ class TrainSection(BaseModel):
     gradient_bound: Annotated[float, Field(ge=0, le=1e6)] = DEFAULT_GRADIENT_BOUND
     # "all": SCALA's family and PSL measure each device's share too (one backward per device
     # per step), SplitFed V2 bounds each step against the recent steps' (it clips honest
-    # devices' first steps under its client-after-client schedule); "gapsl": GAPSL only.
-    gradient_shares: Literal["gapsl", "all"] = "gapsl"
+    # devices' first steps under its client-after-client schedule); "free": only where the
+    # shares come free (GAPSL computes each device's gradient for its selection).
+    gradient_shares: Literal["free", "all"] = "free"
     codec: Literal["fp32", "fp16", "bf16", "int8"] = "fp32"
     compression: Literal["none", "lz4", "zstd"] = "none"
     k_min: Annotated[float, Field(ge=0, le=1)] = 0.2  # GAPSL

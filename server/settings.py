@@ -48,7 +48,7 @@ class Settings:
     activation_bound: float = DEFAULT_ACTIVATION_BOUND  # × the fleet's median norm; 0 off
     loss_bound: float = DEFAULT_LOSS_BOUND  # × the fleet's median device loss; 0 off
     gradient_bound: float = DEFAULT_GRADIENT_BOUND  # × the median gradient share; 0 off
-    gradient_shares: str = "gapsl"  # all: SCALA/PSL (a backward per device), SplitFed V2
+    gradient_shares: str = "free"  # all: SCALA/PSL (a backward per device), SplitFed V2
     max_misses: int = 3  # deadline misses in a row before an agent sits out (0: never)
     size_cap: float = DEFAULT_SIZE_CAP  # |D_k| weighs at most this × the median claim
     histogram_check: str = "on"  # a label histogram the labels sent disprove is replaced

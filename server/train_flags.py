@@ -48,7 +48,8 @@ HELP: dict[str, str] = {
     "gradient_bound": "Each device's share of the server gradient at most this many times "
                       "the median share (gapsl; the others under --gradient-shares; 0: no "
                       "bound).",
-    "gradient_shares": "gapsl | all: also scala's family and psl (one extra backward per "
+    "gradient_shares": "free | all: free bounds only gapsl's shares (computed anyway); all "
+                       "also scala's family and psl (one extra backward per "
                        "device per step) and splitfed-v2 (each step against the recent "
                        "steps').",
     "max_misses": "Deadline misses in a row before an agent sits out 1, 2, 4 ... rounds "

@@ -32,7 +32,7 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     "bench_defence_cost.py": ("| label check, per step | ", "| direction check, per average | ",
                               "| SCALA server step, gradient_shares = all | ",
                               "ratio label check / server step: ",
-                              "ratio SCALA step all / gapsl: ",
+                              "ratio SCALA step all / free: ",
                               "ratio SplitFed V2 gradient bound / its step: "),
     "bench_scale.py": ("| agents | register s |", "growth 2 -> 20 agents (10x):"),
     "bench_robust.py": ("command: python benchmarks/bench_robust.py --smoke",

@@ -125,10 +125,10 @@ NONE = dict(aggregator="mean", activation_bound=0.0, size_cap=0.0, loss_bound=0.
             direction_check="off", gradient_bound=0.0)  # bench_robust's `none`
 
 
-@pytest.mark.parametrize(("algorithm", "shares"), [("scala", "gapsl"),
+@pytest.mark.parametrize(("algorithm", "shares"), [("scala", "free"),
                                                    ("scala", "all"),
                                                    ("psl", "all"),
-                                                   ("splitfed-v2", "gapsl")])
+                                                   ("splitfed-v2", "free")])
 def test_the_default_defence_leaves_a_clean_shared_step_run_bit_for_bit(
         tmp_path: Path, algorithm: str, shares: str) -> None:
     """One server block stepped on every device (SCALA's and PSL's slices, each device's
@@ -183,7 +183,7 @@ def test_all_gradient_shares_reach_scalas_server_step_only_when_asked(tmp_path: 
     """The wiring from `[train] gradient_shares` to SCALA's step (the arithmetic is pinned by
     hand in test_methods_fast.py): at a tight gradient bound of 1.2× the median share,
     `all` clips some honest slices (a bound that tight cuts the larger ordinary
-    shares), notes them and changes the weights; `gapsl` measures nothing, notes
+    shares), notes them and changes the weights; `free` measures nothing, notes
     nobody and gives the run with the bound off, bit for bit. A label flipper's share did
     not reach 5× the others' in three rounds (the loss bound and the label check are what
     catch it); scaled activations are the activation bound's: under BatchNorm they spoil

@@ -345,7 +345,7 @@ def _psl_like(cls: type, server: nn.Module, lr: float, reduction: str, **extra: 
     method = cls.__new__(cls)
     extra.setdefault("loss_weights", lambda agents: None)  # the loss bound off
     extra.setdefault("gradient_weights", lambda agents, norms: None)  # the gradient bound off
-    extra.setdefault("measured_gradient_weights", lambda agents: None)  # "gapsl"
+    extra.setdefault("measured_gradient_weights", lambda agents: None)  # "free"
     method.trainer = SimpleNamespace(
         server=server, optimizer=torch.optim.SGD(server.parameters(), lr=lr), round=0,
         settings=SimpleNamespace(psl_reduction=reduction, local_steps=1, rounds=1,
@@ -634,7 +634,7 @@ def test_splitfed_v2_bounds_a_steps_gradient_against_the_recent_steps() -> None:
     with activations × 50. a3's step gradient norm is over 5× the median of the four norms
     (worked out by hand), so the server steps on its gradient scaled to that bound, the
     books say so, and a3 still gets its unweighted ∂L/∂A; the honest steps are plain SGD.
-    Under the default `gapsl` nothing is bounded."""
+    Under the default `free` nothing is bounded."""
     import functools
 
     from jetsplit.server.algorithms.splitfed import SplitFedV2
@@ -672,7 +672,7 @@ def test_splitfed_v2_bounds_a_steps_gradient_against_the_recent_steps() -> None:
     assert books.gradient_clipped_steps == {"a3": 1}
     assert books.gradient_clipped["a3"].startswith(
         "1 steps with its server-gradient share clipped, last: gradient norm ")
-    trainer.settings.gradient_shares = "gapsl"  # the default: SplitFed V2 is not bounded
+    trainer.settings.gradient_shares = "free"  # the default: SplitFed V2 is not bounded
     huge = [torch.full((3, 3), 1e6), torch.full((3,), 1e6)]
     assert trainer.step_gradient_weight("a3", huge) is None
     trainer.settings.gradient_shares = "all"

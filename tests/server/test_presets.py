@@ -30,7 +30,7 @@ class _Trainer:
         return None  # GAPSL's gradient bound off too
 
     def measured_gradient_weights(self, agents: list[str]) -> None:
-        return None  # gradient_shares = "gapsl", the default
+        return None  # gradient_shares = "free", the default
 
 
 def _server_step(method: type[PSL], clients: int, **settings: object) -> torch.Tensor:
