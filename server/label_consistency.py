@@ -20,6 +20,12 @@ of each step's batch goes to the others (it sends a probe of `PROBE_BATCH` sampl
 stays so. Sums decay by half at each round (the client block moves between rounds),
 and every step re-judges, so a device that mends its labels comes back.
 
+A verdict changes only after `CONFIRM` judgements in a row say so, each at a step the device
+sent samples. On a block not yet trained the fleet's centroids sit close, and an honest device
+was once over half for a single step (SplitFed V1, round 0: 30 of 52, then 0 of 57 at the
+next step) while a shifter was over half at every step of a round but the first after a
+new round's decay (measured: docs/results.md).
+
 On a clean fleet nobody is inconsistent and nothing changes, bit for bit (measured: the clean
 runs of `benchmarks/bench_robust.py`).
 """
@@ -37,6 +43,7 @@ MIN_HOLDERS = 3  # devices holding a class before the fleet has a centroid for i
 DECAY = 0.5  # sums and counts kept at each new round
 INCONSISTENT_SHARE = 0.5  # over this share of a device's judged samples nearest another class
 PROBE_BATCH = 8  # samples per step an inconsistent device still sends (to be judged again)
+CONFIRM = 2  # judgements in a row, at steps it sent, before a device's verdict changes
 
 
 class LabelConsistency:
@@ -47,7 +54,8 @@ class LabelConsistency:
         self.projections: dict[tuple[int, ...], torch.Tensor] = {}
         self.sums: dict[tuple[int, ...], dict[str, torch.Tensor]] = {}  # shape → agent → C×DIMS
         self.counts: dict[tuple[int, ...], dict[str, torch.Tensor]] = {}  # shape → agent → C
-        self.inconsistent: dict[str, str] = {}  # agent → why, as of the last judgement
+        self.inconsistent: dict[str, str] = {}  # agent → why, as of its last judgement over
+        self.against: dict[str, int] = {}  # agent → judgements in a row against its verdict
 
     def new_round(self) -> None:
         """The client block moved: older evidence counts half."""
@@ -63,13 +71,15 @@ class LabelConsistency:
             return
         import torch
 
-        shapes = set()
+        shapes: set[tuple[int, ...]] = set()
+        sent: set[str] = set()
         with torch.no_grad():
             for agent, a, y in zip(agents, acts, labels, strict=True):
                 if not a.shape[0]:
                     continue
                 shape = tuple(a.shape[1:])
                 shapes.add(shape)
+                sent.add(agent)
                 projected = a.detach().flatten(1).to(torch.float32) @ self._projection(shape, a)
                 sums = self.sums.setdefault(shape, {}).setdefault(
                     agent, projected.new_zeros(self.classes, DIMS))
@@ -78,7 +88,7 @@ class LabelConsistency:
                 sums.index_add_(0, y, projected)
                 counts.index_add_(0, y, torch.ones_like(y, dtype=counts.dtype))
             for shape in shapes:
-                self._judge(shape)
+                self._judge(shape, sent)
 
     def _projection(self, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
         """A fixed Gaussian D×DIMS matrix per shape (seeded: the same run, the same bits)."""
@@ -91,7 +101,9 @@ class LabelConsistency:
             self.projections[shape] = matrix.to(like.device)
         return self.projections[shape]
 
-    def _judge(self, shape: tuple[int, ...]) -> None:
+    def _judge(self, shape: tuple[int, ...], sent: set[str]) -> None:
+        """Judge the devices of `shape` that sent samples this step; a verdict changes on
+        its CONFIRM-th judgement in a row against it."""
         import torch
 
         sums, counts = self.sums[shape], self.counts[shape]
@@ -102,9 +114,9 @@ class LabelConsistency:
         held = count >= MIN_SAMPLES  # devices × C
         holders = held.sum(dim=0).tolist()
         fleet = [c for c in range(self.classes) if holders[c] >= MIN_HOLDERS]
-        for a in agents:
-            self.inconsistent.pop(a, None)
         if len(fleet) < 2:
+            for agent in sent & set(agents):
+                self._verdict(agent, None)
             return
         medians = torch.stack([centroid[held[:, c].to(centroid.device), c].median(dim=0).values
                                for c in fleet])
@@ -116,13 +128,33 @@ class LabelConsistency:
         judged_n = (count * judged).sum(dim=1).tolist()
         wrong_n = (count * wrong).sum(dim=1).tolist()
         for i, agent in enumerate(agents):
+            if agent not in sent:
+                continue
+            why = None
             if judged_n[i] >= MIN_SAMPLES and wrong_n[i] > INCONSISTENT_SHARE * judged_n[i]:
                 moved = [f"{c}→{int(nearest[i, c])}" for c in range(self.classes)
                          if bool(wrong[i, c])]
-                self.inconsistent[agent] = (
-                    f"labels inconsistent with its activations: {wrong_n[i]:.0f} of "
-                    f"{judged_n[i]:.0f} samples sit nearest another class's "
-                    f"({', '.join(moved[:5])})")
+                why = (f"labels inconsistent with its activations: {wrong_n[i]:.0f} of "
+                       f"{judged_n[i]:.0f} samples sit nearest another class's "
+                       f"({', '.join(moved[:5])})")
+            self._verdict(agent, why)
+
+    def _verdict(self, agent: str, why: str | None) -> None:
+        """One judgement of `agent` (`why` None: consistent): the verdict turns on the
+        CONFIRM-th in a row against it; a judgement that agrees resets the count."""
+        if (why is not None) == (agent in self.inconsistent):
+            self.against[agent] = 0
+            if why is not None:
+                self.inconsistent[agent] = why  # the latest numbers
+            return
+        self.against[agent] = self.against.get(agent, 0) + 1
+        if self.against[agent] < CONFIRM:
+            return
+        self.against[agent] = 0
+        if why is None:
+            del self.inconsistent[agent]
+        else:
+            self.inconsistent[agent] = why
 
     def excluded(self, agents: list[str]) -> set[str]:
         """Those of `agents` now inconsistent (never all of them: then nobody is trusted

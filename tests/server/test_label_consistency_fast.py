@@ -1,8 +1,10 @@
 """Whose labels do not fit their activations (server/label_consistency.py), on hand-built
 fleets: three classes whose activations sit at distinct points, four devices of unequal
-sizes, one that shifts its labels by one. The shifter and only the shifter is inconsistent;
-a class held by fewer than three devices is not judged; evidence halves each round; the
-trainer leaves the shifter out of the server step and of the averages, and says so."""
+sizes, one that shifts its labels by one. The shifter and only the shifter is inconsistent,
+from its second judgement in a row; one judgement over half (an honest device on an untrained
+block) changes nothing; a class held by fewer than three devices is not judged; evidence
+halves each round; the trainer leaves the shifter out of the server step and of the
+averages, and says so."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from jetsplit.server.label_consistency import MIN_SAMPLES, LabelConsistency
+from jetsplit.server.label_consistency import CONFIRM, MIN_SAMPLES, LabelConsistency
 from jetsplit.server.round_books import RoundBooks
 from jetsplit.server.settings import Settings
 from jetsplit.server.trainer import Trainer
@@ -31,24 +33,60 @@ def _batch(counts: list[int], shift: int = 0, seed: int = 0
     return x.view(-1, 2, 3), (truth + shift) % 3
 
 
-def _observe(check: LabelConsistency, fleet: dict[str, tuple[list[int], int]]) -> None:
+def _observe(check: LabelConsistency, fleet: dict[str, tuple[list[int], int]],
+             times: int = 1) -> None:
+    """`times` steps of the same batches (each device's seed is its position)."""
     agents = sorted(fleet)
     batches = [_batch(fleet[a][0], fleet[a][1], seed=i) for i, a in enumerate(agents)]
-    check.observe(agents, [x for x, _ in batches], [y for _, y in batches])
+    for _ in range(times):
+        check.observe(agents, [x for x, _ in batches], [y for _, y in batches])
 
 
 def test_the_shifter_and_only_the_shifter_is_inconsistent() -> None:
     check = LabelConsistency(3, seed=0)
     # unequal sizes; a3 holds the most and shifts c → c + 1
-    _observe(check, {"a0": ([10, 12, 9], 0), "a1": ([20, 8, 8], 0), "a2": ([8, 30, 10], 0),
-                     "a3": ([40, 40, 40], 1)})
-    assert sorted(check.inconsistent) == ["a3"]
+    fleet = {"a0": ([10, 12, 9], 0), "a1": ([20, 8, 8], 0), "a2": ([8, 30, 10], 0),
+             "a3": ([40, 40, 40], 1)}
+    _observe(check, fleet)
+    assert check.inconsistent == {}  # one judgement is not a verdict
+    assert check.against == {"a0": 0, "a1": 0, "a2": 0, "a3": 1}
+    _observe(check, fleet)
+    assert CONFIRM == 2 and sorted(check.inconsistent) == ["a3"]
     assert check.inconsistent["a3"] == (
-        "labels inconsistent with its activations: 120 of 120 samples sit nearest another "
+        "labels inconsistent with its activations: 240 of 240 samples sit nearest another "
         "class's (0→2, 1→0, 2→1)")
     assert check.excluded(["a0", "a1", "a2", "a3"]) == {"a3"}
     assert check.excluded(["a3"]) == set()  # everyone inconsistent: nobody trusted less
-    assert check.counts[(2, 3)]["a1"].tolist() == [20, 8, 8]
+    assert check.counts[(2, 3)]["a1"].tolist() == [40, 16, 16]
+
+
+def test_one_judgement_over_half_then_under_changes_nothing_either_way() -> None:
+    """The measured false verdict: an honest device over half at one step, under at the
+    next; and a shifter under at one step (after a new round), over at the next. a3 shifts
+    c → c + 1 or labels truly; its per-label tallies (wrong W, right R) are cumulative."""
+    honest = {"a0": ([10, 10, 10], 0), "a1": ([10, 10, 10], 0), "a2": ([10, 10, 10], 0)}
+    check = LabelConsistency(3, seed=3)
+
+    def step(n: int, shift: int) -> None:
+        _observe(check, {**honest, "a3": ([n, n, n], shift)})
+
+    step(8, 1)  # W 8, R 0: over half once
+    assert check.inconsistent == {} and check.against["a3"] == 1
+    step(40, 0)  # W 8, R 40: under; the count restarts, no verdict was given
+    assert check.inconsistent == {} and check.against["a3"] == 0
+    step(100, 1)  # W 108, R 40
+    assert check.inconsistent == {}
+    step(100, 1)  # W 208, R 40: the second in a row
+    assert sorted(check.inconsistent) == ["a3"] and check.against["a3"] == 0
+    step(200, 0)  # W 208, R 240: under once, still left out
+    assert sorted(check.inconsistent) == ["a3"] and check.against["a3"] == 1
+    step(100, 1)  # W 308, R 240: over again, the count restarts
+    assert sorted(check.inconsistent) == ["a3"] and check.against["a3"] == 0
+    step(200, 0)  # W 308, R 440: under once
+    _observe(check, honest)  # a3 sent nothing: not judged, its count stands
+    assert sorted(check.inconsistent) == ["a3"] and check.against["a3"] == 1
+    step(200, 0)  # W 308, R 640: the second under in a row, back in
+    assert check.inconsistent == {} and check.against["a3"] == 0
 
 
 def test_a_class_held_by_fewer_than_three_devices_is_not_judged() -> None:
@@ -56,26 +94,33 @@ def test_a_class_held_by_fewer_than_three_devices_is_not_judged() -> None:
     # class 2 is held (≥ 8) by a0 and a3 only: no fleet centroid for it; a3 labels its 1s as
     # 2 (judged by nothing) and its 0s as 1 (judged wrong: 30 of its 30 judged samples)
     _observe(check, {"a0": ([10, 10, 10], 0), "a1": ([10, 10, 2], 0), "a2": ([10, 10, 0], 0),
-                     "a3": ([30, 30, 0], 1)})
+                     "a3": ([30, 30, 0], 1)}, times=2)
     assert check.inconsistent["a3"].startswith(
-        "labels inconsistent with its activations: 30 of 30 samples")
+        "labels inconsistent with its activations: 60 of 60 samples")
     assert sorted(check.inconsistent) == ["a3"]
-    # a device with fewer than MIN_SAMPLES judged is left alone however wrong
+    # a device with fewer than MIN_SAMPLES judged is left alone however wrong (one step of
+    # MIN_SAMPLES - 1 samples, judged at the next once it has twice that: over then)
     small = LabelConsistency(3, seed=1)
-    _observe(small, {"a0": ([10, 10, 10], 0), "a1": ([10, 10, 10], 0),
-                     "a2": ([10, 10, 10], 0), "a3": ([int(MIN_SAMPLES) - 1, 0, 0], 1)})
-    assert small.inconsistent == {}
+    few = {"a0": ([10, 10, 10], 0), "a1": ([10, 10, 10], 0), "a2": ([10, 10, 10], 0),
+           "a3": ([int(MIN_SAMPLES) - 1, 0, 0], 1)}
+    _observe(small, few)
+    assert small.inconsistent == {} and small.against["a3"] == 0
+    _observe(small, few)
+    assert small.inconsistent == {} and small.against["a3"] == 1
 
 
 def test_evidence_halves_each_round_and_a_mended_device_comes_back() -> None:
     check = LabelConsistency(3, seed=2)
     honest = {"a0": ([10, 10, 10], 0), "a1": ([10, 10, 10], 0), "a2": ([10, 10, 10], 0)}
-    _observe(check, {**honest, "a3": ([8, 8, 8], 1)})
+    _observe(check, {**honest, "a3": ([8, 8, 8], 1)}, times=2)
     assert sorted(check.inconsistent) == ["a3"]
     check.new_round()
-    assert check.counts[(2, 3)]["a3"].tolist() == [4, 4, 4]
-    assert check.counts[(2, 3)]["a0"].tolist() == [5, 5, 5]
-    # it now labels 20 of each truly: 4 (halved) wrong against 20 right per label
+    assert check.counts[(2, 3)]["a3"].tolist() == [8, 8, 8]
+    assert check.counts[(2, 3)]["a0"].tolist() == [10, 10, 10]
+    # it now labels 20 of each truly: 8 (halved) wrong against 20 right per label; back
+    # after two such steps
+    _observe(check, {**honest, "a3": ([20, 20, 20], 0)})
+    assert "a3" in check.inconsistent
     _observe(check, {**honest, "a3": ([20, 20, 20], 0)})
     assert "a3" not in check.inconsistent
 
@@ -98,7 +143,7 @@ def _trainer() -> Trainer:
     trainer.consistency = LabelConsistency(3, seed=0)
     trainer.direction = UpdateDirection()
     _observe(trainer.consistency, {"a0": ([10, 12, 9], 0), "a1": ([20, 8, 8], 0),
-                                   "a2": ([8, 30, 10], 0), "a3": ([40, 40, 40], 1)})
+                                   "a2": ([8, 30, 10], 0), "a3": ([40, 40, 40], 1)}, times=2)
     return trainer
 
 
