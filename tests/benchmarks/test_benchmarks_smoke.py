@@ -37,7 +37,8 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     "bench_scale.py": ("| agents | register s |", "growth 2 -> 20 agents (10x):"),
     "bench_robust.py": ("command: python benchmarks/bench_robust.py --smoke",
                         "| method | attack | attackers | none | default | multi-krum |",
-                        "| splitfed-v1 | scale:1000 | 1 | ", "time ratio"),
+                        "| splitfed-v1 | scale:1000 | 1 | ", "time ratio",
+                        "mean accuracy over the last 5 rounds, mean ± spread"),
     "gapsl_vs_psl.py": ("command: python benchmarks/gapsl_vs_psl.py --smoke",
                         "| method | lr 0.01 | lr 0.03 | chosen |",
                         "| method | lr | final test accuracy (mean ± spread) | per seed |",
@@ -68,3 +69,20 @@ def test_benchmark_smoke_run(script: str, tmp_path: Path) -> None:
     for line in EXPECTED[script]:
         assert line in done.stdout, f"{line!r} missing\n{tail}"
     assert "DIVERGED" not in done.stdout and "nan" not in done.stdout.lower().split(), tail
+
+
+def test_bench_robust_scores_the_mean_of_the_last_rounds(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seven rounds (one row without an accuracy, one half-written line): the mean of the
+    last five accuracies, not the final one nor all seven."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from bench_robust import last_rounds
+
+    rows = [f'{{"round": {i}, "accuracy": {a}}}' for i, a in
+            enumerate([0.1, 0.2, 0.90, 0.94, 0.92, 0.96, 0.86])]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(
+        rows[:3] + ['{"round": 2.5}'] + rows[3:] + ['{"round": 7, "accu']) + "\n")
+    assert last_rounds(tmp_path, 5) == pytest.approx((0.90 + 0.94 + 0.92 + 0.96 + 0.86) / 5)
+    assert last_rounds(tmp_path, 1) == pytest.approx(0.86)
+    assert last_rounds(tmp_path, 50) == pytest.approx(sum([0.1, 0.2, 0.90, 0.94, 0.92, 0.96,
+                                                           0.86]) / 7)
