@@ -35,6 +35,7 @@ no reference; `clipped` without one clips around the coordinate-wise median.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Mapping
 
@@ -110,15 +111,6 @@ def _stack(states: Mapping[str, Arrays], agents: list[str], name: str) -> np.nda
     return np.stack([states[a][name].astype(np.float64) for a in agents])
 
 
-def _vector(state: Arrays, names: list[str], reference: Arrays | None = None) -> np.ndarray:
-    """One device's float tensors as one float64 vector (minus `reference`'s, if given)."""
-    parts = [state[n].astype(np.float64).ravel() for n in names]
-    if reference is not None:
-        parts = [p - reference[n].astype(np.float64).ravel()
-                 for p, n in zip(parts, names, strict=True)]
-    return np.concatenate(parts) if parts else np.zeros(0)
-
-
 def _update_norm(state: Arrays, names: list[str], reference: Arrays) -> float:
     """‖state − reference‖ over the float tensors `names`, without a float64 copy of the
     block: each tensor's difference in float32 (exact where the two are close, as an update
@@ -183,27 +175,24 @@ def clipped(states: Mapping[str, Arrays], weights: Mapping[str, float],
     names = _floats(states, agents)
     if reference is None or any(n not in reference for n in names):
         reference = median(states, weights)
-    updates = {a: _vector(states[a], names, reference) for a in agents}
-    norms = {a: float(np.linalg.norm(u)) for a, u in updates.items()}
+    norms = {a: _update_norm(states[a], names, reference) for a in agents}
     bound = clip_factor * float(np.median(list(norms.values())))
     total = float(sum(weights[a] for a in agents))
-    merged = np.zeros_like(next(iter(updates.values())))
     kept: dict[str, float] = {}
     for a in agents:
         scale = 1.0 if norms[a] <= bound else bound / norms[a]
         if scale < 1.0 and notes is not None:
             notes[a] = f"clipped ×{scale:.3g} (update norm {norms[a]:.3g} > {bound:.3g})"
         kept[a] = scale * weights[a] / total
-        merged += updates[a] * kept[a]
     if shares is not None:
-        shares.add(kept, merged.size)
-    floats, offset = {}, 0
-    for n in names:
-        ref = reference[n]
-        size = ref.size
-        floats[n] = (ref.astype(np.float64).ravel() + merged[offset:offset + size]
-                     ).reshape(ref.shape).astype(states[agents[0]][n].dtype)
-        offset += size
+        shares.add(kept, sum(reference[n].size for n in names))
+    floats = {}
+    for n in names:  # one tensor at a time in float64: never a copy of every upload
+        ref = reference[n].astype(np.float64)
+        merged = ref.copy()
+        for a in agents:
+            merged += kept[a] * (states[a][n].astype(np.float64) - ref)
+        floats[n] = merged.astype(states[agents[0]][n].dtype)
     return _with_integers(states, agents, floats)
 
 
@@ -222,10 +211,10 @@ def multi_krum(states: Mapping[str, Arrays], weights: Mapping[str, float],
     names = _floats(states, agents)
     kept = agents
     if f > 0 and names:  # too few devices to leave any out, or only integers: keep all
-        vectors = np.stack([_vector(states[a], names) for a in agents])
-        squares = (vectors ** 2).sum(axis=1)
-        distances = np.maximum(squares[:, None] + squares[None, :] - 2 * vectors @ vectors.T,
-                               0)
+        distances = np.zeros((len(agents), len(agents)))
+        for i, j in itertools.combinations(range(len(agents)), 2):  # no copy of every upload
+            distances[i, j] = distances[j, i] = _update_norm(
+                states[agents[i]], names, states[agents[j]]) ** 2
         neighbours = len(agents) - f - 2
         scores = [float(np.sort(np.delete(distances[i], i))[:neighbours].sum())
                   for i in range(len(agents))]
