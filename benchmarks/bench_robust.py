@@ -91,6 +91,37 @@ def last_rounds(run_dir: Path, count: int) -> float:
     return statistics.mean(accuracies[-count:]) if accuracies else 0.0
 
 
+GOAL_POINTS = 2.0  # issue 24: one attacker of ten costs at most this against clean
+
+
+def print_goal(args: argparse.Namespace, clean: dict[tuple[str, str], list[Score]],
+               attacked: dict[tuple[str, str, int, str], list[Score]],
+               without: dict[tuple[str, int], list[Score]]) -> None:
+    """Per seed, the default defence's attacked run against its clean run (points, final /
+    mean of the last rounds), the `without` run beside them: the goal is read per seed,
+    where a mean over seeds would let one seed's gain hide another's loss."""
+    print(f"\nthe default defence against clean, per seed (points, final / last {args.last} "
+          f"rounds; goal: within {GOAL_POINTS:g}; `{WITHOUT}`: the attackers left out)\n")
+    print("| method | attack | attackers | " + " | ".join(f"seed {s}" for s in args.seeds)
+          + " | worst, last rounds |")
+    print("|---|---|---|" + "---|" * (len(args.seeds) + 1))
+    for method in args.methods:
+        base = clean[(method, "default")]
+        for count in args.attackers:
+            rows = [(WITHOUT, without[(method, count)])] + [
+                (attack, attacked[(method, attack, count, "default")])
+                for attack in args.attacks]
+            for attack, runs in rows:
+                gaps = [(100 * (r.final - b.final), 100 * (r.last - b.last))
+                        for r, b in zip(runs, base, strict=True)]
+                worst = min(last for _, last in gaps)
+                mark = "" if attack == WITHOUT else (
+                    " (within)" if worst >= -GOAL_POINTS else " (over)")
+                print(f"| {method} | {attack} | {count} | "
+                      + " | ".join(f"{f:+.1f} / {last:+.1f}" for f, last in gaps)
+                      + f" | {worst:+.1f}{mark} |")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--methods", nargs="+", default=["scala", "splitfed-v1", "fedavg"])
@@ -210,6 +241,8 @@ def main() -> int:
                 ratio = (statistics.mean(r.seconds for r in runs)
                          / statistics.mean(r.seconds for r in base))
                 print(f"  {method} {defence}: {points:+.2f} points, time ratio {ratio:.2f}")
+    if "default" in args.defences and args.attacks:
+        print_goal(args, clean, attacked, without)
     (out / "bench_robust.json").write_text(json.dumps({
         "command": command,
         "clean": {f"{m} {d}": [r._asdict() for r in v] for (m, d), v in clean.items()},

@@ -225,9 +225,10 @@ def test_a_label_flipper_is_down_weighted_in_scalas_server_step(tmp_path: Path) 
 @pytest.mark.parametrize("algorithm", ["scala", "splitfed-v1"])
 def test_a_label_flipper_is_left_out_by_the_label_check(tmp_path: Path, algorithm: str) -> None:
     """With the defaults, a4 (labels c → c + 1) sits out the server update from its second
-    judged step (two in a row make a verdict) and its uploads are left out of every round's averages (client block, and
-    SplitFed V1's server copy); nobody else is ever judged inconsistent. A clean run gives
-    the same bits with the check on and off, and notes nothing."""
+    judged step (two in a row make a verdict) and its uploads are left out of every round's
+    averages (client block, and SplitFed V1's server copy); nobody else is ever judged
+    inconsistent. A clean run gives the same bits with the check on and off, and notes
+    nothing."""
     _, rows = _run(tmp_path / "flip", "labelflip", algorithm=algorithm)
     for r in rows:
         assert sorted(r["excluded"]) == ["a4"], r["excluded"]
