@@ -212,31 +212,44 @@ def slice_weighted(loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 def share_norms(terms: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> list[float]:
     """The norm of each term's gradient over `params`: each device's share of a shared
-    step's server gradient. One backward per term (the graph is kept for the step's own)."""
+    step's server gradient. One backward per term (the graph is kept for the step's own),
+    one host read for them all."""
     import torch
 
-    norms = []
+    grads = []
     for term in terms:
-        grads = torch.autograd.grad(term, list(params), retain_graph=True, allow_unused=True)
-        present = [g for g in grads if g is not None]
-        norms.append(gradient_norm(present) if present else 0.0)
-    return norms
+        got = torch.autograd.grad(term, list(params), retain_graph=True, allow_unused=True)
+        grads.append([g for g in got if g is not None])
+    return gradient_norms(grads)
 
 
 def gradient_norm(grads: Sequence[torch.Tensor]) -> float:
-    """The norm of a whole gradient given per tensor (one host read): in the tensors' own
-    precision (float64 costs 16× on AlexNet's 20M parameters), again in float64 only where
-    that overflowed, so a huge gradient reads as huge, never as infinite."""
+    """The norm of a whole gradient given per tensor (see `gradient_norms`)."""
+    return gradient_norms([grads])[0]
+
+
+def gradient_norms(gradients: Sequence[Sequence[torch.Tensor]]) -> list[float]:
+    """The norm of each whole gradient (each given per tensor; an empty one is 0), with one
+    host read for all: in the tensors' own precision (float64 costs 16× on AlexNet's 20M
+    parameters), again in float64 only for a gradient where that overflowed, so a huge
+    gradient reads as huge, never as infinite."""
     import math
 
     import torch
 
-    def norm(dtype: torch.dtype | None) -> float:
-        return float(torch.linalg.vector_norm(torch.stack(
-            [torch.linalg.vector_norm(g, dtype=dtype) for g in grads])))
+    device = next((grads[0].device for grads in gradients if grads), torch.device("cpu"))
 
-    fast = norm(None)
-    return fast if math.isfinite(fast) else norm(torch.float64)
+    def norm(grads: Sequence[torch.Tensor], dtype: torch.dtype | None) -> torch.Tensor:
+        if not grads:
+            return torch.zeros((), device=device)
+        return torch.linalg.vector_norm(torch.stack(
+            [torch.linalg.vector_norm(g, dtype=dtype) for g in grads]))
+
+    if not gradients:
+        return []
+    values = torch.stack([norm(grads, None).float() for grads in gradients]).tolist()
+    return [v if math.isfinite(v) else float(norm(grads, torch.float64))
+            for v, grads in zip(values, gradients, strict=True)]
 
 
 DEFAULT_GRADIENT_BOUND = 5.0  # [train] gradient_bound: × this step's median share; 0 off

@@ -14,7 +14,13 @@ import numpy as np
 import pytest
 import torch
 
-from jetsplit.server.influence import ActivationBound, gradient_shares, slice_weighted
+from jetsplit.server.influence import (
+    ActivationBound,
+    gradient_norm,
+    gradient_norms,
+    gradient_shares,
+    slice_weighted,
+)
 
 pytestmark = pytest.mark.fast
 
@@ -145,3 +151,15 @@ def test_the_gradient_bound_clips_a_share_far_over_the_median() -> None:
     assert gradient_shares(agents, [1.0, 2.0, 3.0, 40.0], 0.0, {}, {}) is None
     nan = gradient_shares(agents, [1.0, 2.0, 3.0, math.nan], 1.0, {}, {})
     assert nan == [1.0, 1.0, pytest.approx(2 / 3), 1.0]  # median of the finite three
+
+
+def test_gradient_norms_read_each_whole_gradient_and_retry_only_an_overflow() -> None:
+    """‖(3, 4), (12)‖ = 13; an empty gradient is 0; two float32 tensors at 3e38 overflow the
+    float32 norm (4.2e38 > 3.4e38) and read as √2·3e38 from the float64 retry, never inf,
+    while the others keep their float32 values."""
+    normal = [torch.tensor([3.0, 4.0]), torch.tensor([12.0])]
+    huge = [torch.full((1,), 3e38), torch.full((1,), 3e38)]
+    norms = gradient_norms([normal, [], huge])
+    assert norms[:2] == [13.0, 0.0]
+    assert norms[2] == pytest.approx(math.sqrt(2) * 3e38, rel=1e-6)
+    assert gradient_norm(normal) == 13.0 and gradient_norms([]) == []
