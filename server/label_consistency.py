@@ -22,7 +22,7 @@ and every step re-judges, so a device that mends its labels comes back.
 
 A verdict changes only after `CONFIRM` judgements in a row say so, each at a step the device
 sent samples. On a block not yet trained the fleet's centroids sit close, and an honest device
-was once over half for a single step (SplitFed V1, round 0: 30 of 52, then 0 of 57 at the
+was once over half for a single step (SplitFed V1, round 0: 30 of 52, then 0 of 26 at its
 next step) while a shifter was over half at every step of a round but the first after a
 new round's decay (measured: docs/results.md).
 
