@@ -15,6 +15,13 @@ under `dirichlet:0.1` with 10 devices and 4.19× with 20, but up to 12.7× with 
 and 25× under `dirichlet:0.05` with 100: such fleets need a larger `size_cap` (or 0), and
 every cap that fires is logged and kept in summary.json. A liar among 10 devices holds at
 most 5/14 of an average instead of ~all of it.
+
+The median cap still lets an exaggerating device weigh up to 5× the median, several times
+its truth. Where the operator knows what each device holds, `jetsplit provision --size
+a3=265` writes it into the coordinator's config (`[train.provisioned_sizes]`), and a claim
+then weighs at most that: a liar weighs as its true size, as if it had not lied. The
+median is taken over the claims so bounded, and the cap still applies on top (devices
+with no provisioned size keep only it).
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ from typing import Any
 log = logging.getLogger("jetsplit.coordinator")
 
 DEFAULT_SIZE_CAP = 5.0  # [train] size_cap: a claim weighs at most this × the median claim
+# What bounded a claim, as the summary's `capped_claims` and the report name it.
+BY_PROVISIONED, BY_CAP = "provisioned size", "size cap"
 
 
 def registered_size(registration: Mapping[str, Any]) -> int | None:
@@ -51,21 +60,48 @@ def capped(claims: Mapping[str, int], cap: int | None) -> dict[str, int]:
     return dict(claims) if cap is None else {a: min(n, cap) for a, n in claims.items()}
 
 
+def provisioned(claims: Mapping[str, int], sizes: Mapping[str, int]) -> dict[str, int]:
+    """Each claim, at most the size provisioned for that device (unchanged where none
+    was)."""
+    return {a: min(n, sizes[a]) if a in sizes else n for a, n in claims.items()}
+
+
+def claim_weights(claims: Mapping[str, int], fleet: Mapping[str, int], factor: float,
+                  sizes: Mapping[str, int]) -> tuple[dict[str, int], int | None]:
+    """(each of `claims` as a weight, the cap): at most its provisioned size (`sizes`), and
+    at most `factor` × the median of the `fleet`'s claims, themselves bounded by `sizes`
+    first (so no device's lie, provisioned or not, raises the median)."""
+    cap = size_cap(provisioned(fleet, sizes).values(), factor)
+    return capped(provisioned(claims, sizes), cap), cap
+
+
 class ClaimBooks:
-    """Which devices' claims were capped, at what: logged once per device and claim, and
-    kept for the run's summary (`capped_claims`)."""
+    """Each device's weight from its claim (`claim_weights` under the provisioned `sizes`),
+    and which devices' claims were bounded, at what and by which bound (BY_PROVISIONED or
+    BY_CAP): logged once per device and claim, and kept for the run's summary
+    (`capped_claims`)."""
 
-    def __init__(self) -> None:
-        self.capped: dict[str, dict[str, int]] = {}
+    def __init__(self, sizes: Mapping[str, int] | None = None) -> None:
+        self.sizes = dict(sizes or {})
+        self.capped: dict[str, dict[str, int | str]] = {}
 
-    def note(self, claims: Mapping[str, int], cap: int | None) -> None:
-        if cap is None:
-            return
+    def weights(self, claims: Mapping[str, int], fleet: Mapping[str, int], factor: float
+                ) -> dict[str, int]:
+        """`claims` as weights, the fleet's claims setting the median cap."""
+        weights, _ = claim_weights(claims, fleet, factor, self.sizes)
         for agent, claim in claims.items():
-            if claim > cap and self.capped.get(agent, {}).get("claimed") != claim:
-                self.capped[agent] = {"claimed": claim, "weight": cap}
+            weight = weights[agent]
+            if claim <= weight or self.capped.get(agent, {}).get("claimed") == claim:
+                continue
+            by = BY_CAP if weight < min(claim, self.sizes.get(agent, claim)) else BY_PROVISIONED
+            self.capped[agent] = {"claimed": claim, "weight": weight, "by": by}
+            if by == BY_CAP:
                 log.warning("agent %s claims %d samples, over %d (the size cap × the fleet's "
-                            "median claim): it weighs as %d", agent, claim, cap, cap)
+                            "median claim): it weighs as %d", agent, claim, weight, weight)
+            else:
+                log.warning("agent %s claims %d samples, over the %d provisioned for it: it "
+                            "weighs as %d", agent, claim, weight, weight)
+        return weights
 
 
 # A registered label histogram against the labels the device then sends (LabelTally).

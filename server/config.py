@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from jetsplit import catalog
 from jetsplit.config_io import load_toml_model
+from jetsplit.protocol import MAX_SAMPLES
 from jetsplit.server.aggregators import (
     DEFAULT_CLIP_FACTOR,
     DEFAULT_OUTLIER_BOUND,
@@ -62,6 +63,11 @@ class TrainSection(BaseModel):
     # A device's registered |D_k| weighs at most size_cap × the fleet's median claim
     # (server/claims.py); 0 turns the cap off.
     size_cap: Annotated[float, Field(ge=0, le=1e6)] = DEFAULT_SIZE_CAP
+    # [train.provisioned_sizes] a3 = 265: the most samples a device's claim weighs as, as
+    # `jetsplit provision --size` wrote them (server/claims.py); a device not named keeps
+    # only the size cap.
+    provisioned_sizes: dict[_Id, Annotated[int, Field(ge=1, le=MAX_SAMPLES)]] = Field(
+        default_factory=dict)
     # A registered label histogram the labels the device sends disprove is replaced by
     # those labels' tally (server/claims.LabelTally: SCALA's P_k); "off": always believed.
     histogram_check: Literal["on", "off"] = "on"

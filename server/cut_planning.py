@@ -10,7 +10,7 @@ from typing import Any
 
 from jetsplit import catalog
 from jetsplit.errors import ConfigError
-from jetsplit.server.claims import DEFAULT_SIZE_CAP, capped, registered_size, size_cap
+from jetsplit.server.claims import DEFAULT_SIZE_CAP, claim_weights, registered_size
 
 # What `jetsplit server run` costs the coordinator's server block on when planning.
 SERVER_PROFILE = "x86-cpu"
@@ -130,7 +130,8 @@ def fleet_replanner(cfg: Any, registrations: Mapping[str, Mapping[str, Any]],
     return replanner_for(
         t.algorithm, model.name, tuple(model.input_shape), model.classes, profiles,
         batch=max(1, t.batch // max(1, len(profiles))), local_steps=t.local_steps,
-        rounds=t.rounds, dataset_size=mean_dataset_size(registrations, t.size_cap),
+        rounds=t.rounds, dataset_size=mean_dataset_size(registrations, t.size_cap,
+                                                      t.provisioned_sizes),
         codec=t.codec, server_profile=SERVER_PROFILE, server_cut=server_cut,
         threshold=t.replan_threshold, deadline_s=t.deadline_s, clock=t.replan_clock)
 
@@ -180,12 +181,13 @@ def registered_profile(registration: Mapping[str, Any]) -> Any:
 
 
 def mean_dataset_size(registrations: Mapping[str, Mapping[str, Any]],
-                      cap_factor: float = DEFAULT_SIZE_CAP) -> int | None:
-    """The mean |D_k| the agents registered, each claim capped as in every average
+                      cap_factor: float = DEFAULT_SIZE_CAP,
+                      provisioned_sizes: Mapping[str, int] | None = None) -> int | None:
+    """The mean |D_k| the agents registered, each claim bounded as in every average
     (server/claims.py), for Ampere's epoch and one-shot upload; None when none says (the
     planner then assumes one round's worth)."""
-    sizes = [n for n in map(registered_size, registrations.values()) if n is not None]
-    sizes = list(capped(dict(enumerate(sizes)), size_cap(sizes, cap_factor)).values())
+    claims = {a: n for a, r in registrations.items() if (n := registered_size(r)) is not None}
+    sizes = list(claim_weights(claims, claims, cap_factor, provisioned_sizes or {})[0].values())
     return max(1, round(sum(sizes) / len(sizes))) if sizes else None
 
 
@@ -214,7 +216,8 @@ def fleet_cuts(cfg: Any, registrations: Mapping[str, Mapping[str, Any]], *, batc
     settings = PlanSettings(algorithm=planned,
                             batch=batch, local_steps=local_steps, rounds=rounds, codec=codec,
                             common_split=three_tiers,
-                            dataset_size=mean_dataset_size(registrations, cfg.train.size_cap))
+                            dataset_size=mean_dataset_size(registrations, cfg.train.size_cap,
+                                                            cfg.train.provisioned_sizes))
     server = resolve_profile(SERVER_PROFILE)
     if model.split == "auto":
         missing = [a for a, p in profiles.items() if p is None]

@@ -65,7 +65,7 @@ class FleetRegistry:
         self._online: set[str] = set()  # registered and not offline (busy included)
         self._generation = 0  # bumped whenever `_online` or a registration changes
         self._pools: dict[tuple[Any, ...], tuple[int, tuple[str, ...]]] = {}
-        self._claims: tuple[int, tuple[int, ...]] = (-1, ())
+        self._claims: tuple[int, dict[str, int]] = (-1, {})
         self.missed: list[MissedStep] = []
         self.changed = threading.Condition(self._lock)
 
@@ -163,15 +163,16 @@ class FleetRegistry:
         self._pools[key] = (self._generation, pool)
         return pool
 
-    def client_claims(self) -> tuple[int, ...]:
-        """Every registered client's |D_k| claim (0 where it made none), online or not:
-        what the size cap is taken against (server/claims.py). Cached until a
-        registration or membership changes, so a step costs no walk over the fleet."""
+    def client_claims(self) -> dict[str, int]:
+        """Every registered client's |D_k| claim by id (0 where it made none), online or
+        not: what the size cap is taken against (server/claims.py). Cached until a
+        registration or membership changes, so a step costs no walk over the fleet (the
+        same dict each time: read it, do not change it)."""
         with self._lock:
             if self._claims[0] != self._generation:
-                self._claims = (self._generation, tuple(
-                    registered_size(r.registration) or 0 for r in self._agents.values()
-                    if r.registration and r.registration.get("role", "client") == "client"))
+                self._claims = (self._generation, {
+                    a: registered_size(r.registration) or 0 for a, r in self._agents.items()
+                    if r.registration and r.registration.get("role", "client") == "client"})
             return self._claims[1]
 
     def online(self) -> list[str]:

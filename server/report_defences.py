@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from jetsplit.server.claims import BY_CAP, BY_PROVISIONED
 from jetsplit.server.finite import finite
 
 MAX_NOTE = 160
@@ -72,8 +73,9 @@ def defences_section(rows: Sequence[Row], summary: dict[str, Any]) -> list[str]:
         lines += [f"| {r} | {_cell(a)} | {_cell(n)} |" for r, a, n in body] + [""]
     for agent, books in sorted(capped.items()):
         if isinstance(books, dict):
+            by = books.get("by") if books.get("by") in (BY_PROVISIONED, BY_CAP) else BY_CAP
             lines.append(f"- {_cell(str(agent)[:64])}: claimed {books.get('claimed')} samples, "
-                         f"weighed as {books.get('weight')} (size cap).")
+                         f"weighed as {books.get('weight')} ({by}).")
     for agent, books in sorted(histograms.items()):
         numbers = [finite(books.get(k), 0.0, 1e15) if isinstance(books, dict) else None
                    for k in ("distance", "labels", "bound")]

@@ -51,6 +51,8 @@ class Settings:
     gradient_shares: str = "free"  # all: SCALA/PSL (a backward per device), SplitFed V2
     max_misses: int = 3  # deadline misses in a row before an agent sits out (0: never)
     size_cap: float = DEFAULT_SIZE_CAP  # |D_k| weighs at most this × the median claim
+    # |D_k| weighs at most the size provisioned for that device (`jetsplit provision --size`)
+    provisioned_sizes: dict[str, int] = field(default_factory=dict)
     histogram_check: str = "on"  # a label histogram the labels sent disprove is replaced
     label_check: str = "on"  # a device whose labels do not fit its activations weighs 0
     direction_check: str = "on"  # a device whose updates oppose the fleet's weighs 0

@@ -33,7 +33,7 @@ from jetsplit.protocol import Kind
 from jetsplit.server.aggregators import aggregate
 from jetsplit.server.benching import Bench
 from jetsplit.server.bundle_shipping import BundleShipper
-from jetsplit.server.claims import ClaimBooks, LabelTally, capped, registered_size, size_cap
+from jetsplit.server.claims import ClaimBooks, LabelTally, registered_size
 from jetsplit.server.compute import autocast, to_device, to_host
 from jetsplit.server.divergence import DivergenceGuard
 from jetsplit.server.engine import Command, Engine, Outcome, Reply
@@ -120,7 +120,8 @@ class Trainer:
             settings.loss_bound, floor=LOSS_FLOOR * math.log(self.bundle.spec.num_classes))
         self.step_gradient_bound = StepGradientBound(settings.gradient_bound)  # SplitFed V2
         self.books = RoundBooks(listener=self.bench.note)  # this round's phases, samples, misses
-        self.claims = ClaimBooks()  # whose registered |D_k| was capped, at what
+        # |D_k| as weights; whose registered claim was capped, at what
+        self.claims = ClaimBooks(self.settings.provisioned_sizes)
         # the labels each device sent, against the histogram it registered
         self.labels = LabelTally(self.bundle.spec.num_classes, settings.histogram_check == "on")
         # whose labels do not fit their activations (server/label_consistency.py)
@@ -350,12 +351,11 @@ class Trainer:
         return {a: registered_size(registry.registration(a)) or 0 for a in agents}
 
     def sizes(self, agents: list[str]) -> dict[str, int]:
-        """|D_k| as weights (every average, batch shares): each registered claim capped at
-        `size_cap` × the median claim of the fleet's clients (server/claims.py)."""
-        claims = self.claimed_sizes(agents)
-        cap = size_cap(self.engine.registry.client_claims(), self.settings.size_cap)
-        self.claims.note(claims, cap)
-        return capped(claims, cap)
+        """|D_k| as weights (every average, batch shares): each registered claim at most
+        its provisioned size and at most `size_cap` × the median claim of the fleet's
+        clients (server/claims.py)."""
+        return self.claims.weights(self.claimed_sizes(agents),
+                                   self.engine.registry.client_claims(), self.settings.size_cap)
 
     def batches(self, agents: list[str], left_out: set[str] | frozenset[str] = frozenset()
                 ) -> dict[str, int]:

@@ -1,7 +1,7 @@
 """A device's registered |D_k| is a claim: every weight it sets is capped at a multiple of
-the fleet's median claim (server/claims.py), and its own work still uses the raw claim.
-Hand-computed on unequal sizes with one liar among honest devices and an edge that does
-not count towards the median."""
+the fleet's median claim, and at the size provisioned for it where one was (server/claims.py);
+its own work still uses the raw claim. Hand-computed on unequal sizes with one liar among
+honest devices and an edge that does not count towards the median."""
 
 from __future__ import annotations
 
@@ -51,16 +51,18 @@ def test_registered_size_takes_positive_ints_only() -> None:
     assert registered_size({"dataset": "x"}) is None and registered_size({}) is None
 
 
-def _trainer(size_cap_factor: float, batch: int = 60) -> Trainer:
+def _trainer(size_cap_factor: float, batch: int = 60, claims: dict[str, int] | None = None,
+             provisioned: dict[str, int] | None = None) -> Trainer:
     """The trainer's size and batch books over a registry (no bundle needed for them)."""
     registry = FleetRegistry()
-    for agent, size in {**HONEST, "a3": LIAR}.items():
+    for agent, size in (claims or {**HONEST, "a3": LIAR}).items():
         registry.register(agent, _registration(agent, size))
     registry.register("e0", _registration("e0", 50_000, role="edge"))  # not a client claim
     trainer = object.__new__(Trainer)
     trainer.engine = SimpleNamespace(registry=registry)  # type: ignore[assignment]
-    trainer.settings = Settings(size_cap=size_cap_factor, batch=batch)
-    trainer.claims = ClaimBooks()
+    trainer.settings = Settings(size_cap=size_cap_factor, batch=batch,
+                                provisioned_sizes=provisioned or {})
+    trainer.claims = ClaimBooks(trainer.settings.provisioned_sizes)
     trainer.consistency = LabelConsistency(2)
     return trainer
 
@@ -76,7 +78,7 @@ def test_a_lying_claim_weighs_as_the_cap_everywhere_the_trainer_reads_sizes(
     # 50,000 is not a client claim
     assert sizes == {"a0": 100, "a1": 200, "a2": 300, "a3": 1000}
     assert trainer.claimed_sizes(agents)["a3"] == LIAR  # its own work: the raw claim
-    assert trainer.claims.capped == {"a3": {"claimed": LIAR, "weight": 1000}}
+    assert trainer.claims.capped == {"a3": {"claimed": LIAR, "weight": 1000, "by": "size cap"}}
     assert [r.getMessage() for r in caplog.records].count(
         "agent a3 claims 1000000000 samples, over 1000 (the size cap × the fleet's median "
         "claim): it weighs as 1000") == 1
@@ -101,6 +103,69 @@ def test_the_planner_mean_is_over_capped_claims() -> None:
     assert mean_dataset_size(regs, 4.0) == round((100 + 200 + 300 + 1000) / 4)
     assert mean_dataset_size(regs, 0.0) == round((600 + LIAR) / 4)
     assert mean_dataset_size({"a": {"dataset": {"size": 0}}}) is None
+    # provisioned a3 = 400, a1 = 150: (100 + 150 + 300 + 400) / 4, under the cap or not
+    sizes = {"a3": 400, "a1": 150}
+    assert mean_dataset_size(regs, 4.0, sizes) == mean_dataset_size(regs, 0.0, sizes) == 238
+
+
+def test_a_provisioned_size_bounds_a_claim_at_the_truth_everywhere_the_trainer_reads_sizes(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """a3 claims 10^9 and was provisioned 400; a1 claims 200 and was provisioned 150 (its
+    data shrank, or it rounds up); a0 and a2 were not provisioned. The median is taken over
+    the bounded claims (100, 150, 300, 400): 225, cap 4× = 900, which binds nobody."""
+    trainer = _trainer(4.0, provisioned={"a3": 400, "a1": 150})
+    agents = ["a0", "a1", "a2", "a3"]
+    with caplog.at_level(logging.WARNING, "jetsplit.coordinator"):
+        sizes = trainer.sizes(agents)
+        trainer.sizes(agents)  # logged once per device and claim
+    assert sizes == {"a0": 100, "a1": 150, "a2": 300, "a3": 400}
+    assert trainer.claimed_sizes(agents) == {"a0": 100, "a1": 200, "a2": 300, "a3": LIAR}
+    assert trainer.claims.capped == {
+        "a1": {"claimed": 200, "weight": 150, "by": "provisioned size"},
+        "a3": {"claimed": LIAR, "weight": 400, "by": "provisioned size"}}
+    assert sorted(r.getMessage() for r in caplog.records) == [
+        "agent a1 claims 200 samples, over the 150 provisioned for it: it weighs as 150",
+        "agent a3 claims 1000000000 samples, over the 400 provisioned for it: it weighs as 400"]
+    # B_k = 60·(100, 150, 300, 400)/950, rounded: a3's batch is its true share
+    assert trainer.batches(agents) == {"a0": 6, "a1": 9, "a2": 19, "a3": 25}
+    states = {a: {"w": np.full(2, float(i), np.float32)} for i, a in enumerate(agents)}
+    merged = fedavg(states, sizes)["w"]
+    assert merged == pytest.approx(np.full(2, (150 + 2 * 300 + 3 * 400) / 950))
+
+
+def test_liars_cannot_raise_the_median_past_their_provisioned_sizes_and_the_cap_still_binds(
+        ) -> None:
+    """Three of four clients claim 10^9. Unprovisioned, the median is 10^9 and the cap binds
+    nobody; provisioned (200, 300, 5000), the median of (100, 200, 300, 5000) is 250, so the
+    size cap (4× = 1000) binds a3's provisioned 5000 too: the tighter bound wins, and is
+    named."""
+    liars = {"a0": 100, "a1": LIAR, "a2": LIAR, "a3": LIAR}
+    assert _trainer(4.0, claims=liars).sizes(["a0", "a3"]) == {"a0": 100, "a3": LIAR}
+    trainer = _trainer(4.0, claims=liars, provisioned={"a1": 200, "a2": 300, "a3": 5000})
+    assert trainer.sizes(list(liars)) == {"a0": 100, "a1": 200, "a2": 300, "a3": 1000}
+    assert trainer.claims.capped["a3"] == {"claimed": LIAR, "weight": 1000, "by": "size cap"}
+    assert trainer.claims.capped["a2"] == {"claimed": LIAR, "weight": 300,
+                                           "by": "provisioned size"}
+    # cap off: the provisioned sizes alone
+    off = _trainer(0.0, claims=liars, provisioned={"a1": 200, "a2": 300, "a3": 5000})
+    assert off.sizes(list(liars)) == {"a0": 100, "a1": 200, "a2": 300, "a3": 5000}
+
+
+def test_server_toml_takes_provisioned_sizes_as_a_table_and_refuses_bad_ones(
+        tmp_path) -> None:  # noqa: ANN001
+    from jetsplit.errors import ConfigError
+    from jetsplit.server.config import load_server_config
+
+    path = tmp_path / "server.toml"
+    path.write_text('[train]\nalgorithm = "fedavg"\n[train.provisioned_sizes]\na0 = 1200\n'
+                    "a1 = 800\n")
+    assert load_server_config(path).settings().provisioned_sizes == {"a0": 1200, "a1": 800}
+    for bad in ("a0 = 0", "a0 = -5", 'a0 = "12"', "a0 = 1.5", "a0 = 3000000000",
+                '"../x" = 5'):
+        path.write_text(f"[train.provisioned_sizes]\n{bad}\n")
+        with pytest.raises(ConfigError) as err:
+            load_server_config(path)
+        assert "provisioned_sizes" in str(err.value) and "\n" not in str(err.value), bad
 
 
 def test_a_histogram_the_labels_disprove_is_replaced_by_their_tally(

@@ -21,7 +21,10 @@ def test_the_section_names_who_was_limited_and_why() -> None:
              "down_weighted": {"a4": "3 steps down-weighted, last: loss 6.1"},
              "excluded": {"a4": "2 steps left out of the server update"}},
             {"round": 2, "aggregation": {"a3": "x" * 1000, "a0": 7}, "benched": "junk"}]
-    summary = {"capped_claims": {"a2": {"claimed": 10**9, "weight": 1250}},
+    summary = {"capped_claims": {"a2": {"claimed": 10**9, "weight": 1250},
+                                 "a7": {"claimed": 10**9, "weight": 265,
+                                        "by": "provisioned size"},
+                                 "a8": {"claimed": 9, "weight": 2, "by": "<b>"}},
                "histogram_claims": {"a5": {"distance": 0.9125, "bound": 0.2936, "labels": 600},
                                     "a6": {"distance": "x", "bound": 1, "labels": 1}}}
     lines = defences_section(rows, summary)
@@ -36,6 +39,8 @@ def test_the_section_names_who_was_limited_and_why() -> None:
     assert "| 1 | a1 | sat out (missed deadlines) |" in text
     assert f"| 2 | a3 | {'x' * MAX_NOTE} |" in text and "a0" not in text
     assert "- a2: claimed 1000000000 samples, weighed as 1250 (size cap)." in text
+    assert "- a7: claimed 1000000000 samples, weighed as 265 (provisioned size)." in text
+    assert "- a8: claimed 9 samples, weighed as 2 (size cap)." in text  # no other text
     assert ("- a5: its label histogram was 0.912 (total variation) from the 600 labels it "
             "sent, over 0.294: its prior came from those labels.") in text
     assert "a6" not in text  # a malformed entry is skipped
