@@ -23,10 +23,12 @@ import typer
 
 from jetsplit.errors import ConfigError
 from jetsplit.identity import PUBLIC_SUFFIX, Signer
+from jetsplit.protocol import MAX_SAMPLES
 from jetsplit.server.topology import check_shape
 from jetsplit.transport.topics import COORDINATOR, ROOT, check_id
 
 KIT_FILE = "kit.json"
+SERVER_TOML = "server.toml"  # the coordinator's kit: its starting config
 # The fleet CLI's own TLS identity, kept in the coordinator's kit: the broker names every
 # session by its certificate's CN, so the CLI on the coordinator's certificate would take
 # the running coordinator's session over. It signs as the coordinator (same signing key).
@@ -213,6 +215,7 @@ this device's own secrets; nobody else needs them.
 | `signing.key` | your Ed25519 key: every message you send is signed with it |
 | `trusted/*.pub` | the signing keys you accept messages from ({trusts}) |
 | `kit.json` | fleet and id |
+| `server.toml` | coordinator only: a starting config pointing at this kit |
 
 {install}
 """
@@ -225,25 +228,35 @@ which copies it to the config folder and points `agent.toml`'s `[mqtt]` section 
 (`tls_ca`, `tls_cert`, `tls_key`, `signing_key`, `trusted_keys`), agent id `{who}`, fleet
 `{fleet}`."""
 
-_COORDINATOR_INSTALL = """On the coordinator host, point `server.toml` at it:
+_COORDINATOR_INSTALL = """On the coordinator host, start from `server.toml` here (set the broker's
+host; add the model and training sections), which points at this kit:
 
-    fleet = "{fleet}"
-    [mqtt]
-    broker = "mqtts://BROKER-HOST:{port}"
-    tls_ca = "{d}/ca.crt"
-    tls_cert = "{d}/client.crt"
-    tls_key = "{d}/client.key"
-    signing_key = "{d}/signing.key"
-    trusted_keys = "{d}/trusted"
-    operator_cert = "{d}/operator.crt"
-    operator_key = "{d}/operator.key"
-
+{toml}
 `operator.crt` (CN `operator`) is what `jetsplit fleet ... --config server.toml` connects
 with: the broker names each session by its certificate's CN, so the CLI on `client.crt`
 would take the running coordinator's session over.
 
 To add an agent later, provision again into a new folder (a new CA), or copy a new agent's
-`signing.pub` into `trusted/` and add its lines to the broker's ACL."""
+`signing.pub` into `trusted/` and add its lines to the broker's ACL.
+
+`[train.provisioned_sizes]` (from `jetsplit provision --size`) is the most samples each
+named device's registered size weighs as in any average: an enrolled device that claims
+more weighs as this, and the run's report names it."""
+
+
+def coordinator_toml(fleet: str, port: int, kit: Path, sizes: Mapping[str, int]) -> str:
+    """The coordinator's starting server.toml: the fleet, its kit's files, and the sizes
+    provisioned per device (server/claims.py)."""
+    d = kit.resolve()
+    lines = [f'fleet = "{fleet}"', "", "[mqtt]", f'broker = "mqtts://BROKER-HOST:{port}"',
+             *(f"{key} = {json.dumps(str(d / name))}" for key, name in (
+                 ("tls_ca", "ca.crt"), ("tls_cert", "client.crt"), ("tls_key", "client.key"),
+                 ("signing_key", "signing.key"), ("trusted_keys", "trusted"),
+                 ("operator_cert", "operator.crt"), ("operator_key", "operator.key")))]
+    if sizes:
+        lines += ["", "[train.provisioned_sizes]  # the most samples each device weighs as",
+                  *(f"{agent} = {n}" for agent, n in sorted(sizes.items()))]
+    return "\n".join(lines) + "\n"
 
 _TOP_README = """# fleet `{fleet}`: what `jetsplit provision` wrote
 
@@ -339,9 +352,12 @@ def emqx_acl(fleet: str, agents: list[str], edges: Edges | None = None) -> str:
 
 def provision(fleet: str, agents: list[str], out: Path, *, broker_names: tuple[str, ...] =
               ("localhost", "127.0.0.1"), port: int = 8883, bind: str = "0.0.0.0",
-              days: int = 825, edges: Edges | None = None) -> dict[str, Path]:
+              days: int = 825, edges: Edges | None = None,
+              sizes: Mapping[str, int] | None = None) -> dict[str, Path]:
     """Write the CA, the broker folder and one kit per device; returns the kit folders.
-    `edges` (edge → its clients, all among `agents`) opens SHeRL-FL's direct topics."""
+    `edges` (edge → its clients, all among `agents`) opens SHeRL-FL's direct topics.
+    `sizes` (agent → samples it holds) go into the coordinator's server.toml: the most
+    each device's registered size weighs as."""
     check_id(fleet, "fleet")
     if not agents:
         raise ConfigError("provision: name at least one agent (--agents a0,a1,...)")
@@ -359,6 +375,15 @@ def provision(fleet: str, agents: list[str], out: Path, *, broker_names: tuple[s
     strangers = sorted({*edges, *(c for cs in edges.values() for c in cs)} - set(agents))
     if strangers:
         raise ConfigError(f"provision: --edge names {', '.join(strangers)}, not in --agents")
+    sizes = dict(sizes or {})
+    unknown = sorted(set(sizes) - set(agents))
+    if unknown:
+        raise ConfigError(f"provision: --size names {', '.join(unknown)}, not in --agents")
+    bad = sorted(a for a, n in sizes.items()
+                 if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_SAMPLES)
+    if bad:
+        raise ConfigError(f"provision: --size {bad[0]}={sizes[bad[0]]}: a size is a whole "
+                          f"number of samples, 1 to {MAX_SAMPLES}")
     peers = peers_of(edges)
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"provision: {out} is not empty (keys are never overwritten)")
@@ -393,7 +418,12 @@ def provision(fleet: str, agents: list[str], out: Path, *, broker_names: tuple[s
             _write(kit / "trusted" / f"{other}{PUBLIC_SUFFIX}", signers[other].public_pem())
         _write(kit / KIT_FILE, json.dumps({"fleet": fleet, "id": who, "port": port},
                                           indent=1).encode())
-        install = (_COORDINATOR_INSTALL.format(fleet=fleet, port=port, d=kit.resolve())
+        toml = coordinator_toml(fleet, port, kit, sizes)
+        if who == COORDINATOR:
+            _write(kit / SERVER_TOML, toml.encode())
+        install = (_COORDINATOR_INSTALL.format(
+                       toml="".join(f"    {line}\n" if line else "\n"
+                                    for line in toml.splitlines()))
                    if who == COORDINATOR else
                    _AGENT_INSTALL.format(who=who, fleet=fleet, port=port))
         trusts = ("every agent's" if who == COORDINATOR else
@@ -424,6 +454,22 @@ def parse_edges(specs: list[str]) -> dict[str, list[str]]:
     return edges
 
 
+def parse_sizes(specs: list[str]) -> dict[str, int]:
+    """`--size a3=265` options as {agent: samples}; a malformed one is a ConfigError (the
+    range is checked by `provision`)."""
+    sizes: dict[str, int] = {}
+    for spec in specs:
+        agent, sep, count = spec.partition("=")
+        agent = agent.strip()
+        count = count.strip()
+        if not sep or not agent or agent in sizes or not (
+                count.isascii() and count.isdigit() and len(count) <= 20):
+            raise ConfigError(f"--size {spec!r}: write AGENT=SAMPLES (e.g. a3=265), once per "
+                              "agent")
+        sizes[check_id(agent, "agent")] = int(count)
+    return sizes
+
+
 def provision_command(
     fleet: Annotated[str, typer.Option("--fleet", help="Fleet name (topics, CA name).")],
     agents: Annotated[str, typer.Option("--agents", help="Agent ids, comma-separated.")],
@@ -439,6 +485,9 @@ def provision_command(
     edge: Annotated[list[str] | None, typer.Option(
         "--edge", help="SHeRL-FL: EDGE=CLIENT,CLIENT... (repeat per edge): opens the direct "
         "client<->edge topics for exactly these pairs.")] = None,
+    size: Annotated[list[str] | None, typer.Option(
+        "--size", help="AGENT=N (repeat): the samples that device holds; its registered "
+        "size weighs at most N in any average (the coordinator's server.toml).")] = None,
 ) -> None:
     """Fleet CA, per-device startup kits (mTLS certificate + Ed25519 signing key) and a
     Mosquitto config with per-device ACLs."""
@@ -447,6 +496,6 @@ def provision_command(
         raise ConfigError("--broker-host: name at least one host")
     ids = [a.strip() for a in agents.split(",") if a.strip()]
     kits = provision(fleet, ids, out, broker_names=names, port=port, bind=bind, days=days,
-                     edges=parse_edges(edge or []))
+                     edges=parse_edges(edge or []), sizes=parse_sizes(size or []))
     typer.echo(f"fleet {fleet}: CA, broker config and {len(kits)} kits "
                f"({', '.join(kits)}) in {out}; read {out / 'README.md'}")

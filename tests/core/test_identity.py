@@ -114,6 +114,11 @@ def test_settings_load_a_kit_and_refuse_half_or_mixed_setups(kits: Path, tmp_pat
     (["--agents", "a0,a0"], "repeat"),
     (["--agents", "a b"], "agent 'a b'"),
     (["--agents", "a0", "--broker-host", ","], "at least one host"),
+    (["--agents", "a0", "--size", "a1=5"], "--size names a1, not in --agents"),
+    (["--agents", "a0", "--size", "a0=0"], "--size a0=0: a size is a whole number"),
+    (["--agents", "a0", "--size", "a0=-3"], "write AGENT=SAMPLES"),
+    (["--agents", "a0", "--size", "a0=1e9"], "write AGENT=SAMPLES"),
+    (["--agents", "a0", "--size", "a0=" + "9" * 5000], "write AGENT=SAMPLES"),
 ])
 def test_provision_mistakes_end_in_one_line(tmp_path: Path, args: list[str], expected: str,
                                             capsys: pytest.CaptureFixture[str]) -> None:
@@ -124,6 +129,27 @@ def test_provision_mistakes_end_in_one_line(tmp_path: Path, args: list[str], exp
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and expected in lines[0]
     assert not (tmp_path / "k").exists()
+
+
+def test_provisioned_sizes_land_in_the_coordinators_server_toml(tmp_path: Path) -> None:
+    """`--size` writes each device's size into the coordinator's starting server.toml,
+    which loads as it stands: the kit's files and the sizes the claims are bounded by."""
+    from jetsplit.cli import main as cli
+    from jetsplit.server.config import load_server_config
+
+    out = tmp_path / "odd \"name\""  # a path TOML has to escape
+    assert cli(["provision", "--fleet", "f", "--agents", "a0,a1,a2", "--out", str(out),
+                "--size", "a2=265", "--size", " a0 = 1200"]) == 0
+    cfg = load_server_config(out / "coordinator" / "server.toml")
+    assert cfg.settings().provisioned_sizes == {"a0": 1200, "a2": 265}
+    assert cfg.fleet == "f" and cfg.mqtt.tls_ca == str((out / "coordinator" / "ca.crt").resolve())
+    assert cfg.mqtt.endpoint_options().keyring.senders == ["a0", "a1", "a2"]
+    assert "    a2 = 265" in (out / "coordinator" / "README.md").read_text()
+    plain = tmp_path / "plain"
+    provision("f", ["a0"], plain)
+    assert load_server_config(plain / "coordinator" / "server.toml").train.provisioned_sizes \
+        == {}
+    assert not (plain / "a0" / "server.toml").exists()
 
 
 def test_provision_never_overwrites_keys(kits: Path) -> None:
