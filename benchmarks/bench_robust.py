@@ -12,6 +12,9 @@ each defence, over the same seeds. Defences:
   bound 3× and over chance level, the gradient bound 5× (GAPSL, SplitFed V2), size cap 5×
   the median claim, histograms checked
   against the labels sent, the label check, the direction check);
+- `default-provisioned`: the defaults, and each device's true shard size provisioned
+  (`simulate(provision_sizes=True)`, as `jetsplit provision --size` writes it): a size
+  claim weighs at most the truth;
 - `default-no-loss-bound`, `default-no-outlier-bound`: the defaults without that bound
   (what it adds);
 - `clipped`, `median`, `trimmed-mean`, `multi-krum`: that aggregator on top of the default.
@@ -61,11 +64,13 @@ from jetsplit.server.trainer import RoundFailed
 ATTACKS = ("scale:1000", "signflip", "noise:1", "labelflip", "activation-scale:1000000",
            "size-lie:1000000000", "histogram-lie")
 WITHOUT = "without"  # the row with the attackers' devices left out (their data too)
+PROVISION = "provision_sizes"  # a defence's `simulate` option, not a Settings field
 DEFENCES: dict[str, dict[str, Any]] = {
     "none": {"aggregator": "mean", "activation_bound": 0.0, "size_cap": 0.0,
              "loss_bound": 0.0, "outlier_bound": 0.0, "histogram_check": "off",
              "label_check": "off", "direction_check": "off", "gradient_bound": 0.0},
     "default": {},
+    "default-provisioned": {PROVISION: True},
     "default-no-loss-bound": {"loss_bound": 0.0},
     "default-no-outlier-bound": {"outlier_bound": 0.0},
     "clipped": {"aggregator": "clipped"},
@@ -94,22 +99,25 @@ def last_rounds(run_dir: Path, count: int) -> float:
 GOAL_POINTS = 2.0  # issue 24: one attacker of ten costs at most this against clean
 
 
+GOAL_DEFENCES = ("default", "default-provisioned")  # read against the goal, per seed
+
+
 def print_goal(args: argparse.Namespace, clean: dict[tuple[str, str], list[Score]],
                attacked: dict[tuple[str, str, int, str], list[Score]],
-               without: dict[tuple[str, int], list[Score]]) -> None:
-    """Per seed, the default defence's attacked run against its clean run (points, final /
+               without: dict[tuple[str, int], list[Score]], defence: str = "default") -> None:
+    """Per seed, the `defence`'s attacked run against its clean run (points, final /
     mean of the last rounds), the `without` run beside them: the goal is read per seed,
     where a mean over seeds would let one seed's gain hide another's loss."""
-    print(f"\nthe default defence against clean, per seed (points, final / last {args.last} "
+    print(f"\nthe {defence} defence against clean, per seed (points, final / last {args.last} "
           f"rounds; goal: within {GOAL_POINTS:g}; `{WITHOUT}`: the attackers left out)\n")
     print("| method | attack | attackers | " + " | ".join(f"seed {s}" for s in args.seeds)
           + " | worst, last rounds |")
     print("|---|---|---|" + "---|" * (len(args.seeds) + 1))
     for method in args.methods:
-        base = clean[(method, "default")]
+        base = clean[(method, defence)]
         for count in args.attackers:
             rows = [(WITHOUT, without[(method, count)])] + [
-                (attack, attacked[(method, attack, count, "default")])
+                (attack, attacked[(method, attack, count, defence)])
                 for attack in args.attacks]
             for attack, runs in rows:
                 gaps = [(100 * (r.final - b.final), 100 * (r.last - b.last))
@@ -137,14 +145,15 @@ def main() -> int:
     parser.add_argument("--last", type=int, default=5,
                         help="also report the mean accuracy over this many last rounds")
     parser.add_argument("--smoke", action="store_true",
-                        help="tiny: digits, splitfed-v1, 2 attacks, 1 attacker of 4 agents, "
+                        help="tiny: digits, splitfed-v1, 3 attacks, 1 attacker of 5 agents, "
                              "1 round (seconds)")
     args = parser.parse_args()
     command = "python benchmarks/bench_robust.py " + shlex.join(sys.argv[1:])
     if args.smoke:
-        args.methods, args.attacks, args.attackers = ["splitfed-v1"], ["scale:1000",
-                                                                       "labelflip"], [1]
-        args.defences, args.seeds, args.agents = ["none", "default", "multi-krum"], [0], 5
+        args.methods, args.attackers = ["splitfed-v1"], [1]
+        args.attacks = ["scale:1000", "labelflip", "size-lie:1000000000"]
+        args.defences = ["none", "default", "default-provisioned", "multi-krum"]
+        args.seeds, args.agents = [0], 5
         args.rounds, args.local_steps, args.batch = 1, 2, 40
         args.dataset, args.model, args.partition = "digits", "mobilenetv3-small", "iid"
     os.environ["JETSPLIT_ALLOW_ATTACKS"] = "1"  # this process is a benchmark
@@ -160,9 +169,11 @@ def main() -> int:
         """A run the divergence guard stops, or a round in which no device could train
         (every one diverged on the model it was sent), scores 0.
         `attack` WITHOUT: the attackers' devices are left out instead."""
+        options = dict(DEFENCES[defence])
+        provision = bool(options.pop(PROVISION, False))
         settings = Settings(algorithm=method, rounds=rounds or args.rounds,
                             local_steps=args.local_steps, batch=args.batch, lr=args.lr,
-                            seed=seed, **DEFENCES[defence])
+                            seed=seed, **options)
         who = [f"a{args.agents - 1 - i}" for i in range(attackers)] if attack else []
         absent, attack = (who, None) if attack == WITHOUT else ([], attack)
         label = WITHOUT if absent else attack or "clean"
@@ -175,7 +186,7 @@ def main() -> int:
                                partition_scheme=args.partition, out_dir=run_dir,
                                checkpoint=False,
                                attacks=dict.fromkeys(who, attack) if attack else None,
-                               absent=absent)
+                               absent=absent, provision_sizes=provision)
             score = Score(float(summary["final_accuracy"]), last_rounds(run_dir, args.last), 0)
         except (Diverged, RoundFailed) as exc:
             print(f"  {name}: diverged ({str(exc)[:300]})", flush=True)
@@ -241,8 +252,9 @@ def main() -> int:
                 ratio = (statistics.mean(r.seconds for r in runs)
                          / statistics.mean(r.seconds for r in base))
                 print(f"  {method} {defence}: {points:+.2f} points, time ratio {ratio:.2f}")
-    if "default" in args.defences and args.attacks:
-        print_goal(args, clean, attacked, without)
+    for defence in GOAL_DEFENCES:
+        if defence in args.defences and args.attacks:
+            print_goal(args, clean, attacked, without, defence)
     (out / "bench_robust.json").write_text(json.dumps({
         "command": command,
         "clean": {f"{m} {d}": [r._asdict() for r in v] for (m, d), v in clean.items()},

@@ -13,6 +13,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -46,6 +47,7 @@ def simulate(
     attacks: dict[str, str] | None = None,
     validation: float = 0.0,
     absent: Sequence[str] = (),
+    provision_sizes: bool = False,
 ) -> dict[str, Any]:
     """Partition `dataset` over `clients` in-process agents and train; returns the summary.
     The simulated agents compute on the coordinator's device (`settings.device`): one GPU
@@ -63,7 +65,9 @@ def simulate(
     evaluates on it instead of the test split, so a learning-rate sweep never sees the
     test data it is later reported on.
     `absent` clients get their shard as usual but never join: the same partition without
-    their data (a benchmark's floor, what the fleet learns without an attacker at all)."""
+    their data (a benchmark's floor, what the fleet learns without an attacker at all).
+    `provision_sizes` provisions each client's shard size, as `jetsplit provision --size`
+    would (`settings.provisioned_sizes`): a claim then weighs at most the truth."""
     from jetsplit.bundle import Bundle
     from jetsplit.data import partition
     from jetsplit.devices import resolve_device
@@ -83,6 +87,9 @@ def simulate(
                           "not all")
     train, test = simulation_data(dataset, test_fraction, validation, settings.seed)
     shards = partition(train.y, clients, partition_scheme, settings.seed, train.num_classes)
+    if provision_sizes:
+        settings = replace(settings, provisioned_sizes={
+            agent_name(i): len(shard) for i, shard in enumerate(shards)})
     cache: dict[str, Bundle] = {}
     workers = {agent_name(i): AgentWorker(agent_name(i), train.subset(shard),
                                           seed=settings.seed + i, bundle_cache=cache,
@@ -115,7 +122,7 @@ def simulate(
             "clients": clients, "partition_scheme": partition_scheme,
             "test_fraction": test_fraction, "aux_ratio": aux_ratio, "profiles": profiles,
             "common_split": common_split, "attacks": attacks, "validation": validation,
-            "absent": list(absent)},
+            "absent": list(absent), "provision_sizes": provision_sizes},
             indent=2))
     with tempfile.TemporaryDirectory(prefix="jetsplit-sim-") as tmp:
 
@@ -292,6 +299,9 @@ def simulate_command(
     attack: Annotated[list[str] | None, typer.Option(
         "--attack", help="Tests and benchmarks only (JETSPLIT_ALLOW_ATTACKS=1): AGENT=SPEC "
         "makes that simulated client misbehave (repeat), e.g. a3=scale:1000.")] = None,
+    provision_sizes: Annotated[bool, typer.Option(
+        "--provision-sizes", help="Provision each client's shard size, as `jetsplit provision "
+        "--size` would: a registered size weighs at most that.")] = False,
 ) -> None:
     """Simulate a fleet in one process: same methods and metrics as over MQTT."""
     from jetsplit.config_io import model_from_dict
@@ -323,7 +333,8 @@ def simulate_command(
                             **server.model_dump(), **train_section.model_dump())
         summary = simulate(settings, model=model, split=split, dataset=dataset, clients=clients,
                            partition_scheme=partition, out_dir=out_dir, profiles=profiles,
-                           common_split=common_split, attacks=attacks)
+                           common_split=common_split, attacks=attacks,
+                           provision_sizes=provision_sizes)
     short = {k: summary[k] for k in ("algorithm", "rounds", "final_accuracy",
                                      "balanced_accuracy", "final_accuracy_std", "bytes_up",
                                      "bytes_down", "device_gflops", "seconds", "peak_rss_mb")}

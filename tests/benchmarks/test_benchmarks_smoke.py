@@ -36,7 +36,10 @@ EXPECTED: dict[str, tuple[str, ...]] = {
                               "ratio SplitFed V2 gradient bound / its step: "),
     "bench_scale.py": ("| agents | register s |", "growth 2 -> 20 agents (10x):"),
     "bench_robust.py": ("command: python benchmarks/bench_robust.py --smoke",
-                        "| method | attack | attackers | none | default | multi-krum |",
+                        "| method | attack | attackers | none | default | "
+                        "default-provisioned | multi-krum |",
+                        "| splitfed-v1 | size-lie:1000000000 | 1 | ",
+                        "the default-provisioned defence against clean, per seed",
                         "| splitfed-v1 | scale:1000 | 1 | ", "time ratio",
                         "mean accuracy over the last 5 rounds, mean ± spread",
                         "the default defence against clean, per seed",

@@ -290,3 +290,33 @@ def test_absent_clients_keep_their_shard_but_never_join(tmp_path: Path) -> None:
     for absent in (["a9"], ["a0", "a1", "a2", "a3"]):
         with pytest.raises(ConfigError, match="absent clients"):
             simulate(settings, out_dir=tmp_path / "bad", absent=absent, **base)
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "splitfed-v1"])
+def test_a_size_liar_weighs_as_its_provisioned_truth(tmp_path: Path, algorithm: str) -> None:
+    """a3 registers 10^9 samples. With each client's shard size provisioned
+    (`provision_sizes`, as `jetsplit provision --size` writes them), its claim weighs as its
+    true size in every average and batch share: the run ends with the clean run's bits, and
+    the summary names a3 and the bound. Under the median cap alone the lie still moves the
+    weights (it weighs 5× the median, over its truth on this unequal partition)."""
+    base = dict(model="alexnet", split=2, dataset="digits", clients=4,
+                partition_scheme="dirichlet:0.5", checkpoint=False)
+    settings = Settings(algorithm=algorithm, rounds=2, local_steps=2, batch=32, seed=3,
+                        threads=1, device="cpu")
+    lie = {"a3": "size-lie:1000000000"}
+    clean = simulate(settings, out_dir=tmp_path / "clean", **base)
+    truth = {v["agent"]: v["dataset_size"] for v in clean["agents"]}
+    assert len(set(truth.values())) == 4  # unequal: a wrong weight shows
+    told = simulate(settings, out_dir=tmp_path / "told", attacks=lie, provision_sizes=True,
+                    **base)
+    assert told["capped_claims"] == {"a3": {"claimed": 10**9, "weight": truth["a3"],
+                                            "by": "provisioned size"}}
+    _assert_same_weights(tmp_path / "clean", tmp_path / "told")
+    saved = json.loads((tmp_path / "told" / "simulation.json").read_text())
+    assert saved["provision_sizes"] and saved["settings"]["provisioned_sizes"] == truth
+    capped = simulate(settings, out_dir=tmp_path / "capped", attacks=lie, **base)
+    assert capped["capped_claims"]["a3"]["by"] == "size cap"
+    assert capped["capped_claims"]["a3"]["weight"] > truth["a3"]
+    assert _weights(tmp_path / "capped")  # and they differ from the clean run's
+    with pytest.raises(AssertionError):
+        _assert_same_weights(tmp_path / "clean", tmp_path / "capped")
