@@ -31,6 +31,9 @@ from jetsplit.errors import ConfigError
 MAX_ROWS = 10_000
 MAX_TRACE_BYTES = 1 << 20
 FIELDS = ("round", "seconds", "compute", "uplink_mbps", "downlink_mbps", "power_mode")
+# The largest stated condition of each kind (each is over 0): what a trace may set, and what
+# the coordinator takes from an emulated agent's books (server/fleet_books.py).
+LIMITS = {"compute": 100.0, "uplink_mbps": 1e6, "downlink_mbps": 1e6}
 
 
 class TraceRow(BaseModel):
@@ -40,9 +43,9 @@ class TraceRow(BaseModel):
 
     round: Optional[Annotated[int, Field(ge=0, le=1_000_000)]] = None
     seconds: Optional[Annotated[float, Field(ge=0, le=1e9)]] = None
-    compute: Optional[Annotated[float, Field(gt=0, le=100.0)]] = None
-    uplink_mbps: Optional[Annotated[float, Field(gt=0, le=1e6)]] = None
-    downlink_mbps: Optional[Annotated[float, Field(gt=0, le=1e6)]] = None
+    compute: Optional[Annotated[float, Field(gt=0, le=LIMITS["compute"])]] = None
+    uplink_mbps: Optional[Annotated[float, Field(gt=0, le=LIMITS["uplink_mbps"])]] = None
+    downlink_mbps: Optional[Annotated[float, Field(gt=0, le=LIMITS["downlink_mbps"])]] = None
     power_mode: Optional[Annotated[str, Field(min_length=1, max_length=32)]] = None
 
     @model_validator(mode="after")

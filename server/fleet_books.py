@@ -107,12 +107,13 @@ def power_mode(books: Any, telemetry: Any) -> str:
 
 def emulated_conditions(books: Any) -> dict[str, float]:
     """An emulated device's stated conditions now (its speed as a fraction of its profile's,
-    its link rates; `edge_agent.emulation.DeviceClock.emulated`), range-checked; empty for a
-    real device or anything out of range."""
+    its link rates; `edge_agent.emulation.DeviceClock.emulated`), in the ranges a trace may
+    set (`edge_agent.traces.LIMITS`: over 0, at most the limit); empty for a real device,
+    and any value out of range is dropped."""
+    from jetsplit.edge_agent.traces import LIMITS
+
     stated = books.get("emulated") if isinstance(books, dict) else None
     if not isinstance(stated, dict):
         return {}
-    bounds = {"compute": (1e-3, 100.0), "uplink_mbps": (1e-6, 1e6),
-              "downlink_mbps": (1e-6, 1e6)}
-    out = {k: finite(stated.get(k), low, high) for k, (low, high) in bounds.items()}
-    return {k: float(v) for k, v in out.items() if v is not None}
+    out = {k: finite(stated.get(k), 0.0, high) for k, high in LIMITS.items()}
+    return {k: float(v) for k, v in out.items() if v is not None and v > 0}

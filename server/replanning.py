@@ -156,9 +156,8 @@ class Replanner:
         is when the emulation is exact)."""
         if self.clock == "model":
             emulated = info.get("emulated")
-            speed = finite(emulated.get("compute"), 1e-3, 100.0) \
-                if isinstance(emulated, dict) else None
-            return None if speed is None else 1.0 / speed
+            speed = finite(emulated.get("compute"), 0.0) if isinstance(emulated, dict) else None
+            return None if not speed else 1.0 / speed  # its range: the caller's factor bounds
         seconds = finite(info.get("compute_s"), 0.0, 1e9)
         row_k = self._rows(agent, batch, 1.0).get(cut)
         if not seconds or row_k is None or not row_k.device_gflops or not row_k.compute_ms:

@@ -101,4 +101,10 @@ def test_emulated_conditions_are_range_checked_and_absent_on_a_real_device() -> 
     assert emulated_conditions("junk") == {}
     hostile = {"compute": 1e400, "uplink_mbps": -1.0, "downlink_mbps": "fast"}
     assert emulated_conditions({"emulated": hostile}) == {}
-    assert emulated_conditions({"emulated": {"compute": 1e-9, "uplink_mbps": 2e6}}) == {}
+    assert emulated_conditions({"emulated": {"compute": 0.0, "uplink_mbps": 2e6}}) == {}
+    # exactly what a trace may state (edge_agent/traces.py): over 0, at most the limit
+    edges = {"compute": 1e-9, "uplink_mbps": 1e6, "downlink_mbps": 1e6 * (1 + 1e-12)}
+    assert emulated_conditions({"emulated": edges}) == {"compute": 1e-9, "uplink_mbps": 1e6}
+    from jetsplit.edge_agent.traces import TraceRow
+
+    TraceRow(round=0, compute=1e-9, uplink_mbps=1e6)  # the agent takes the same
