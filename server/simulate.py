@@ -89,7 +89,7 @@ def simulate(
     shards = partition(train.y, clients, partition_scheme, settings.seed, train.num_classes)
     if provision_sizes:
         settings = replace(settings, provisioned_sizes={
-            agent_name(i): len(shard) for i, shard in enumerate(shards)})
+            agent_name(i): len(shard) for i, shard in enumerate(shards) if len(shard)})
     cache: dict[str, Bundle] = {}
     workers = {agent_name(i): AgentWorker(agent_name(i), train.subset(shard),
                                           seed=settings.seed + i, bundle_cache=cache,

@@ -93,6 +93,9 @@ class TrialSpec:
     # {agent: attack spec}: tests and benchmarks only (JETSPLIT_ALLOW_ATTACKS=1), written
     # into those agents' [attack] (edge_agent/attacks.py)
     attacks: dict[str, str] = field(default_factory=dict)
+    # provision each client's shard size into the coordinator's config, as `jetsplit
+    # provision --size` would: a registered size weighs at most that (server/claims.py)
+    provision_sizes: bool = False
     # {agent: trace name or file}: how that agent's device changes during the run
     # (edge_agent/traces.py), replayed by its emulation
     traces: dict[str, str] = field(default_factory=dict)
@@ -116,6 +119,19 @@ class TrialSpec:
         out = {agent_name(i): self.profiles[i % len(self.profiles)] for i in range(self.agents)}
         out.update({edge_name(j): self.edge_profile for j in range(self.edges)})
         return out
+
+
+def shard_sizes(spec: TrialSpec) -> dict[str, int]:
+    """The samples each trial client holds: its shard as its agent cuts it
+    (`edge_agent.worker_factory.local_dataset`, from the `[data]` that `agent_config`
+    writes), what `provision_sizes` provisions."""
+    from jetsplit.data import load_dataset_split, partition
+
+    train, _ = load_dataset_split(spec.dataset, spec.test_fraction, spec.seed)
+    if spec.agents == 1:
+        return {agent_name(0): len(train)}
+    shards = partition(train.y, spec.agents, spec.partition, spec.seed, train.num_classes)
+    return {agent_name(i): len(shard) for i, shard in enumerate(shards) if len(shard)}
 
 
 # --------------------------------------------------------------------------- planning
@@ -373,6 +389,8 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
     resolve_profile(spec.server_profile)
     _, test = load_dataset_split(spec.dataset, spec.test_fraction, spec.seed)
     check_split(spec.model, test.input_shape, test.num_classes, spec.split)
+    if spec.provision_sizes:
+        train = train.model_copy(update={"provisioned_sizes": shard_sizes(spec)})
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / SPEC_FILE).write_text(json.dumps(asdict(spec), indent=2))
 
@@ -571,6 +589,9 @@ def trial_command(
         "--trace", help="AGENT=TRACE: that agent's device changes during the run as the "
         "trace says (a file, or a name in profiles/traces/, e.g. a0=link-drop-recover); "
         "repeat per agent.")] = None,
+    provision_sizes: Annotated[bool, typer.Option(
+        "--provision-sizes", help="Provision each agent's shard size, as `jetsplit "
+        "provision --size` would: a registered size weighs at most that.")] = False,
 ) -> None:
     """Field trial on this machine: broker, coordinator and emulated agents; report."""
     logging.basicConfig(level=logging.WARNING,
@@ -588,7 +609,8 @@ def trial_command(
                          agents_per_process=agents_per_process,
                          attacks=parse_attack_options(attack or []),
                          traces=parse_agent_options(trace or [], "--trace", "TRACE",
-                                                    "a0=link-drop-recover"))
+                                                    "a0=link-drop-recover"),
+                         provision_sizes=provision_sizes)
         out_dir = out or Path("runs") / time.strftime("trial-%Y%m%d-%H%M%S", time.gmtime())
     from jetsplit.server.tracking import Trackers
 

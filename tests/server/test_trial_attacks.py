@@ -50,3 +50,31 @@ def test_trial_attack_is_checked_before_anything_starts(
     assert code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
     assert needle in err
     assert not (tmp_path / "t" / "agents").exists()  # no agent was configured or started
+
+
+def test_provisioned_sizes_are_each_trial_agents_own_shard(tmp_path: Path) -> None:
+    """`--provision-sizes`: the sizes the coordinator is given are exactly the shards the
+    agents cut from the `[data]` their configs carry (unequal under dirichlet), and they
+    reach the server.toml a trial writes for reuse."""
+    from jetsplit.edge_agent.worker_factory import local_dataset
+    from jetsplit.server.config import (
+        ModelSection,
+        ServerConfig,
+        TrainSection,
+        load_server_config,
+    )
+    from jetsplit.server.trial import _server_toml, shard_sizes
+
+    spec = TrialSpec(agents=4, dataset="digits", partition="dirichlet:0.5", seed=3,
+                     provision_sizes=True)
+    emulation = EmulationSection(profile="jetson-nano-4gb")
+    own = {}
+    for agent in ("a0", "a1", "a2", "a3"):
+        path = tmp_path / f"{agent}.toml"
+        path.write_text(agent_config(spec, agent, "mqtt://127.0.0.1:1883", tmp_path, emulation))
+        own[agent] = len(local_dataset(load_agent_config(path)))
+    assert shard_sizes(spec) == own and len(set(own.values())) == 4
+    cfg = ServerConfig(fleet="trial", model=ModelSection(),
+                       train=TrainSection(provisioned_sizes=own))
+    (tmp_path / "server.toml").write_text(_server_toml(cfg, "mqtt://127.0.0.1:1883"))
+    assert load_server_config(tmp_path / "server.toml").train.provisioned_sizes == own
