@@ -9,11 +9,14 @@ itself (`aggregators.aggregate` under `mean` with the outlier bound, the default
 average against the mean alone (`none`). The
 gradient bound's shares, where a method does not compute them anyway (`[train]
 gradient_shares = "all"`: one backward per device), are timed as SCALA's server step
-with and without them; SplitFed V2's per-step norm against its one-device step. Inputs are
-random tensors of the real shapes: cost does not depend on their values. One torch thread.
+with and without them; SplitFed V2's per-step norm against its one-device step. Each robust
+aggregator (`[train] aggregator`) is timed against the mean on the same uploads, with the
+most memory it allocates beyond them (tracemalloc, which sees numpy's buffers): a rule that
+copies every upload shows it here. Inputs are random tensors of the real shapes: cost does
+not depend on their values. One torch thread.
 
 Run: `.venv/bin/python benchmarks/bench_defence_cost.py [--model alexnet --split 2
---devices 10 --batch 64 --repeats 30] [--smoke]`
+--devices 10 --batch 64 --repeats 30 --aggregator-repeats 5] [--smoke]`
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import shlex
 import statistics
 import sys
 import time
+import tracemalloc
 from collections.abc import Callable
 
 import numpy as np
@@ -31,7 +35,7 @@ import torch
 from jetsplit.models.split import split
 from jetsplit.models.weights import to_arrays
 from jetsplit.models.zoo import build_model
-from jetsplit.server.aggregators import DEFAULT_OUTLIER_BOUND, aggregate
+from jetsplit.server.aggregators import AGGREGATORS, DEFAULT_OUTLIER_BOUND, aggregate
 from jetsplit.server.algorithms.scala_math import scala_server_step
 from jetsplit.server.influence import gradient_norm
 from jetsplit.server.label_consistency import LabelConsistency
@@ -50,6 +54,17 @@ def timed(pairs: list[tuple[Callable[[], object], list[float]]], repeats: int) -
             out.append(time.perf_counter() - started)
 
 
+def peak_allocation(run: Callable[[], object]) -> int:
+    """The most bytes `run` holds allocated at once, over what was allocated before it
+    (tracemalloc: numpy registers its array buffers with it)."""
+    tracemalloc.start()
+    try:
+        run()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="alexnet")
@@ -59,10 +74,14 @@ def main() -> int:
     parser.add_argument("--devices", type=int, default=10)
     parser.add_argument("--batch", type=int, default=64, help="B, shared by the devices")
     parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--smoke", action="store_true", help="tiny: 3 repeats (seconds)")
+    parser.add_argument("--aggregator-repeats", type=int, default=5,
+                        help="each aggregator rule (seconds per call on AlexNet)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny: mobilenetv3-small on 8×8 inputs, 3 repeats (seconds)")
     args = parser.parse_args()
     if args.smoke:
-        args.repeats = 3
+        args.model, args.input, args.repeats, args.aggregator_repeats = (
+            "mobilenetv3-small", "1,8,8", 3, 1)
     torch.set_num_threads(1)
     command = "python benchmarks/bench_defence_cost.py " + shlex.join(sys.argv[1:])
     shape = tuple(int(v) for v in args.input.split(","))
@@ -128,7 +147,17 @@ def main() -> int:
     timed([(average, average_s), (lambda: average(0.0), plain_s),
            (lambda: direction.observe("model", uploads, start), direction_s)], args.repeats)
 
+    rules = {rule: [] for rule in AGGREGATORS}  # type: dict[str, list[float]]
+    peaks = {rule: peak_allocation(lambda rule=rule: aggregate(
+        uploads, sizes, rule, reference=start)) for rule in AGGREGATORS}  # also the warm-up
+    for _ in range(args.aggregator_repeats):
+        for rule, out in rules.items():
+            started = time.perf_counter()
+            aggregate(uploads, sizes, rule, reference=start)
+            out.append(time.perf_counter() - started)
+
     params = sum(v.size for v in start.values() if v.dtype.kind == "f")
+    upload_mb = sum(v.nbytes for v in start.values()) / 2**20
     print(f"command: {command}")
     print(f"# {args.model} split {args.split}, input {shape}, {args.devices} devices, "
           f"B = {args.batch} ({shares}), activations {tuple(acts[0].shape[1:])}, "
@@ -152,6 +181,15 @@ def main() -> int:
     print(f"| outlier bound, per average | {1e3 * (avg - plain):.2f} | "
           f"{(avg - plain) / plain:.3f} of the mean |")
     print(f"| direction check, per average | {1e3 * cosine:.2f} | {cosine / avg:.3f} |")
+    print(f"\neach aggregator on the {args.devices} uploads ({upload_mb:.0f} MiB each; median of "
+          f"{args.aggregator_repeats}), against the mean; peak MiB it allocates beyond them\n")
+    print("| aggregator | ms | × mean | peak MiB allocated | × one upload |")
+    print("|---|---|---|---|---|")
+    mean = statistics.median(rules["mean"])
+    for rule, times in rules.items():
+        took = statistics.median(times)
+        print(f"| {rule} | {1e3 * took:.1f} | {took / mean:.2f} | {peaks[rule] / 2**20:.0f} | "
+              f"{peaks[rule] / 2**20 / upload_mb:.2f} |")
     print(f"\nratio label check / server step: {label / step:.3f}; "
           f"ratio direction check / average: {cosine / avg:.3f}; "
           f"ratio average with / without the outlier bound: {avg / plain:.3f}; "

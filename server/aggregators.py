@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 
@@ -79,15 +79,18 @@ def _normalised(weights: Mapping[str, float], agents: list[str]) -> dict[str, fl
     return {a: float(weights[a]) / total for a in agents}
 
 
-def _kept_shares(order: np.ndarray, agents: list[str], low: int, high: int
+def _kept_counts(order: np.ndarray, devices: int, low: int, high: int) -> np.ndarray:
+    """Per device, how many of its values (over the coordinates of `order`, the devices'
+    sorted positions per coordinate) sat at sorted positions low..high-1."""
+    return np.bincount(order[low:high].ravel(), minlength=devices)
+
+
+def _kept_shares(counts: np.ndarray, agents: list[str], coords: int, kept: int
                  ) -> dict[str, float]:
-    """Per device, how often (over coordinates) its value sat at sorted positions
-    low..high-1, each kept value counting 1/(high - low): its share of a coordinate-wise
-    rule that averages those positions."""
-    kept = order[low:high].ravel()
-    counts = np.bincount(kept, minlength=len(agents))
-    coords = max(1, order[0].size)
-    return {a: float(counts[i]) / (coords * (high - low)) for i, a in enumerate(agents)}
+    """Each device's share of a coordinate-wise rule that averages `kept` sorted positions
+    over `coords` coordinates: each kept value counts 1/kept (`counts`: `_kept_counts`
+    summed over the tensor)."""
+    return {a: float(counts[i]) / (max(1, coords) * kept) for i, a in enumerate(agents)}
 
 
 def _floats(states: Mapping[str, Arrays], agents: list[str]) -> list[str]:
@@ -105,10 +108,6 @@ def _with_integers(states: Mapping[str, Arrays], agents: list[str], floats: Arra
             stacked = np.stack([states[a][n] for a in agents])
             out[n] = np.floor(np.median(stacked, axis=0)).astype(first.dtype)
     return out
-
-
-def _stack(states: Mapping[str, Arrays], agents: list[str], name: str) -> np.ndarray:
-    return np.stack([states[a][name].astype(np.float64) for a in agents])
 
 
 def _update_norm(state: Arrays, names: list[str], reference: Arrays) -> float:
@@ -130,19 +129,54 @@ def _update_norm(state: Arrays, names: list[str], reference: Arrays) -> float:
     return float(np.sqrt(fast if np.isfinite(fast) else total(np.float64)))
 
 
+CHUNK = 1 << 20  # coordinates per slice of a coordinate-wise rule (10 devices: 80 MB)
+
+
+def _columns(states: Mapping[str, Arrays], agents: list[str], name: str
+             ) -> Iterator[tuple[slice, np.ndarray]]:
+    """Tensor `name` of every device, flattened, `CHUNK` coordinates at a time: (the slice,
+    the devices' values there as a float64 (devices, coordinates) array). A coordinate-wise
+    rule over each slice gives the bits it gives over the whole tensor, without a float64
+    copy of every upload (and the sort order beside it): the whole-tensor version held 37×
+    one AlexNet upload at once (`benchmarks/bench_defence_cost.py`)."""
+    flat = [states[a][name].reshape(-1) for a in agents]
+    for start in range(0, flat[0].size, CHUNK):
+        part = slice(start, min(start + CHUNK, flat[0].size))
+        yield part, np.stack([f[part].astype(np.float64) for f in flat])
+
+
+def _coordinate_wise(states: Mapping[str, Arrays], agents: list[str], shares: Shares | None,
+                     low: int, high: int,
+                     rule: Callable[[np.ndarray, np.ndarray | None], np.ndarray], *,
+                     sorts: bool) -> Arrays:
+    """Every float tensor through `rule` ((a (devices, coordinates) slice, its stable
+    argsort along the devices where the rule `sorts` or shares are kept, else None) → the
+    merged coordinates), slice by slice; each device's share of it in `shares`: how often
+    its value sat at sorted positions low..high-1, the ones the rule averages."""
+    floats = {}
+    for n in _floats(states, agents):
+        first = states[agents[0]][n]
+        merged = np.empty(first.size, first.dtype)
+        counts = np.zeros(len(agents), np.int64)
+        for part, stacked in _columns(states, agents, n):
+            order = np.argsort(stacked, axis=0, kind="stable") \
+                if sorts or shares is not None else None
+            merged[part] = rule(stacked, order)
+            if order is not None and shares is not None:
+                counts += _kept_counts(order, len(agents), low, high)
+        floats[n] = merged.reshape(first.shape)
+        if shares is not None:
+            shares.add(_kept_shares(counts, agents, first.size, high - low), first.size)
+    return _with_integers(states, agents, floats)
+
+
 def median(states: Mapping[str, Arrays], weights: Mapping[str, float],
            reference: Arrays | None = None, notes: Notes | None = None,
            shares: Shares | None = None, **_: float) -> Arrays:
     agents = sorted(states)
-    names = _floats(states, agents)
-    floats = {n: np.median(_stack(states, agents, n), axis=0).astype(states[agents[0]][n].dtype)
-              for n in names}
-    if shares is not None:  # the middle value (odd n) or the two middle ones (even n)
-        middle = (len(agents) - 1) // 2, len(agents) // 2 + 1
-        for n in names:
-            order = np.argsort(_stack(states, agents, n), axis=0, kind="stable")
-            shares.add(_kept_shares(order, agents, *middle), order[0].size)
-    return _with_integers(states, agents, floats)
+    middle = (len(agents) - 1) // 2, len(agents) // 2 + 1  # one (odd n) or the two middle
+    return _coordinate_wise(states, agents, shares, *middle,
+                            lambda stacked, _: np.median(stacked, axis=0), sorts=False)
 
 
 def trimmed_mean(states: Mapping[str, Arrays], weights: Mapping[str, float],
@@ -151,15 +185,9 @@ def trimmed_mean(states: Mapping[str, Arrays], weights: Mapping[str, float],
                  robust_fraction: float = DEFAULT_ROBUST_FRACTION, **_: float) -> Arrays:
     agents = sorted(states)
     trim = trimmed_count(len(agents), robust_fraction)
-    floats = {}
-    for n in _floats(states, agents):
-        stacked = _stack(states, agents, n)
-        order = np.argsort(stacked, axis=0, kind="stable")
-        kept = np.take_along_axis(stacked, order, axis=0)[trim:len(agents) - trim]
-        floats[n] = kept.mean(axis=0).astype(states[agents[0]][n].dtype)
-        if shares is not None:
-            shares.add(_kept_shares(order, agents, trim, len(agents) - trim), order[0].size)
-    return _with_integers(states, agents, floats)
+    return _coordinate_wise(states, agents, shares, trim, len(agents) - trim,
+                            lambda stacked, order: np.take_along_axis(stacked, order, axis=0)[
+                                trim:len(agents) - trim].mean(axis=0), sorts=True)
 
 
 def trimmed_count(n: int, fraction: float) -> int:

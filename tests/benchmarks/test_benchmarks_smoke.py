@@ -33,7 +33,9 @@ EXPECTED: dict[str, tuple[str, ...]] = {
                               "| SCALA server step, gradient_shares = all | ",
                               "ratio label check / server step: ",
                               "ratio SCALA step all / free: ",
-                              "ratio SplitFed V2 gradient bound / its step: "),
+                              "ratio SplitFed V2 gradient bound / its step: ",
+                              "| aggregator | ms | × mean | peak MiB allocated | × one upload |",
+                              "| median | ", "| trimmed-mean | ", "| multi-krum | "),
     "bench_scale.py": ("| agents | register s |", "growth 2 -> 20 agents (10x):"),
     "bench_robust.py": ("command: python benchmarks/bench_robust.py --smoke",
                         "| method | attack | attackers | none | default | "
