@@ -16,7 +16,7 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
@@ -254,7 +254,8 @@ def _restore(saved: Any, settings: Settings, trainer: Trainer, method: Any) -> N
 
     meta = saved.meta
     before = meta.get("settings") or {}
-    defaults = {f.name: f.default for f in fields(Settings)}  # keys older runs lack
+    defaults = {f.name: f.default if f.default_factory is MISSING else f.default_factory()
+                for f in fields(Settings)}  # keys older runs lack
     changed = sorted(k for k, v in settings.__dict__.items()
                      if k not in RESUMABLE_CHANGES and before.get(k, defaults[k]) != v)
     if changed:

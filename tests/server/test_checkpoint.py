@@ -154,3 +154,17 @@ def test_resume_refuses_changed_settings(tmp_path: Path) -> None:
     assert done.returncode != 0
     assert "setting 'lr' was unset (the method's default), now 0.5" in done.stderr
     assert "Traceback" not in done.stderr
+
+    # a checkpoint from before a setting existed (its default then applies) resumes, even
+    # where the default is built by a factory (a dict: `provisioned_sizes`, `edges`)
+    state["settings"]["lr"] = None
+    state["settings"]["rounds"] = 2
+    (run / "simulation.json").write_text(json.dumps(state))
+    saved = json.loads((run / "checkpoint" / "state.json").read_text())
+    for key in ("provisioned_sizes", "edges", "gradient_shares"):
+        del saved["settings"][key]
+    (run / "checkpoint" / "state.json").write_text(json.dumps(saved))
+    done = subprocess.run(_simulate("--resume", str(run)), env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert _checkpointed_round(run) == 1
