@@ -121,7 +121,7 @@ class Trainer:
         self.step_gradient_bound = StepGradientBound(settings.gradient_bound)  # SplitFed V2
         self.books = RoundBooks(listener=self.bench.note)  # this round's phases, samples, misses
         # |D_k| as weights; whose registered claim was capped, at what
-        self.claims = ClaimBooks(self.settings.provisioned_sizes)
+        self.claims = ClaimBooks(settings.provisioned_sizes)
         # the labels each device sent, against the histogram it registered
         self.labels = LabelTally(self.bundle.spec.num_classes, settings.histogram_check == "on")
         # whose labels do not fit their activations (server/label_consistency.py)
