@@ -27,6 +27,22 @@ OnRound = Callable[[Row], None]
 RowExtras = Callable[[Row], Row]
 
 
+def run_id(out_dir: Path, fallback: str, flag: str = "--out") -> str:
+    """The run id every message carries: the run folder's name (`fallback` where it has
+    none), refused in one line where the wire would refuse it (else every agent rejects
+    the first command and the run fails in round 0 for no visible reason)."""
+    import re
+
+    from jetsplit.errors import ConfigError
+    from jetsplit.wire.envelope import WIRE_NAME
+
+    name = out_dir.name or fallback
+    if not re.match(WIRE_NAME, name):
+        raise ConfigError(f"{flag} {out_dir}: the folder's name is the run id, and may hold "
+                          "only letters, digits and . _ : / - (at most 128)")
+    return name
+
+
 def checkpointed_bundle(out_dir: Path) -> Path:
     """The bundle a run's checkpoint keeps (what a resumed run ships again)."""
     return out_dir / "checkpoint" / BUNDLE_FILE

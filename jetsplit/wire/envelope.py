@@ -54,7 +54,8 @@ FLAG_ED25519 = 0x02
 ED25519_BYTES = 64
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # a Jetson Nano has 4 GB shared with its GPU
 # Identifiers on the wire (run, sender, tensor names): short, and safe in topics and logs.
-WireName = Annotated[str, Field(pattern=r"^[A-Za-z0-9._:/-]{1,128}$")]
+WIRE_NAME = r"^[A-Za-z0-9._:/-]{1,128}$"
+WireName = Annotated[str, Field(pattern=WIRE_NAME)]
 
 
 class MessageType(IntEnum):

@@ -54,6 +54,19 @@ def test_simulate_rejects_bad_options(capsys: pytest.CaptureFixture[str]) -> Non
     assert "quantity" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", ["simulate", "trial"])
+def test_a_run_folder_the_wire_cannot_name_is_refused_first(
+        command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The run folder's name is the run id every message carries: one the wire refuses
+    (`x=1`) is one line before anything starts, not a round 0 in which every agent refused
+    every command."""
+    out = tmp_path / "x=1"
+    assert main([command, "--dataset", "digits", "--agents", "2", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --out {out}: the folder's name is the run id")
+    assert err.count("\n") == 1 and not out.exists()
+
+
 @pytest.mark.parametrize("algorithm", sorted(METHODS))
 def test_every_method_trains_and_reports(algorithm: str, tmp_path: Path) -> None:
     edges = sherl_topology(algorithm, 1 if algorithm == "sherl" else 0, 3)
