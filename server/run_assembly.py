@@ -27,7 +27,7 @@ OnRound = Callable[[Row], None]
 RowExtras = Callable[[Row], Row]
 
 
-def run_id(out_dir: Path, fallback: str, flag: str = "--out") -> str:
+def folder_run_id(out_dir: Path, fallback: str, flag: str = "--out") -> str:
     """The run id every message carries: the run folder's name (`fallback` where it has
     none), refused in one line where the wire would refuse it (else every agent rejects
     the first command and the run fails in round 0 for no visible reason)."""

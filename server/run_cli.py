@@ -68,7 +68,7 @@ def run(
         validate_options,
     )
     from jetsplit.server.prometheus import round_callback
-    from jetsplit.server.run_assembly import RunSpec, bundle_for, execute, run_id
+    from jetsplit.server.run_assembly import RunSpec, bundle_for, execute, folder_run_id
     from jetsplit.server.tracking import Trackers
 
     check_port(metrics_port, "--metrics-port")
@@ -103,7 +103,7 @@ def run(
     run_name = cfg.run or time.strftime("run-%Y%m%d-%H%M%S", time.gmtime())
     out_dir = Path(cfg.out) / run_name
     if resume is not None:
-        out_dir, run_name = resume, run_id(resume, "run", "--resume")
+        out_dir, run_name = resume, folder_run_id(resume, "run", "--resume")
     out_dir.mkdir(parents=True, exist_ok=True)
     if resume is None:
         shutil.copyfile(config, out_dir / "config.toml")  # what this run used, for its report

@@ -77,10 +77,10 @@ def simulate(
     from jetsplit.export.bundle_writer import write_bundle
     from jetsplit.models import ModelSpec
     from jetsplit.server.engine import InProcessEngine
-    from jetsplit.server.run_assembly import RunSpec, bundle_for, execute, run_id
+    from jetsplit.server.run_assembly import RunSpec, bundle_for, execute, folder_run_id
 
     device = resolve_device(settings.device, "--device")
-    run = run_id(out_dir, "simulation", "--resume" if resume else "--out")
+    run_name = folder_run_id(out_dir, "simulation", "--resume" if resume else "--out")
     attackers = simulated_attacks(attacks or {}, clients, settings.seed)
     names = [agent_name(i) for i in range(clients)]
     if not set(absent) <= set(names) or len(set(absent)) >= clients:
@@ -135,7 +135,7 @@ def simulate(
             assert report.tar_path is not None
             return report.tar_path
 
-        engine = InProcessEngine(workers, run_id=run)
+        engine = InProcessEngine(workers, run_id=run_name)
         summary = execute(engine, RunSpec(
             settings, bundle_for(out_dir, resume, prepare), test, out_dir, server_cut=split,
             cuts=cuts or {}, resume=resume, checkpoint=checkpoint))

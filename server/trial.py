@@ -355,7 +355,7 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
     from jetsplit.server.progress import TrialProgress
     from jetsplit.server.prometheus import MetricsExporter, round_callback
     from jetsplit.server.report import write_report
-    from jetsplit.server.run_assembly import RunSpec, bundle_for, execute, run_id
+    from jetsplit.server.run_assembly import RunSpec, bundle_for, execute, folder_run_id
     from jetsplit.server.settings import Settings
     from jetsplit.transport.mqtt import EndpointOptions
 
@@ -381,7 +381,7 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
     resolve_device(server.device, "--device")
     check_port(metrics_port, "--metrics-port")
     check_data_options(spec.dataset, spec.partition)
-    run = run_id(out_dir, "trial", "--resume" if resume else "--out")
+    run_name = folder_run_id(out_dir, "trial", "--resume" if resume else "--out")
     if spec.broker is not None:
         parse_broker_url(spec.broker)
     device_profiles = spec.device_profiles()
@@ -449,7 +449,7 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
                        train=train, topology=TopologySection(edges=topology), server=server)
     (out_dir / "config.toml").write_text(_server_toml(cfg, address.url()))
     agents = AgentProcesses(configs, host_args).start()
-    engine = MqttEngine(address, "trial", run_id=run,
+    engine = MqttEngine(address, "trial", run_id=run_name,
                         options=EndpointOptions(protocol="3.1.1" if broker else "auto"),
                         retry_s=train.retry_s)
     exporter = None

@@ -67,6 +67,19 @@ def test_a_run_folder_the_wire_cannot_name_is_refused_first(
     assert err.count("\n") == 1 and not out.exists()
 
 
+def test_server_run_resumes_no_folder_the_wire_cannot_name(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "server.toml"
+    config.write_text('[data]\ndataset = "digits"\n[mqtt]\nbroker = "mqtt://127.0.0.1:1"\n')
+    resume = tmp_path / "x=1"
+    resume.mkdir()
+    assert main(["server", "run", "--config", str(config), "--resume",
+                 str(resume)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --resume {resume}: the folder's name is the run id"), err
+    assert err.count("\n") == 1
+
+
 @pytest.mark.parametrize("algorithm", sorted(METHODS))
 def test_every_method_trains_and_reports(algorithm: str, tmp_path: Path) -> None:
     edges = sherl_topology(algorithm, 1 if algorithm == "sherl" else 0, 3)
