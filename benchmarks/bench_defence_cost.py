@@ -147,14 +147,12 @@ def main() -> int:
     timed([(average, average_s), (lambda: average(0.0), plain_s),
            (lambda: direction.observe("model", uploads, start), direction_s)], args.repeats)
 
-    rules = {rule: [] for rule in AGGREGATORS}  # type: dict[str, list[float]]
-    peaks = {rule: peak_allocation(lambda rule=rule: aggregate(
-        uploads, sizes, rule, reference=start)) for rule in AGGREGATORS}  # also the warm-up
-    for _ in range(args.aggregator_repeats):
-        for rule, out in rules.items():
-            started = time.perf_counter()
-            aggregate(uploads, sizes, rule, reference=start)
-            out.append(time.perf_counter() - started)
+    def rule_run(rule: str) -> Callable[[], object]:
+        return lambda: aggregate(uploads, sizes, rule, reference=start)
+
+    peaks = {rule: peak_allocation(rule_run(rule)) for rule in AGGREGATORS}
+    rules: dict[str, list[float]] = {rule: [] for rule in AGGREGATORS}
+    timed([(rule_run(rule), rules[rule]) for rule in AGGREGATORS], args.aggregator_repeats)
 
     params = sum(v.size for v in start.values() if v.dtype.kind == "f")
     upload_mb = sum(v.nbytes for v in start.values()) / 2**20

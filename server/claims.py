@@ -66,17 +66,22 @@ def provisioned(claims: Mapping[str, int], sizes: Mapping[str, int]) -> dict[str
     return {a: min(n, sizes[a]) if a in sizes else n for a, n in claims.items()}
 
 
+def fleet_cap(fleet: Mapping[str, int], factor: float, sizes: Mapping[str, int]
+              ) -> int | None:
+    """`size_cap` over the `fleet`'s claims, each first bounded by its provisioned size (so
+    no device's lie, provisioned or not, raises the median)."""
+    return size_cap(provisioned(fleet, sizes).values(), factor)
+
+
 def claim_weights(claims: Mapping[str, int], fleet: Mapping[str, int], factor: float,
-                  sizes: Mapping[str, int]) -> tuple[dict[str, int], int | None]:
-    """(each of `claims` as a weight, the cap): at most its provisioned size (`sizes`), and
-    at most `factor` × the median of the `fleet`'s claims, themselves bounded by `sizes`
-    first (so no device's lie, provisioned or not, raises the median)."""
-    cap = size_cap(provisioned(fleet, sizes).values(), factor)
-    return capped(provisioned(claims, sizes), cap), cap
+                  sizes: Mapping[str, int]) -> dict[str, int]:
+    """Each of `claims` as a weight: at most its provisioned size (`sizes`), and at most the
+    `fleet_cap`."""
+    return capped(provisioned(claims, sizes), fleet_cap(fleet, factor, sizes))
 
 
 class ClaimBooks:
-    """Each device's weight from its claim (`claim_weights` under the provisioned `sizes`),
+    """Each device's weight from its claim (as `claim_weights`, under the provisioned `sizes`),
     and which devices' claims were bounded, at what and by which bound (BY_PROVISIONED or
     BY_CAP): logged once per device and claim, and kept for the run's summary
     (`capped_claims`)."""
@@ -84,11 +89,16 @@ class ClaimBooks:
     def __init__(self, sizes: Mapping[str, int] | None = None) -> None:
         self.sizes = dict(sizes or {})
         self.capped: dict[str, dict[str, int | str]] = {}
+        self._cap: tuple[Mapping[str, int] | None, float, int | None] = (None, 0.0, None)
 
     def weights(self, claims: Mapping[str, int], fleet: Mapping[str, int], factor: float
                 ) -> dict[str, int]:
-        """`claims` as weights, the fleet's claims setting the median cap."""
-        weights, _ = claim_weights(claims, fleet, factor, self.sizes)
+        """`claims` as weights, the fleet's claims setting the median cap. The cap is kept
+        while the same `fleet` mapping comes back (the registry hands out one until its
+        membership changes), so a step does not walk the fleet."""
+        if self._cap[0] is not fleet or self._cap[1] != factor:
+            self._cap = (fleet, factor, fleet_cap(fleet, factor, self.sizes))
+        weights = capped(provisioned(claims, self.sizes), self._cap[2])
         for agent, claim in claims.items():
             weight = weights[agent]
             if claim <= weight or self.capped.get(agent, {}).get("claimed") == claim:

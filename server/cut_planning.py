@@ -187,7 +187,7 @@ def mean_dataset_size(registrations: Mapping[str, Mapping[str, Any]],
     (server/claims.py), for Ampere's epoch and one-shot upload; None when none says (the
     planner then assumes one round's worth)."""
     claims = {a: n for a, r in registrations.items() if (n := registered_size(r)) is not None}
-    sizes = list(claim_weights(claims, claims, cap_factor, provisioned_sizes or {})[0].values())
+    sizes = list(claim_weights(claims, claims, cap_factor, provisioned_sizes or {}).values())
     return max(1, round(sum(sizes) / len(sizes))) if sizes else None
 
 

@@ -457,15 +457,14 @@ def parse_edges(specs: list[str]) -> dict[str, list[str]]:
 def parse_sizes(specs: list[str]) -> dict[str, int]:
     """`--size a3=265` options as {agent: samples}; a malformed one is a ConfigError (the
     range is checked by `provision`)."""
+    from jetsplit.server.simulate import parse_agent_options
+
     sizes: dict[str, int] = {}
-    for spec in specs:
-        agent, sep, count = spec.partition("=")
-        agent = agent.strip()
-        count = count.strip()
-        if not sep or not agent or agent in sizes or not (
-                count.isascii() and count.isdigit() and len(count) <= 20):
-            raise ConfigError(f"--size {spec!r}: write AGENT=SAMPLES (e.g. a3=265), once per "
-                              "agent")
+    for agent, count in parse_agent_options(specs, "--size", "SAMPLES", "a3=265").items():
+        agent, count = agent.strip(), count.strip()
+        if agent in sizes or not (count.isascii() and count.isdigit() and len(count) <= 20):
+            raise ConfigError(f"--size {agent}={count}: write AGENT=SAMPLES (e.g. a3=265), "
+                              "a whole number, once per agent")
         sizes[check_id(agent, "agent")] = int(count)
     return sizes
 

@@ -89,8 +89,7 @@ def simulate(
     train, test = simulation_data(dataset, test_fraction, validation, settings.seed)
     shards = partition(train.y, clients, partition_scheme, settings.seed, train.num_classes)
     if provision_sizes:
-        settings = replace(settings, provisioned_sizes={
-            agent_name(i): len(shard) for i, shard in enumerate(shards) if len(shard)})
+        settings = replace(settings, provisioned_sizes=shard_sizes(shards))
     cache: dict[str, Bundle] = {}
     workers = {agent_name(i): AgentWorker(agent_name(i), train.subset(shard),
                                           seed=settings.seed + i, bundle_cache=cache,
@@ -213,6 +212,12 @@ def parse_agent_options(options: list[str], flag: str, what: str, example: str
                               f"once per agent")
         values[agent] = value
     return values
+
+
+def shard_sizes(shards: Sequence[Sequence[int]]) -> dict[str, int]:
+    """Each client's shard size by agent name (what `--provision-sizes` provisions); an
+    empty shard claims nothing, so it is left out."""
+    return {agent_name(i): len(shard) for i, shard in enumerate(shards) if len(shard)}
 
 
 def agent_name(index: int) -> str:

@@ -26,7 +26,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -46,10 +46,14 @@ from jetsplit.server.simulate import (
     edge_name,
     parse_agent_options,
     parse_attack_options,
+    shard_sizes,
     sherl_topology,
     simulated_attacks,
 )
 from jetsplit.server.train_flags import train_flags
+
+if TYPE_CHECKING:
+    from jetsplit.data import ArrayDataset
 
 log = logging.getLogger("jetsplit.trial")
 
@@ -121,17 +125,16 @@ class TrialSpec:
         return out
 
 
-def shard_sizes(spec: TrialSpec) -> dict[str, int]:
-    """The samples each trial client holds: its shard as its agent cuts it
-    (`edge_agent.worker_factory.local_dataset`, from the `[data]` that `agent_config`
-    writes), what `provision_sizes` provisions."""
-    from jetsplit.data import load_dataset_split, partition
+def trial_shard_sizes(spec: TrialSpec, train: ArrayDataset) -> dict[str, int]:
+    """The samples each trial client holds of the training split `train`: its shard as its
+    agent cuts it (`edge_agent.worker_factory.local_dataset`, from the `[data]` that
+    `agent_config` writes), what `provision_sizes` provisions."""
+    from jetsplit.data import partition
 
-    train, _ = load_dataset_split(spec.dataset, spec.test_fraction, spec.seed)
     if spec.agents == 1:
         return {agent_name(0): len(train)}
-    shards = partition(train.y, spec.agents, spec.partition, spec.seed, train.num_classes)
-    return {agent_name(i): len(shard) for i, shard in enumerate(shards) if len(shard)}
+    return shard_sizes(partition(train.y, spec.agents, spec.partition, spec.seed,
+                                 train.num_classes))
 
 
 # --------------------------------------------------------------------------- planning
@@ -388,10 +391,11 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
     topology = sherl_topology(spec.algorithm, spec.edges, spec.agents)
     profiles = {name: resolve_profile(name) for name in sorted(set(device_profiles.values()))}
     resolve_profile(spec.server_profile)
-    _, test = load_dataset_split(spec.dataset, spec.test_fraction, spec.seed)
+    training, test = load_dataset_split(spec.dataset, spec.test_fraction, spec.seed)
     check_split(spec.model, test.input_shape, test.num_classes, spec.split)
     if spec.provision_sizes:
-        train = train.model_copy(update={"provisioned_sizes": shard_sizes(spec)})
+        train = train.model_copy(update={"provisioned_sizes": trial_shard_sizes(spec, training)})
+    del training  # the agents hold their shards; the coordinator keeps the test split only
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / SPEC_FILE).write_text(json.dumps(asdict(spec), indent=2))
 

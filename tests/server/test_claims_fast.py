@@ -88,6 +88,10 @@ def test_a_lying_claim_weighs_as_the_cap_everywhere_the_trainer_reads_sizes(
     states = {a: {"w": np.full(2, float(i), np.float32)} for i, a in enumerate(agents)}
     merged = fedavg(states, sizes)["w"]
     assert merged == pytest.approx(np.full(2, (0 * 100 + 1 * 200 + 2 * 300 + 3 * 1000) / 1600))
+    # a registration changes the fleet: the cap is taken again (median of 100, 200, 300,
+    # 10^9, 10^9 is 300 → 1200), not kept from the fleet before
+    trainer.engine.registry.register("a4", _registration("a4", LIAR))
+    assert trainer.sizes(agents)["a3"] == 1200
 
 
 def test_an_honest_fleet_keeps_its_exact_sizes_and_the_cap_can_be_turned_off() -> None:

@@ -56,6 +56,7 @@ def test_provisioned_sizes_are_each_trial_agents_own_shard(tmp_path: Path) -> No
     """`--provision-sizes`: the sizes the coordinator is given are exactly the shards the
     agents cut from the `[data]` their configs carry (unequal under dirichlet), and they
     reach the server.toml a trial writes for reuse."""
+    from jetsplit.data import load_dataset_split
     from jetsplit.edge_agent.worker_factory import local_dataset
     from jetsplit.server.config import (
         ModelSection,
@@ -63,7 +64,7 @@ def test_provisioned_sizes_are_each_trial_agents_own_shard(tmp_path: Path) -> No
         TrainSection,
         load_server_config,
     )
-    from jetsplit.server.trial import _server_toml, shard_sizes
+    from jetsplit.server.trial import _server_toml, trial_shard_sizes
 
     spec = TrialSpec(agents=4, dataset="digits", partition="dirichlet:0.5", seed=3,
                      provision_sizes=True)
@@ -73,7 +74,8 @@ def test_provisioned_sizes_are_each_trial_agents_own_shard(tmp_path: Path) -> No
         path = tmp_path / f"{agent}.toml"
         path.write_text(agent_config(spec, agent, "mqtt://127.0.0.1:1883", tmp_path, emulation))
         own[agent] = len(local_dataset(load_agent_config(path)))
-    assert shard_sizes(spec) == own and len(set(own.values())) == 4
+    train, _ = load_dataset_split(spec.dataset, spec.test_fraction, spec.seed)
+    assert trial_shard_sizes(spec, train) == own and len(set(own.values())) == 4
     cfg = ServerConfig(fleet="trial", model=ModelSection(),
                        train=TrainSection(provisioned_sizes=own))
     (tmp_path / "server.toml").write_text(_server_toml(cfg, "mqtt://127.0.0.1:1883"))
