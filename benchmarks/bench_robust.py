@@ -35,8 +35,13 @@ and FedAvg, 1 and 2 attackers of each kind, 3 seeds, 30 rounds (many hours on a 
 CPU; see docs/results.md for what was run).
 
 Run: `JETSPLIT_ALLOW_ATTACKS=1 .venv/bin/python benchmarks/bench_robust.py [--methods ...]
-[--attacks ...] [--attackers 1 2] [--defences ...] [--seeds 0 1 2] [--smoke]` (the script
-sets the variable for itself: attacks only run where it is set).
+[--attacks ...] [--attackers 1 2] [--defences ...] [--seeds 0 1 2] [--jobs N] [--reuse]
+[--out DIR] [--smoke]` (the script sets the variable for itself: attacks only run where it
+is set). `--jobs N` runs N cells at a time in their own processes (on a GPU machine one
+H100 took 14, each 30-round run 1.5 to 3.5 minutes); every finished cell is a line of
+`DIR/cells.jsonl`, and `--reuse` reads the cells a call with the same run shape already
+wrote there instead of running them again, so a table too large for one sitting is made
+over several calls.
 """
 
 from __future__ import annotations
@@ -44,12 +49,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import multiprocessing
 import os
 import shlex
 import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -64,6 +71,9 @@ from jetsplit.server.trainer import RoundFailed
 ATTACKS = ("scale:1000", "signflip", "noise:1", "labelflip", "activation-scale:1000000",
            "size-lie:1000000000", "histogram-lie")
 WITHOUT = "without"  # the row with the attackers' devices left out (their data too)
+CELLS_FILE = "cells.jsonl"  # every finished run, a line each, as it ends
+SHAPE = ("agents", "rounds", "local_steps", "batch", "lr", "model", "split", "dataset",
+         "partition", "last")  # the run options a reused cell must share
 PROVISION = "provision_sizes"  # a defence's `simulate` option, not a Settings field
 DEFENCES: dict[str, dict[str, Any]] = {
     "none": {"aggregator": "mean", "activation_bound": 0.0, "size_cap": 0.0,
@@ -94,6 +104,105 @@ def last_rounds(run_dir: Path, count: int) -> float:
     accuracies = [float(r["accuracy"]) for r in load_run(run_dir).rows
                   if isinstance(r.get("accuracy"), int | float)]
     return statistics.mean(accuracies[-count:]) if accuracies else 0.0
+
+
+class Cell(NamedTuple):
+    """One run of the table: `attack` None is the clean run, WITHOUT the attackers' devices
+    left out; `rounds` None is the benchmark's."""
+
+    method: str
+    defence: str
+    attack: str | None
+    attackers: int
+    seed: int
+    rounds: int | None = None
+
+
+def run_cell(args: argparse.Namespace, out: Path, cell: Cell) -> Score:
+    """One cell's run. A run the divergence guard stops, or a round in which no device
+    could train (every one diverged on the model it was sent), scores 0."""
+    options = dict(DEFENCES[cell.defence])
+    provision = bool(options.pop(PROVISION, False))
+    settings = Settings(algorithm=cell.method, rounds=cell.rounds or args.rounds,
+                        local_steps=args.local_steps, batch=args.batch, lr=args.lr,
+                        seed=cell.seed, **options)
+    who = [f"a{args.agents - 1 - i}" for i in range(cell.attackers)] if cell.attack else []
+    absent, attack = (who, None) if cell.attack == WITHOUT else ([], cell.attack)
+    label = WITHOUT if absent else attack or "clean"
+    name = f"{cell.method}-{cell.defence}-{label}-{cell.attackers}-seed{cell.seed}"
+    run_dir = out / name.replace(":", "")
+    started = time.perf_counter()
+    try:
+        summary = simulate(settings, model=args.model, split=args.split,
+                           dataset=args.dataset, clients=args.agents,
+                           partition_scheme=args.partition, out_dir=run_dir,
+                           checkpoint=False,
+                           attacks=dict.fromkeys(who, attack) if attack else None,
+                           absent=absent, provision_sizes=provision)
+        score = Score(float(summary["final_accuracy"]), last_rounds(run_dir, args.last), 0)
+    except (Diverged, RoundFailed) as exc:
+        print(f"  {name}: diverged ({str(exc)[:300]})", flush=True)
+        score = Score(0.0, 0.0, 0)
+    score = score._replace(seconds=time.perf_counter() - started)
+    print(f"{name:60s} accuracy {score.final:.4f}, last {args.last} rounds "
+          f"{score.last:.4f} ({score.seconds:.0f}s)", flush=True)
+    with (out / CELLS_FILE).open("a") as books:  # one line per finished cell, as it ends
+        books.write(json.dumps({**cell._asdict(), **score._asdict(),
+                                "shape": run_shape(args)}) + "\n")
+    return score
+
+
+def run_shape(args: argparse.Namespace) -> dict[str, Any]:
+    """What, beside the cell, decides a run's result: a cell is reused only under the same."""
+    return {key: getattr(args, key) for key in SHAPE}
+
+
+def finished_cells(args: argparse.Namespace, out: Path) -> dict[Cell, Score]:
+    """The cells an earlier call wrote to `out`'s CELLS_FILE under the same run shape
+    (`--reuse`: an interrupted table goes on where it stopped)."""
+    done: dict[Cell, Score] = {}
+    try:
+        lines = (out / CELLS_FILE).read_text().splitlines()
+    except OSError:
+        return done
+    shape = json.loads(json.dumps(run_shape(args)))
+    for line in lines:
+        try:
+            row = json.loads(line)
+            if row.get("shape") == shape:
+                done[Cell(*(row[f] for f in Cell._fields))] = Score(
+                    *(float(row[f]) for f in Score._fields))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue  # a half-written line from a killed call
+    return done
+
+
+def _worker_start() -> None:
+    """A `--jobs` worker: one torch thread (the processes share the cores), errors only."""
+    import torch
+
+    torch.set_num_threads(1)
+    logging.basicConfig(level=logging.ERROR)
+
+
+def run_cells(args: argparse.Namespace, out: Path, cells: list[Cell]) -> dict[Cell, Score]:
+    """Every cell, one after another, or `args.jobs` at a time in spawned processes (CUDA
+    cannot be forked), handed out in the list's order."""
+    done = finished_cells(args, out) if args.reuse else {}
+    cells = [cell for cell in cells if cell not in done]
+    if done:
+        print(f"{len(done)} runs read from {out / CELLS_FILE} (--reuse)", flush=True)
+    if args.jobs <= 1:
+        if cells:  # one untimed round first: dataset loading, bundle export and warm caches
+            # would otherwise all land on the first timed run (and its defence's time ratio)
+            print("warm-up (1 round, not counted):", flush=True)
+            run_cell(args, out, cells[0]._replace(rounds=1))
+        return done | {cell: run_cell(args, out, cell) for cell in cells}
+    print(f"{args.jobs} runs at a time: their wall times share the machine", flush=True)
+    with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_worker_start) as pool:
+        futures = {cell: pool.submit(run_cell, args, out, cell) for cell in cells}
+        return done | {cell: future.result() for cell, future in futures.items()}
 
 
 GOAL_POINTS = 2.0  # issue 24: one attacker of ten costs at most this against clean
@@ -140,10 +249,13 @@ def main() -> int:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     # 30 rounds: at 10, AlexNet's runs end mid-climb and any perturbation moves the final
     # accuracy by 5-15 points (docs/results.md), more than the 2 points to be resolved
-    add_run_options(parser, rounds=30)  # each method at its own defaults
+    add_run_options(parser, rounds=30, reuse=True)  # each method at its own defaults
     parser.add_argument("--partition", default="dirichlet:0.5")
     parser.add_argument("--last", type=int, default=5,
                         help="also report the mean accuracy over this many last rounds")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="runs at a time, each in its own process (a GPU machine's "
+                             "cores); their wall times then share the machine")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny: digits, splitfed-v1, 3 attacks, 1 attacker of 5 agents, "
                              "1 round (seconds)")
@@ -164,58 +276,38 @@ def main() -> int:
           f"{args.agents} agents, {args.rounds} rounds × {args.local_steps} local steps, "
           f"batch {args.batch}, lr {lr}, seeds {args.seeds}", flush=True)
 
-    def run(method: str, defence: str, attack: str | None, attackers: int, seed: int,
-            rounds: int | None = None) -> Score:
-        """A run the divergence guard stops, or a round in which no device could train
-        (every one diverged on the model it was sent), scores 0.
-        `attack` WITHOUT: the attackers' devices are left out instead."""
-        options = dict(DEFENCES[defence])
-        provision = bool(options.pop(PROVISION, False))
-        settings = Settings(algorithm=method, rounds=rounds or args.rounds,
-                            local_steps=args.local_steps, batch=args.batch, lr=args.lr,
-                            seed=seed, **options)
-        who = [f"a{args.agents - 1 - i}" for i in range(attackers)] if attack else []
-        absent, attack = (who, None) if attack == WITHOUT else ([], attack)
-        label = WITHOUT if absent else attack or "clean"
-        name = f"{method}-{defence}-{label}-{attackers}-seed{seed}"
-        run_dir = out / name.replace(":", "")
-        started = time.perf_counter()
-        try:
-            summary = simulate(settings, model=args.model, split=args.split,
-                               dataset=args.dataset, clients=args.agents,
-                               partition_scheme=args.partition, out_dir=run_dir,
-                               checkpoint=False,
-                               attacks=dict.fromkeys(who, attack) if attack else None,
-                               absent=absent, provision_sizes=provision)
-            score = Score(float(summary["final_accuracy"]), last_rounds(run_dir, args.last), 0)
-        except (Diverged, RoundFailed) as exc:
-            print(f"  {name}: diverged ({str(exc)[:300]})", flush=True)
-            score = Score(0.0, 0.0, 0)
-        score = score._replace(seconds=time.perf_counter() - started)
-        print(f"{name:60s} accuracy {score.final:.4f}, last {args.last} rounds "
-              f"{score.last:.4f} ({score.seconds:.0f}s)", flush=True)
-        return score
-
     # one untimed round first: dataset loading, bundle export and warm caches would
     # otherwise all land on the first timed run (and its defence's time ratio)
-    print("warm-up (1 round, not counted):", flush=True)
-    run(args.methods[0], args.defences[0], None, 0, args.seeds[0], rounds=1)
-    clean: dict[tuple[str, str], list[Score]] = {}
-    attacked: dict[tuple[str, str, int, str], list[Score]] = {}
-    without: dict[tuple[str, int], list[Score]] = {}  # the attackers' devices left out
+    # the order the serial benchmark has always run them in: method, seed, then each row
+    clean_cells: dict[tuple[str, str, int], Cell] = {}
+    without_cells: dict[tuple[str, int, int], Cell] = {}
+    attacked_cells: dict[tuple[str, str, int, str, int], Cell] = {}
+    order: list[Cell] = []
     for method in args.methods:
         for seed in args.seeds:
             for defence in args.defences:
-                clean.setdefault((method, defence), []).append(
-                    run(method, defence, None, 0, seed))
+                cell = clean_cells[(method, defence, seed)] = Cell(method, defence, None, 0, seed)
+                order.append(cell)
             for count in args.attackers if args.attacks else []:
-                without.setdefault((method, count), []).append(
-                    run(method, "default", WITHOUT, count, seed))
+                cell = without_cells[(method, count, seed)] = Cell(method, "default", WITHOUT,
+                                                                  count, seed)
+                order.append(cell)
             for attack in args.attacks:
                 for count in args.attackers:
                     for defence in args.defences:
-                        attacked.setdefault((method, attack, count, defence), []).append(
-                            run(method, defence, attack, count, seed))
+                        cell = attacked_cells[(method, attack, count, defence, seed)] = Cell(
+                            method, defence, attack, count, seed)
+                        order.append(cell)
+    scores = run_cells(args, out, order)
+    clean: dict[tuple[str, str], list[Score]] = {}
+    attacked: dict[tuple[str, str, int, str], list[Score]] = {}
+    without: dict[tuple[str, int], list[Score]] = {}  # the attackers' devices left out
+    for (method, defence, _), cell in clean_cells.items():
+        clean.setdefault((method, defence), []).append(scores[cell])
+    for (method, count, _), cell in without_cells.items():
+        without.setdefault((method, count), []).append(scores[cell])
+    for (method, attack, count, defence, _), cell in attacked_cells.items():
+        attacked.setdefault((method, attack, count, defence), []).append(scores[cell])
 
     print(f"\ncommand: {command}")
     for title, field in (("final accuracy", "final"),
