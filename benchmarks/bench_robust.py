@@ -38,10 +38,11 @@ Run: `JETSPLIT_ALLOW_ATTACKS=1 .venv/bin/python benchmarks/bench_robust.py [--me
 [--attacks ...] [--attackers 1 2] [--defences ...] [--seeds 0 1 2] [--jobs N] [--reuse]
 [--out DIR] [--smoke]` (the script sets the variable for itself: attacks only run where it
 is set). `--jobs N` runs N cells at a time in their own processes (on a GPU machine one
-H100 took 14, each 30-round run 1.5 to 3.5 minutes); every finished cell is a line of
-`DIR/cells.jsonl`, and `--reuse` reads the cells a call with the same run shape already
-wrote there instead of running them again, so a table too large for one sitting is made
-over several calls.
+H100 took 14, each 30-round run 1.5 to 3.5 minutes). Every finished cell is a line of
+`DIR/cells.jsonl`: its scores and, per device, in how many rounds the coordinator limited
+it (bounded, down-weighted, clipped, left out). `--reuse` reads the cells a call with the
+same run shape already wrote there instead of running them again, so a table too large
+for one sitting is made over several calls.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ from method_matrix import add_run_options, mean_spread  # benchmarks/ is on sys.
 
 from jetsplit.server.divergence import Diverged
 from jetsplit.server.report import load_run
+from jetsplit.server.report_defences import limited_rounds
 from jetsplit.server.settings import Settings
 from jetsplit.server.simulate import simulate
 from jetsplit.server.trainer import RoundFailed
@@ -140,14 +142,17 @@ def run_cell(args: argparse.Namespace, out: Path, cell: Cell) -> Score:
                            attacks=dict.fromkeys(who, attack) if attack else None,
                            absent=absent, provision_sizes=provision)
         score = Score(float(summary["final_accuracy"]), last_rounds(run_dir, args.last), 0)
+        limited = limited_rounds(load_run(run_dir).rows)
     except (Diverged, RoundFailed) as exc:
         print(f"  {name}: diverged ({str(exc)[:300]})", flush=True)
-        score = Score(0.0, 0.0, 0)
+        score, limited = Score(0.0, 0.0, 0), {}
     score = score._replace(seconds=time.perf_counter() - started)
+    named = ", ".join(f"{a} {n}" for a, n in sorted(limited.items(), key=lambda kv: -kv[1])[:3])
     print(f"{name:60s} accuracy {score.final:.4f}, last {args.last} rounds "
-          f"{score.last:.4f} ({score.seconds:.0f}s)", flush=True)
+          f"{score.last:.4f} ({score.seconds:.0f}s)" + (f"; limited: {named}" if named else ""),
+          flush=True)
     with (out / CELLS_FILE).open("a") as books:  # one line per finished cell, as it ends
-        books.write(json.dumps({**cell._asdict(), **score._asdict(),
+        books.write(json.dumps({**cell._asdict(), **score._asdict(), "limited": limited,
                                 "shape": run_shape(args)}) + "\n")
     return score
 

@@ -39,22 +39,36 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def row_notes(row: Row) -> dict[str, list[str]]:
+    """What the coordinator did to each device in one round's row: bounded, down-weighted,
+    left out, clipped, aggregated otherwise, benched (devices it believed are absent)."""
+    found: dict[str, list[str]] = {}
+    for key in ("bounded", "down_weighted", "excluded", "gradient_clipped", "aggregation"):
+        for agent, note in _notes(row.get(key)).items():
+            found.setdefault(agent, []).append(note)
+    benched = row.get("benched")
+    for agent in benched if isinstance(benched, list) else []:
+        if isinstance(agent, str):
+            found.setdefault(agent[:64], []).append("sat out (missed deadlines)")
+    return found
+
+
+def limited_rounds(rows: Sequence[Row]) -> dict[str, int]:
+    """Per device, in how many rounds the coordinator limited it (any of `row_notes`)."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        for agent in row_notes(row):
+            counts[agent] = counts.get(agent, 0) + 1
+    return counts
+
+
 def defences_section(rows: Sequence[Row], summary: dict[str, Any]) -> list[str]:
     """Markdown lines: a table of (round, device, what) and the capped claims."""
     body: list[tuple[str, str, str]] = []
-    counts: dict[str, int] = {}
+    counts = limited_rounds(rows)
     for i, row in enumerate(rows):
         round_no = str(row.get("round", i) if isinstance(row.get("round", i), int) else i)
-        found: dict[str, list[str]] = {}
-        for key in ("bounded", "down_weighted", "excluded", "gradient_clipped", "aggregation"):
-            for agent, note in _notes(row.get(key)).items():
-                found.setdefault(agent, []).append(note)
-        benched = row.get("benched")
-        for agent in benched if isinstance(benched, list) else []:
-            if isinstance(agent, str):
-                found.setdefault(agent[:64], []).append("sat out (missed deadlines)")
-        for agent, notes in sorted(found.items()):
-            counts[agent] = counts.get(agent, 0) + 1
+        for agent, notes in sorted(row_notes(row).items()):
             body.append((round_no, agent, "; ".join(notes)))
     capped = summary.get("capped_claims")
     capped = capped if isinstance(capped, dict) else {}

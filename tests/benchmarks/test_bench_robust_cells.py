@@ -35,14 +35,17 @@ def test_two_at_a_time_each_score_stays_with_its_cell(bench, tmp_path: Path) -> 
     beside that cell (the wall times differ, so a mix-up shows)."""
     cells = [bench.Cell("splitfed-v1", "none", None, 0, 0),
              bench.Cell("splitfed-v1", "none", "scale:1000", 1, 0),
-             bench.Cell("splitfed-v1", "default", "labelflip", 1, 1)]
+             bench.Cell("splitfed-v1", "default", "scale:1000", 1, 0)]
     scores = bench.run_cells(_args(jobs=2), tmp_path, cells)
     assert list(scores) == cells
+    rows = [json.loads(line) for line in (tmp_path / bench.CELLS_FILE).read_text().splitlines()]
     written = {bench.Cell(*(row[f] for f in bench.Cell._fields)): bench.Score(
-        row["final"], row["last"], row["seconds"])
-        for row in map(json.loads, (tmp_path / bench.CELLS_FILE).read_text().splitlines())}
+        row["final"], row["last"], row["seconds"]) for row in rows}
     assert written == scores
     assert len({s.seconds for s in scores.values()}) == 3
+    # the default's direction check leaves the ×1000 upload of a4 out; `none` limits nobody
+    assert {(row["defence"], row["attack"]): row["limited"] for row in rows} == {
+        ("none", None): {}, ("none", "scale:1000"): {}, ("default", "scale:1000"): {"a4": 1}}
 
 
 def test_reuse_reads_only_the_same_shape_and_runs_the_rest(bench, tmp_path: Path,

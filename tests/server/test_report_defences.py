@@ -9,7 +9,12 @@ from pathlib import Path
 import pytest
 
 from jetsplit.server.report import write_report
-from jetsplit.server.report_defences import MAX_NOTE, defences_section, plot_influence
+from jetsplit.server.report_defences import (
+    MAX_NOTE,
+    defences_section,
+    limited_rounds,
+    plot_influence,
+)
 
 pytestmark = pytest.mark.fast
 
@@ -29,6 +34,8 @@ def test_the_section_names_who_was_limited_and_why() -> None:
                                     "a6": {"distance": "x", "bound": 1, "labels": 1}}}
     lines = defences_section(rows, summary)
     text = "\n".join(lines)
+    # a device named twice in one round counts once; a1 benched; a0's note is no string
+    assert limited_rounds(rows) == {"a3": 2, "a1": 1, "a4": 1}
     assert lines[0] == "## Defences"
     assert ("Devices the coordinator limited: a3 (2 of 3 rounds), a1 (1 of 3 rounds), "
             "a4 (1 of 3 rounds).") in text
