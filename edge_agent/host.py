@@ -22,7 +22,7 @@ import time
 import torch
 
 from jetsplit.bundle import Bundle
-from jetsplit.data import ArrayDataset, load_dataset_split, partition
+from jetsplit.data import ArrayDataset, client_shards, load_dataset_split
 from jetsplit.edge_agent.config import AgentConfig
 from jetsplit.edge_agent.daemon import AgentDaemon, ReplyCache
 from jetsplit.edge_agent.edge import no_data
@@ -80,9 +80,8 @@ class FleetHost:
             return [no_data() for _ in self.configs]
         data = self.base.data
         train, _ = load_dataset_split(data.dataset, data.test_fraction, data.seed)
-        if data.clients == 1:
-            return [train for _ in self.configs]
-        shards = partition(train.y, data.clients, data.partition, data.seed, train.num_classes)
+        shards = client_shards(train.y, data.clients, data.partition, data.seed,
+                               train.num_classes)
         return [train.subset(shards[c.data.index]) for c in self.configs]
 
     def build(self) -> FleetHost:

@@ -6,7 +6,7 @@ import logging
 
 import torch
 
-from jetsplit.data import ArrayDataset, load_dataset_split, partition
+from jetsplit.data import ArrayDataset, client_shards, load_dataset_split
 from jetsplit.devices import resolve_device
 from jetsplit.edge_agent.attacks import Attack, build_attack
 from jetsplit.edge_agent.config import AgentConfig
@@ -24,9 +24,7 @@ def local_dataset(config: AgentConfig) -> ArrayDataset:
         raise ConfigError(f"agent config: data.index {data.index} must be < data.clients "
                           f"{data.clients}")
     train, _ = load_dataset_split(data.dataset, data.test_fraction, data.seed)
-    if data.clients == 1:
-        return train
-    shards = partition(train.y, data.clients, data.partition, data.seed, train.num_classes)
+    shards = client_shards(train.y, data.clients, data.partition, data.seed, train.num_classes)
     return train.subset(shards[data.index])
 
 

@@ -69,7 +69,7 @@ def simulate(
     `provision_sizes` provisions each client's shard size, as `jetsplit provision --size`
     would (`settings.provisioned_sizes`): a claim then weighs at most the truth."""
     from jetsplit.bundle import Bundle
-    from jetsplit.data import partition
+    from jetsplit.data import client_shards
     from jetsplit.devices import resolve_device
     from jetsplit.edge_agent.edge import no_data
     from jetsplit.edge_agent.worker import AgentWorker
@@ -87,7 +87,7 @@ def simulate(
         raise ConfigError(f"absent clients {sorted(absent)}: name some of a0..a{clients - 1}, "
                           "not all")
     train, test = simulation_data(dataset, test_fraction, validation, settings.seed)
-    shards = partition(train.y, clients, partition_scheme, settings.seed, train.num_classes)
+    shards = client_shards(train.y, clients, partition_scheme, settings.seed, train.num_classes)
     if provision_sizes:
         settings = replace(settings, provisioned_sizes=shard_sizes(shards))
     cache: dict[str, Bundle] = {}

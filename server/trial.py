@@ -127,14 +127,12 @@ class TrialSpec:
 
 def trial_shard_sizes(spec: TrialSpec, train: ArrayDataset) -> dict[str, int]:
     """The samples each trial client holds of the training split `train`: its shard as its
-    agent cuts it (`edge_agent.worker_factory.local_dataset`, from the `[data]` that
-    `agent_config` writes), what `provision_sizes` provisions."""
-    from jetsplit.data import partition
+    agent cuts it (`client_shards`, from the `[data]` that `agent_config` writes), what
+    `provision_sizes` provisions."""
+    from jetsplit.data import client_shards
 
-    if spec.agents == 1:
-        return {agent_name(0): len(train)}
-    return shard_sizes(partition(train.y, spec.agents, spec.partition, spec.seed,
-                                 train.num_classes))
+    return shard_sizes(client_shards(train.y, spec.agents, spec.partition, spec.seed,
+                                     train.num_classes))
 
 
 # --------------------------------------------------------------------------- planning

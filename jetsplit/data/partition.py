@@ -22,6 +22,7 @@ Everything is drawn from ``np.random.default_rng(seed)``: same seed, same partit
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -94,6 +95,22 @@ def label_histogram(labels: np.ndarray | Sequence[int], num_classes: int) -> lis
     if y.size and (y.min() < 0 or y.max() >= num_classes):
         raise ValueError(f"labels must lie in [0, {num_classes})")
     return [int(v) for v in np.bincount(y.astype(np.int64), minlength=num_classes)]
+
+
+def client_shards(
+    labels: np.ndarray,
+    num_clients: int,
+    scheme: str,
+    seed: int,
+    num_classes: Optional[int] = None,
+) -> list[np.ndarray]:
+    """Each client's indices as its agent cuts them: a lone client holds every sample under
+    any scheme (``quantity:α`` alone would leave classes out), more are `partition`'s. The
+    agent, the fleet host, `simulate` and the sizes a trial provisions all read this one cut.
+    """
+    if num_clients == 1:
+        return [np.arange(len(labels), dtype=np.int64)]
+    return partition(labels, num_clients, scheme, seed, num_classes)
 
 
 def partition(
@@ -186,6 +203,55 @@ def _quantity(
     return out
 
 
+def dirichlet_draw(rng: np.random.Generator, alpha: np.ndarray) -> np.ndarray:
+    """One draw of Dir(`alpha`): bit for bit what `rng.dirichlet(alpha)` gives on numpy
+    1.25 and later, and the same on every numpy a device may run. Where every α < 0.1 numpy
+    breaks a stick with Beta draws, and numpy before 1.25 (JetPack 5's) handled Beta draws
+    that underflow differently: under concentrations below about 0.003 two agents on two
+    numpy versions cut different, overlapping shards of one partition. Built on `random()`
+    and `standard_gamma()`, whose streams are the same on both."""
+    alphas = [float(a) for a in alpha]
+    k = len(alphas)
+    if max(alphas) >= 0.1:  # normalised Gamma draws
+        gammas = [float(rng.standard_gamma(a)) for a in alphas]
+        total = 0.0
+        for g in gammas:
+            total += g
+        scale = 1.0 / total if total > 0.0 else math.nan  # all underflowed: the caller's fallback
+        return np.array([g * scale for g in gammas])
+    rest = [0.0] * k  # rest[j]: α_j + … + α_{k−1}, summed from the end
+    total = 0.0
+    for j in range(k - 1, -1, -1):
+        total += alphas[j]
+        rest[j] = total
+    draw, stick = [0.0] * k, 1.0
+    for j in range(k - 1):
+        piece = _beta_draw(rng, alphas[j], rest[j + 1])
+        draw[j] = stick * piece
+        stick *= 1.0 - piece
+    draw[k - 1] = stick
+    return np.array(draw)
+
+
+def _beta_draw(rng: np.random.Generator, a: float, b: float) -> float:
+    """Beta(a, b) as numpy 1.25 and later draw it: Jöhnk's method for a, b ≤ 1, in log space
+    where a power underflows; a ratio of Gamma draws otherwise."""
+    if a > 1.0 or b > 1.0:
+        ga = float(rng.standard_gamma(a))
+        gb = float(rng.standard_gamma(b))
+        return ga / (ga + gb)
+    while True:
+        u, v = float(rng.random()), float(rng.random())
+        x, y = u ** (1.0 / a), v ** (1.0 / b)
+        if x + y <= 1.0 and u + v > 0.0:
+            if x > 0.0 and y > 0.0:
+                return x / (x + y)
+            log_x, log_y = math.log(u) / a, math.log(v) / b
+            top = max(log_x, log_y)
+            log_x, log_y = log_x - top, log_y - top
+            return math.exp(log_x - math.log(math.exp(log_x) + math.exp(log_y)))
+
+
 def _ampere(y: np.ndarray, k: int, concentration: float, rng: np.random.Generator
             ) -> list[np.ndarray]:
     """Ampere §5.1: one class vector q_k ~ Dir(concentration) per device; device k draws
@@ -194,7 +260,8 @@ def _ampere(y: np.ndarray, k: int, concentration: float, rng: np.random.Generato
     classes = np.unique(y)
     pools = [list(rng.permutation(np.flatnonzero(y == c))) for c in classes]
     quotas = [len(part) for part in np.array_split(np.arange(len(y)), k)]
-    vectors = rng.dirichlet(np.full(classes.size, concentration), size=k)
+    vectors = np.array([dirichlet_draw(rng, np.full(classes.size, concentration))
+                        for _ in range(k)])
     shards: list[np.ndarray] = []
     for device in range(k):
         want, taken = quotas[device], []
@@ -224,7 +291,7 @@ def _dirichlet(
     for _ in range(_MAX_DIRICHLET_TRIES):
         parts: list[list[np.ndarray]] = [[] for _ in range(k)]
         for idx in by_class:
-            shares = rng.dirichlet(concentration)
+            shares = dirichlet_draw(rng, concentration)
             if not np.all(np.isfinite(shares)) or shares.sum() <= 0:
                 shares = np.full(k, 1.0 / k)  # underflow at tiny β: fall back to even
             cuts = (np.cumsum(shares) * idx.size).astype(np.int64)[:-1]

@@ -11,7 +11,13 @@ import sys
 import numpy as np
 import pytest
 
-from jetsplit.data.partition import AMPERE_EPSILON, label_histogram, parse_scheme, partition
+from jetsplit.data.partition import (
+    AMPERE_EPSILON,
+    client_shards,
+    label_histogram,
+    parse_scheme,
+    partition,
+)
 from jetsplit.errors import ConfigError
 
 pytestmark = pytest.mark.fast
@@ -322,3 +328,14 @@ def test_labels_must_be_1d_may_skip_0_and_stay_under_num_classes() -> None:
         partition(LABELS, 2, "iid", 0, num_classes=3)
     with pytest.raises(ValueError, match=r"^labels must lie in \[0, 5\)$"):
         label_histogram(np.array([0, 6]), 5)
+
+
+def test_a_lone_client_holds_every_sample_under_any_scheme_more_are_partitions() -> None:
+    """The agents' cut: `quantity:2` alone would give one client two of the five classes."""
+    assert _histograms(partition(LABELS, 1, "quantity:2", 0, 5)) != [[6] * 5]
+    for scheme in ("quantity:2", "dirichlet:0.1", "iid", "ampere:0.33"):
+        (only,) = client_shards(LABELS, 1, scheme, 3, 5)
+        assert only.dtype == np.int64 and only.tolist() == list(range(30))
+    for clients in (2, 4):
+        assert [p.tolist() for p in client_shards(LABELS, clients, "dirichlet:0.5", 1, 5)] == [
+            p.tolist() for p in partition(LABELS, clients, "dirichlet:0.5", 1, 5)]
