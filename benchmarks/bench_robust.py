@@ -100,10 +100,10 @@ class Score(NamedTuple):
     seconds: float
 
 
-def last_rounds(run_dir: Path, count: int) -> float:
-    """The mean accuracy over the last `count` rounds of a finished run (fewer if it ran
-    fewer)."""
-    accuracies = [float(r["accuracy"]) for r in load_run(run_dir).rows
+def last_rounds(rows: list[dict[str, Any]], count: int) -> float:
+    """The mean accuracy over the last `count` rounds of a finished run's metrics rows
+    (fewer if it ran fewer)."""
+    accuracies = [float(r["accuracy"]) for r in rows
                   if isinstance(r.get("accuracy"), int | float)]
     return statistics.mean(accuracies[-count:]) if accuracies else 0.0
 
@@ -141,8 +141,9 @@ def run_cell(args: argparse.Namespace, out: Path, cell: Cell) -> Score:
                            checkpoint=False,
                            attacks=dict.fromkeys(who, attack) if attack else None,
                            absent=absent, provision_sizes=provision)
-        score = Score(float(summary["final_accuracy"]), last_rounds(run_dir, args.last), 0)
-        limited = limited_rounds(load_run(run_dir).rows)
+        rows = load_run(run_dir).rows
+        score = Score(float(summary["final_accuracy"]), last_rounds(rows, args.last), 0)
+        limited = limited_rounds(rows)
     except (Diverged, RoundFailed) as exc:
         print(f"  {name}: diverged ({str(exc)[:300]})", flush=True)
         score, limited = Score(0.0, 0.0, 0), {}
@@ -284,35 +285,28 @@ def main() -> int:
     # one untimed round first: dataset loading, bundle export and warm caches would
     # otherwise all land on the first timed run (and its defence's time ratio)
     # the order the serial benchmark has always run them in: method, seed, then each row
-    clean_cells: dict[tuple[str, str, int], Cell] = {}
-    without_cells: dict[tuple[str, int, int], Cell] = {}
-    attacked_cells: dict[tuple[str, str, int, str, int], Cell] = {}
+    clean_cells: dict[tuple[str, str], list[Cell]] = {}
+    without_cells: dict[tuple[str, int], list[Cell]] = {}  # the attackers' devices left out
+    attacked_cells: dict[tuple[str, str, int, str], list[Cell]] = {}
     order: list[Cell] = []
     for method in args.methods:
         for seed in args.seeds:
             for defence in args.defences:
-                cell = clean_cells[(method, defence, seed)] = Cell(method, defence, None, 0, seed)
-                order.append(cell)
+                order.append(Cell(method, defence, None, 0, seed))
+                clean_cells.setdefault((method, defence), []).append(order[-1])
             for count in args.attackers if args.attacks else []:
-                cell = without_cells[(method, count, seed)] = Cell(method, "default", WITHOUT,
-                                                                  count, seed)
-                order.append(cell)
+                order.append(Cell(method, "default", WITHOUT, count, seed))
+                without_cells.setdefault((method, count), []).append(order[-1])
             for attack in args.attacks:
                 for count in args.attackers:
                     for defence in args.defences:
-                        cell = attacked_cells[(method, attack, count, defence, seed)] = Cell(
-                            method, defence, attack, count, seed)
-                        order.append(cell)
+                        order.append(Cell(method, defence, attack, count, seed))
+                        attacked_cells.setdefault((method, attack, count, defence),
+                                                  []).append(order[-1])
     scores = run_cells(args, out, order)
-    clean: dict[tuple[str, str], list[Score]] = {}
-    attacked: dict[tuple[str, str, int, str], list[Score]] = {}
-    without: dict[tuple[str, int], list[Score]] = {}  # the attackers' devices left out
-    for (method, defence, _), cell in clean_cells.items():
-        clean.setdefault((method, defence), []).append(scores[cell])
-    for (method, count, _), cell in without_cells.items():
-        without.setdefault((method, count), []).append(scores[cell])
-    for (method, attack, count, defence, _), cell in attacked_cells.items():
-        attacked.setdefault((method, attack, count, defence), []).append(scores[cell])
+    clean = {key: [scores[c] for c in cells] for key, cells in clean_cells.items()}
+    without = {key: [scores[c] for c in cells] for key, cells in without_cells.items()}
+    attacked = {key: [scores[c] for c in cells] for key, cells in attacked_cells.items()}
 
     print(f"\ncommand: {command}")
     for title, field in (("final accuracy", "final"),

@@ -215,7 +215,7 @@ def dirichlet_draw(rng: np.random.Generator, alpha: np.ndarray) -> np.ndarray:
     if max(alphas) >= 0.1:  # normalised Gamma draws
         gammas = [float(rng.standard_gamma(a)) for a in alphas]
         total = 0.0
-        for g in gammas:
+        for g in gammas:  # left to right, as numpy does (3.12's sum() compensates)
             total += g
         scale = 1.0 / total if total > 0.0 else math.nan  # all underflowed: the caller's fallback
         return np.array([g * scale for g in gammas])

@@ -85,11 +85,14 @@ def test_bench_robust_scores_the_mean_of_the_last_rounds(tmp_path: Path,
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     from bench_robust import last_rounds
 
+    from jetsplit.server.report import load_run
+
     rows = [f'{{"round": {i}, "accuracy": {a}}}' for i, a in
             enumerate([0.1, 0.2, 0.90, 0.94, 0.92, 0.96, 0.86])]
     (tmp_path / "metrics.jsonl").write_text("\n".join(
         rows[:3] + ['{"round": 2.5}'] + rows[3:] + ['{"round": 7, "accu']) + "\n")
-    assert last_rounds(tmp_path, 5) == pytest.approx((0.90 + 0.94 + 0.92 + 0.96 + 0.86) / 5)
-    assert last_rounds(tmp_path, 1) == pytest.approx(0.86)
-    assert last_rounds(tmp_path, 50) == pytest.approx(sum([0.1, 0.2, 0.90, 0.94, 0.92, 0.96,
+    rows = load_run(tmp_path).rows
+    assert last_rounds(rows, 5) == pytest.approx((0.90 + 0.94 + 0.92 + 0.96 + 0.86) / 5)
+    assert last_rounds(rows, 1) == pytest.approx(0.86)
+    assert last_rounds(rows, 50) == pytest.approx(sum([0.1, 0.2, 0.90, 0.94, 0.92, 0.96,
                                                            0.86]) / 7)
