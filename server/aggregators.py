@@ -309,15 +309,18 @@ def aggregate(states: Mapping[str, Arrays], weights: Mapping[str, float], rule: 
               reference: Arrays | None = None, notes: Notes | None = None,
               shares: Shares | None = None, clip_factor: float = DEFAULT_CLIP_FACTOR,
               robust_fraction: float = DEFAULT_ROBUST_FRACTION,
-              outlier_bound: float = 0.0) -> Arrays:
+              outlier_bound: float = 0.0, outliers: set[str] | None = None) -> Arrays:
     """`rule` over the devices' uploads, layer by layer over the devices that hold each
     layer (mixed cuts), each layer group's outliers left out first (`without_outliers`,
-    off at 0); `reference` is the block they started from."""
+    off at 0; those left out of any group are added to `outliers`); `reference` is the
+    block they started from."""
     combine = RULES[rule]
 
     def one_group(group: Mapping[str, Arrays], group_weights: Mapping[str, float]) -> Arrays:
         kept = without_outliers(group, outlier_bound, reference, notes, shares)
         if len(kept) < len(group):
+            if outliers is not None:
+                outliers.update(set(group) - set(kept))
             group = {a: group[a] for a in kept}
         return combine(group, group_weights, reference, notes, shares, clip_factor=clip_factor,
                        robust_fraction=robust_fraction)

@@ -129,6 +129,8 @@ class Trainer:
                                             settings.label_check == "on", settings.seed)
         # whose uploads pull against the fleet's (server/update_direction.py)
         self.direction = UpdateDirection(settings.direction_check == "on")
+        # block → the devices the outlier bound left out of its latest average
+        self.outliers: dict[str, frozenset[str]] = {}
         self.guard = DivergenceGuard(settings, self.bundle.spec.num_classes)
         self.round = 0
         self.last_pool = 0
@@ -336,13 +338,23 @@ class Trainer:
             self.books.influence.add({agent: 0.0}, sum(
                 int(v.size) for v in states[agent].values() if v.dtype.kind == "f"))
         states = {a: v for a, v in states.items() if a not in excluded}
+        outliers: set[str] = set()
         merged = aggregate(states, weights, s.aggregator, reference=reference, notes=notes,
                            shares=self.books.influence, clip_factor=s.clip_factor,
-                           robust_fraction=s.robust_fraction, outlier_bound=s.outlier_bound)
+                           robust_fraction=s.robust_fraction, outlier_bound=s.outlier_bound,
+                           outliers=outliers)
+        self.outliers[block] = frozenset(outliers)
         books = self.books.aggregation
         for agent, note in sorted(notes.items()):
             books[agent] = "; ".join(filter(None, (books.get(agent), f"{block}: {note}")))
         return merged
+
+    def left_out(self, block: str, agents: list[str]) -> set[str]:
+        """Those of `agents` whose next upload of `block` is not expected to count: opposed
+        by the direction check, or left out of the block's latest average by the outlier
+        bound (a verdict each upload renews: one back under the bound counts again)."""
+        return self.direction.excluded(block, agents) | (
+            set(self.outliers.get(block, ())) & set(agents))
 
     def claimed_sizes(self, agents: list[str]) -> dict[str, int]:
         """|D_k| as each agent registered it, uncapped: for its own work only (an Ampere
@@ -366,7 +378,8 @@ class Trainer:
         no share of B, only a probe of PROBE_BATCH samples (server/label_consistency.py):
         its share goes to the devices whose work counts, and it is judged again. So does a
         device in `left_out`: one whose work this round cannot count (FedAvg: its model
-        uploads are left out by the direction check, and its upload is all it contributes;
+        uploads are left out by the direction check or the outlier bound, `left_out()`, and
+        its upload is all it contributes;
         in a split method its activations still train the server block)."""
         from jetsplit.server.optim import client_batch
 

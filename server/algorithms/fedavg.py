@@ -25,9 +25,10 @@ class FedAvg(Method):
         global_state = {**t.global_client, **to_arrays(t.server, "server")}
         if t.round > 0:
             live = t.push(live, global_state)
-        # a device whose uploads the direction check leaves out only probes (it is judged on
-        # its next upload): its share of B goes to the devices whose work counts
-        batches = t.batches(live, t.direction.excluded("model", live))
+        # a device whose uploads the direction check or the outlier bound leaves out only
+        # probes (it is judged on its next upload): its share of B goes to the devices whose
+        # work counts
+        batches = t.batches(live, t.left_out("model", live))
         commands = {a: Command(Kind.TRAIN.value, {"target": "full", "batch": batches[a],
                                                   "steps": t.settings.local_steps,
                                                   "lr": t.client_optimizer.lr})

@@ -120,6 +120,25 @@ def test_the_defences_cost_a_clean_run_nothing_and_contain_an_attacker(tmp_path:
     assert bounded["final_accuracy"] >= accuracy - 0.1
 
 
+def test_fedavg_gives_an_outliers_batch_share_to_the_others(tmp_path: Path) -> None:
+    """FedAvg, a4 scaling its model ×1000, the direction check off (it catches this
+    upload too): the outlier bound leaves its upload out of every round's average, and
+    from round 1 on it only probes (PROBE_BATCH samples a step, to be
+    judged again) while the others split its share of B: round 0's work is equal (iid
+    shards of equal size, 16 samples each), later a4 does 8/20 of an honest device's."""
+    from jetsplit.server.label_consistency import PROBE_BATCH
+
+    _, rows = _run(tmp_path / "scaled", "scale:1000", algorithm="fedavg",
+                   direction_check="off")
+    assert [sorted(r["aggregation"]) for r in rows] == [["a4"]] * 3
+    assert all("model: left out: update norm " in r["aggregation"]["a4"] for r in rows)
+    work = [r["device_gflops"] for r in rows]
+    assert work[0]["a4"] == pytest.approx(work[0]["a0"])
+    for w in work[1:]:
+        assert w["a4"] == pytest.approx(w["a0"] * PROBE_BATCH / 20)
+        assert w["a1"] == pytest.approx(w["a0"])
+
+
 NONE = dict(aggregator="mean", activation_bound=0.0, size_cap=0.0, loss_bound=0.0,
             outlier_bound=0.0, histogram_check="off", label_check="off",
             direction_check="off", gradient_bound=0.0)  # bench_robust's `none`

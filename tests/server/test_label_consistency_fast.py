@@ -142,6 +142,7 @@ def _trainer() -> Trainer:
     trainer.books = RoundBooks()
     trainer.consistency = LabelConsistency(3, seed=0)
     trainer.direction = UpdateDirection()
+    trainer.outliers = {}
     _observe(trainer.consistency, {"a0": ([10, 12, 9], 0), "a1": ([20, 8, 8], 0),
                                    "a2": ([8, 30, 10], 0), "a3": ([40, 40, 40], 1)}, times=2)
     return trainer

@@ -125,6 +125,7 @@ def _trainer(direction: str = "on") -> Trainer:
     trainer.books = RoundBooks()
     trainer.consistency = LabelConsistency(3)
     trainer.direction = UpdateDirection(direction == "on")
+    trainer.outliers = {}
     trainer.settings = Settings(aggregator="mean", outlier_bound=0.0)
     return trainer
 
@@ -144,6 +145,28 @@ def test_the_reversers_upload_is_left_out_of_the_average() -> None:
     off = _trainer("off").aggregate(_states(), weights, reference=REFERENCE)
     everyone = sum(weights[a] * np.array(W[a], float) for a in W) / sum(weights.values())
     np.testing.assert_allclose(off["w"], everyone, rtol=1e-6)
+
+
+def test_left_out_names_the_opposed_and_the_outliers_of_the_latest_average() -> None:
+    """The devices whose next upload is not expected to count (FedAvg's probes): a4
+    reversed (direction check) and a3 scaled ×1000 (over the outlier bound, 10× the median
+    norm), for the block they uploaded and only among those asked about. Once a3 sends an
+    honest update again the bound's verdict is gone; a4's evidence keeps it out."""
+    weights = {"a0": 1, "a1": 2, "a2": 3, "a3": 4, "a4": 5}
+    trainer = _trainer()
+    trainer.settings = Settings(aggregator="mean", outlier_bound=10.0)
+    agents = sorted(W)
+    states = _states()
+    states["a3"] = {**states["a3"], "w": states["a3"]["w"] * 1000}
+    trainer.aggregate(states, weights, reference=REFERENCE, block="model")
+    assert trainer.outliers == {"model": frozenset({"a3"})}
+    assert trainer.left_out("model", agents) == {"a3", "a4"}
+    assert trainer.left_out("model", ["a0", "a3"]) == {"a3"}
+    assert trainer.left_out("client", agents) == set()
+    trainer.direction.new_round()
+    trainer.aggregate(_states(), weights, reference=REFERENCE, block="model")
+    assert trainer.outliers == {"model": frozenset()}
+    assert trainer.left_out("model", agents) == {"a4"}
 
 
 def test_a_sampled_cosine_is_near_the_whole_one() -> None:
