@@ -11,7 +11,8 @@ digits (iid), 3 rounds × 8 steps of 16 samples each, lr 0.1, one attacker a4.
   the client block grows ~200-fold and the accuracy falls (or the run stops as
   diverged); Multi-Krum (bound off) leaves a4's client block out every
   round (and one server copy per round, as it always drops f = 1 of five), keeps the clean
-  accuracy within 0.1 and the block's norm near the clean one.
+  accuracy within 0.1 and the block's norm near the clean one. Under FedAvg (direction
+  check off) a4 then only probes and the others take its share of the batch.
 - Activations × 10^6: with the bound, a4's samples are scaled down every round and the
   accuracy stays within 0.1 of clean."""
 
