@@ -166,6 +166,10 @@ class MqttEndpoint:
         self.refused: dict[str, tuple[float, str]] = {}
         self._allowance = allowance
         self.connected = threading.Event()
+        # set once the broker has answered every subscription of the current connection:
+        # from then on a message published to them reaches this endpoint
+        self.subscribed = threading.Event()
+        self._pending_subscriptions: set[int] = set()
         self.connects = 0  # successful CONNACKs so far; a rise means "we reconnected"
         self.protocol: str | None = None
         self._seq = SequenceCounter()
@@ -194,20 +198,24 @@ class MqttEndpoint:
 
     def start(self, wait_s: float | None = None) -> MqttEndpoint:
         """Connect in the background (retrying with backoff); with `wait_s`, block until the
-        first connection and raise a one-line ConfigError if the broker is not reachable."""
+        first connection's subscriptions are in (`subscribed`) and raise a one-line
+        ConfigError if the broker is not reachable."""
         _paho()
         self._supervisor = threading.Thread(target=self._connect_until_up, daemon=True,
                                             name=f"mqtt-{self.client_id}")
         self._supervisor.start()
         if wait_s is not None:
             deadline = time.monotonic() + wait_s
-            while not self.connected.wait(0.05):
+            while not self.subscribed.wait(0.05):
                 if self._fatal:
                     self.close(graceful=False)
                     raise ConfigError(self._fatal)
                 if time.monotonic() > deadline:
+                    connected = self.connected.is_set()
                     self.close(graceful=False)
                     raise ConfigError(
+                        f"broker {self.address.url()} did not answer the subscriptions "
+                        f"within {wait_s:.0f}s" if connected else
                         f"broker {self.address.url()} unreachable after {wait_s:.0f}s")
         return self
 
@@ -250,6 +258,7 @@ class MqttEndpoint:
         client.max_inflight_messages_set(self.options.max_inflight)
         client.on_connect = self._handle_connect
         client.on_disconnect = self._handle_disconnect
+        client.on_subscribe = self._handle_subscribe
         client.on_message = self._handle_message
         client.on_socket_open = _disable_nagle  # every new socket, reconnects and TLS included
         return client
@@ -322,8 +331,12 @@ class MqttEndpoint:
         self._connack.set()
         if reason_code.is_failure:
             return
-        for topic in self.subscriptions:
-            client.subscribe(topic, qos=1)
+        self.subscribed.clear()
+        with self._lock:
+            self._pending_subscriptions = {client.subscribe(topic, qos=1)[1]
+                                           for topic in self.subscriptions}
+            if not self._pending_subscriptions:
+                self.subscribed.set()
         with self._lock:
             self.connects += 1
             count = self.connects
@@ -334,9 +347,20 @@ class MqttEndpoint:
         if self._on_connect_hook is not None:
             self._on_connect_hook(count)
 
+    def _handle_subscribe(self, client, userdata, mid, reason_codes, properties) -> None:  # noqa: ANN001
+        refused = [str(code) for code in reason_codes if code.is_failure]
+        if refused:  # e.g. the broker's ACL: this endpoint will never hear that topic
+            log.warning("broker %s refused a subscription of %s (%s)", self.address.url(),
+                        self.client_id, ", ".join(refused))
+        with self._lock:
+            self._pending_subscriptions.discard(mid)
+            if not self._pending_subscriptions:
+                self.subscribed.set()
+
     def _handle_disconnect(self, client, userdata, flags, reason_code, properties) -> None:  # noqa: ANN001
         was_connected = self.connected.is_set()
         self.connected.clear()
+        self.subscribed.clear()
         if not self._connack.is_set():  # closed before any CONNACK: e.g. a 3.1.1-only broker
             self._connack_code = _CLOSED_BEFORE_CONNACK
             self._connack.set()

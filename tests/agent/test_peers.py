@@ -133,8 +133,7 @@ def test_an_agent_refuses_stray_and_forged_direct_messages_and_keeps_serving(
     replies = MqttEndpoint(address, "test-replies", options,
                            subscriptions=(topics.up("a0"),)).start(wait_s=10)
     try:
-        assert daemon.endpoint.connected.wait(10)
-        time.sleep(0.3)  # its subscriptions are in
+        assert daemon.endpoint.subscribed.wait(10)  # its subscriptions are in
         e0, a1 = peers["e0"], peers["a1"]
 
         def grad(sender: str, step: int, endpoint: MqttEndpoint) -> Message:

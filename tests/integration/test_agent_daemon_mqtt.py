@@ -64,7 +64,7 @@ def test_wrong_fleet_key_is_rejected_both_ways(worker: AgentWorker,
     right, wrong = b"k" * 32, b"w" * 32
     daemon = AgentDaemon(worker, mosquitto.address, "keys", EndpointOptions(fleet_key=right))
     for _ in _serve(daemon):
-        assert daemon.endpoint.connected.wait(10)  # subscribed before the intruder speaks
+        assert daemon.endpoint.subscribed.wait(10)  # before the intruder speaks
         intruder = MqttEngine(mosquitto.address, "keys", run_id="x",
                               options=EndpointOptions(fleet_key=wrong)).start()
         try:

@@ -184,8 +184,7 @@ def test_over_mqtt_an_accounted_reply_arrives_and_an_unaccounted_one_is_refused(
                        kind=Kind.GET_WEIGHTS.value, tensors=weights)
 
     try:
-        assert receiver.connected.wait(10) and sender.connected.wait(10)
-        threading.Event().wait(0.3)  # the receiver's subscription is in
+        assert receiver.subscribed.wait(10)  # start() waited for it: still so
         allowed[("a0", Kind.GET_WEIGHTS.value)] = accounted_bound(weights["w"].nbytes)
         sender.send("w/a0", reply())
         got = receiver.inbox.get(timeout=30).message
