@@ -28,6 +28,7 @@ from jetsplit.data import ArrayDataset
 from jetsplit.devices import torch_threads
 from jetsplit.errors import ConfigError, JetsplitError
 from jetsplit.protocol import Kind
+from jetsplit.server import defence_memory
 from jetsplit.server.engine import Engine
 from jetsplit.server.replanning import Replanner
 from jetsplit.server.settings import Settings
@@ -235,7 +236,8 @@ def _save(directory: Path, round_: int, settings: Settings, trainer: Trainer,
     from jetsplit.server.checkpoint import save_checkpoint
 
     arrays, method_meta = method.checkpoint()
-    arrays = {**arrays, "trainer/torch_rng": torch.get_rng_state().numpy()}
+    defences, defence_arrays = defence_memory.snapshot(trainer)
+    arrays = {**arrays, **defence_arrays, "trainer/torch_rng": torch.get_rng_state().numpy()}
     engine = trainer.engine
     meta = {
         "settings": settings.__dict__, "bundle_sha256": trainer.shipper.sha256,
@@ -243,6 +245,7 @@ def _save(directory: Path, round_: int, settings: Settings, trainer: Trainer,
         "method": method_meta, "bytes": engine.counters.snapshot(),
         "missed": [m.__dict__ for m in engine.registry.missed],
         "cuts": dict(sorted(trainer.cuts.items())),  # as re-planned (server/replanning.py)
+        **defences,  # who is left out, benched or bounded, and on what evidence
     }
     save_checkpoint(directory, round_, meta, arrays, archive)
 
@@ -276,6 +279,7 @@ def _restore(saved: Any, settings: Settings, trainer: Trainer, method: Any) -> N
         for agent, cut in (meta.get("cuts") or {}).items():  # a re-planned run's cuts
             if trainer.cut(str(agent)) != cut:
                 trainer.set_cut(str(agent), cut)
+        defence_memory.restore(trainer, meta, saved.arrays)
     except (KeyError, TypeError, ValueError, RuntimeError, ConfigError) as exc:
         raise CheckpointError(f"checkpoint state is damaged: {exc}") from None
     method.restore({k: v for k, v in saved.arrays.items() if not k.startswith("trainer/")},
