@@ -205,11 +205,13 @@ def _quantity(
 
 def dirichlet_draw(rng: np.random.Generator, alpha: np.ndarray) -> np.ndarray:
     """One draw of Dir(`alpha`): bit for bit what `rng.dirichlet(alpha)` gives on numpy
-    1.25 and later, and the same on every numpy a device may run. Where every α < 0.1 numpy
-    breaks a stick with Beta draws, and numpy before 1.25 (JetPack 5's) handled Beta draws
-    that underflow differently: under concentrations below about 0.003 two agents on two
-    numpy versions cut different, overlapping shards of one partition. Built on `random()`
-    and `standard_gamma()`, whose streams are the same on both."""
+    2.1 and later, and the same on every numpy a device may run. Where every α < 0.1 numpy
+    breaks a stick with Beta draws, and its Beta draws where a power underflows changed
+    twice: numpy 1.26 kept a draw that numpy 1.24 and 1.25 (JetPack 5's) rejected, so later
+    draws shift, and numpy 2.1 changed the value such a draw gives. Under concentrations
+    below about 0.003 two agents on two numpy versions cut different, overlapping shards
+    of one partition. Built on `random()` and `standard_gamma()`, whose streams are the
+    same on all of them."""
     alphas = [float(a) for a in alpha]
     k = len(alphas)
     if max(alphas) >= 0.1:  # normalised Gamma draws
@@ -234,7 +236,7 @@ def dirichlet_draw(rng: np.random.Generator, alpha: np.ndarray) -> np.ndarray:
 
 
 def _beta_draw(rng: np.random.Generator, a: float, b: float) -> float:
-    """Beta(a, b) as numpy 1.25 and later draw it: Jöhnk's method for a, b ≤ 1, in log space
+    """Beta(a, b) as numpy 2.1 and later draw it: Jöhnk's method for a, b ≤ 1, in log space
     where a power underflows; a ratio of Gamma draws otherwise."""
     if a > 1.0 or b > 1.0:
         ga = float(rng.standard_gamma(a))
@@ -248,8 +250,10 @@ def _beta_draw(rng: np.random.Generator, a: float, b: float) -> float:
                 return x / (x + y)
             log_x, log_y = math.log(u) / a, math.log(v) / b
             top = max(log_x, log_y)
-            log_x, log_y = log_x - top, log_y - top
-            return math.exp(log_x - math.log(math.exp(log_x) + math.exp(log_y)))
+            log_x, log_y = log_x - top, log_y - top  # one of them is 0: log1p of the other
+            if log_x == 0.0:
+                return math.exp(-math.log1p(math.exp(log_y)))
+            return math.exp(log_x - math.log1p(math.exp(log_x)))
 
 
 def _ampere(y: np.ndarray, k: int, concentration: float, rng: np.random.Generator
