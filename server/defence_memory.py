@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from jetsplit.server.finite import finite
+
 if TYPE_CHECKING:
     from jetsplit.server.aggregation import Arrays
     from jetsplit.server.trainer import Trainer
@@ -106,7 +108,7 @@ def _restore_consistency(trainer: Trainer, saved: Mapping[str, Any],
     consistency.inconsistent = {_name(a): _text(why) for a, why in
                                 _mapping(saved["inconsistent"], "inconsistent").items()}
     consistency.against = _counts(saved["against"], "against")
-    want = (consistency.classes, DIMS)
+    want, device = (consistency.classes, DIMS), trainer.device
     for i, entry in enumerate(_list(saved["shapes"], "label check shapes")):
         shape_list, agents = _list(entry, "label check shape", 2)
         shape = _shape(shape_list)
@@ -116,7 +118,6 @@ def _restore_consistency(trainer: Trainer, saved: Mapping[str, Any],
             if sums.shape != want or counts.shape != want[:1] or not (
                     np.isfinite(sums).all() and np.isfinite(counts).all()):
                 raise ValueError(f"label check sums of {agent!r}: wrong shape or not finite")
-            device = trainer.device
             consistency.sums.setdefault(shape, {})[_name(agent)] = torch.from_numpy(
                 sums.copy()).to(device)
             consistency.counts.setdefault(shape, {})[_name(agent)] = torch.from_numpy(
@@ -151,10 +152,10 @@ def _text(value: Any) -> str:
 
 
 def _number(value: Any, low: float = -math.inf) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-            math.isfinite(value) and value >= low):
+    number = finite(value, low)
+    if number is None:
         raise ValueError(f"bad number {str(value)[:40]!r}")
-    return float(value)
+    return number
 
 
 def _counts(value: Any, what: str) -> dict[str, int]:

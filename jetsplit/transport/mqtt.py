@@ -337,7 +337,6 @@ class MqttEndpoint:
                                            for topic in self.subscriptions}
             if not self._pending_subscriptions:
                 self.subscribed.set()
-        with self._lock:
             self.connects += 1
             count = self.connects
         self.protocol = "5" if client.protocol == 5 else "3.1.1"
