@@ -39,9 +39,9 @@ fast: setup
 	$(PY) -m pytest -q -m fast
 
 # Mutation testing, outside `make test`: cosmic-ray mutates the code in place, one mutant at
-# a time, and runs the fast tests against each (configs in mutation/; MUTATION=aggregation
+# a time, and runs the fast tests against each (configs in mutation/; MUTATION=aggregators
 # runs one). Sessions and the survivors' report land in runs/mutation/.
-MUTATION ?= aggregation aggregators algorithm_math completions tiers partition
+MUTATION ?= aggregators algorithm_math completions tiers partition
 mutation: setup
 	$(PIP) install --quiet "cosmic-ray>=8.7,<9"
 	@mkdir -p runs/mutation
@@ -80,7 +80,7 @@ device-check: setup
 # CUDA against CPU, method by method, on a machine with a GPU (skipped where torch sees none),
 # then the server step's CPU/CUDA ratio.
 cuda-check: setup
-	$(PY) -m pytest -q -o addopts= tests/server/test_cuda.py -rs
+	$(PY) -m pytest -q -o addopts= tests/server/training/test_cuda.py -rs
 	$(PY) benchmarks/bench_server.py
 
 clean:

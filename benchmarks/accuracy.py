@@ -22,8 +22,8 @@ from pathlib import Path
 
 from method_matrix import mean_spread  # benchmarks/ is on sys.path when run as a script
 
-from jetsplit.server.settings import Settings
-from jetsplit.server.simulate import simulate
+from jetsplit.server.run.simulate import simulate
+from jetsplit.server.training.settings import Settings
 
 METHODS = ["fedavg", "splitfed-v1", "splitfed-v2", "psl", "scala", "ca-sfl", "lla-sfl",
            "gapsl"]

@@ -3,7 +3,7 @@
 A 4-device emulated fleet (2 × jetson-nano-4gb, 2 × orin-nx-16gb; PSL, VGG-11 on MNIST,
 dirichlet:0.5). After round 4, a0 (a Nano) loses most of its uplink (50 → 2 Mbit/s,
 downlink 20) and a1 (an Orin NX) drops to a 10 W mode (compute halved). Two emulated
-trials per seed, identical but for `replan`: on (server/replanning.py) and off (the cuts
+trials per seed, identical but for `replan`: on (server/cuts/replanning.py) and off (the cuts
 planned before round 1 throughout). Printed per seed, then the mean:
 
 - the mean training round wall time from the change on, for each, and their ratio (goal
@@ -21,7 +21,7 @@ planned before round 1 throughout). Printed per seed, then the mean:
 row) instead of measured times: the decision no longer waits for the medians to turn or
 depends on this machine's load; round times are measured either way.
 Traces are written per run as TOML (edge_agent/traces.py). Emulated compute is dilated to
-this machine's speed (server/trial.py), so the plan, and which scenario pays, depend on the
+this machine's speed (server/run/trial.py), so the plan, and which scenario pays, depend on the
 machine: the printed prediction says what this one expects.
 
     .venv/bin/python benchmarks/bench_adaptive.py [--rounds 12] [--seeds 0 1 2] [--recover]
@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from jetsplit.server.trial import TrialSpec, run_trial
+from jetsplit.server.run.trial import TrialSpec, run_trial
 
 PROFILES = ["jetson-nano-4gb", "orin-nx-16gb"]  # cycled over 4 agents
 CHANGE = 5  # the first round under the new conditions (0-based: "after round 4")

@@ -21,12 +21,12 @@ import time
 from pathlib import Path
 
 from jetsplit.data import load_dataset_split
-from jetsplit.server.brokers import MosquittoProcess
-from jetsplit.server.bundle_shipping import prepare_bundle
-from jetsplit.server.config import ModelSection, ServerConfig
-from jetsplit.server.mqtt_engine import MqttEngine
-from jetsplit.server.round_loop import run_training
-from jetsplit.server.settings import Settings
+from jetsplit.server.engines.mqtt import MqttEngine
+from jetsplit.server.ops.brokers import MosquittoProcess
+from jetsplit.server.run.assembly import prepare_bundle
+from jetsplit.server.run.config import ModelSection, ServerConfig
+from jetsplit.server.run.round_loop import run_training
+from jetsplit.server.training.settings import Settings
 
 MB = 1 << 20
 

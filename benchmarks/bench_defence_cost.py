@@ -1,9 +1,9 @@
 """What the coordinator's per-step and per-average defences cost, side by side in one process.
 
-The label check (server/label_consistency.py) runs at every split step: a projection, sums
+The label check (server/defences/label_check.py) runs at every split step: a projection, sums
 per label, a median per class and the verdicts. It is timed against the server step it rides
 on (forward, backward and update of the server block on every device's activations). The
-direction check (server/update_direction.py) runs at every average of uploads: each
+direction check (server/defences/update_direction.py) runs at every average of uploads: each
 device's update against the coordinate-wise median update. It is timed against the average
 itself (`aggregators.aggregate` under `mean` with the outlier bound, the default), and that
 average against the mean alone (`none`). The
@@ -35,11 +35,11 @@ import torch
 from jetsplit.models.split import split
 from jetsplit.models.weights import to_arrays
 from jetsplit.models.zoo import build_model
-from jetsplit.server.aggregators import AGGREGATORS, DEFAULT_OUTLIER_BOUND, aggregate
-from jetsplit.server.algorithms.scala_math import scala_server_step
-from jetsplit.server.influence import gradient_norm
-from jetsplit.server.label_consistency import LabelConsistency
-from jetsplit.server.update_direction import UpdateDirection
+from jetsplit.server.defences.aggregators import AGGREGATORS, DEFAULT_OUTLIER_BOUND, aggregate
+from jetsplit.server.defences.label_check import LabelConsistency
+from jetsplit.server.defences.step_bounds import gradient_norm
+from jetsplit.server.defences.update_direction import UpdateDirection
+from jetsplit.server.methods.scala_math import scala_server_step
 
 
 def timed(pairs: list[tuple[Callable[[], object], list[float]]], repeats: int) -> None:

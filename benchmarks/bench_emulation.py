@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from jetsplit.profiles import resolve_profile
-from jetsplit.server.trial import TrialSpec, run_trial
+from jetsplit.server.run.trial import TrialSpec, run_trial
 
 NANO, ORIN = "jetson-nano-4gb", "orin-nx-16gb"
 

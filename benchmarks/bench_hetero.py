@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from jetsplit.server.trial import TrialSpec, run_trial
+from jetsplit.server.run.trial import TrialSpec, run_trial
 
 FLEETS = {
     "demo": ["jetson-nano-4gb", "orin-nx-16gb"],  # cycled over 4 agents: 2 + 2

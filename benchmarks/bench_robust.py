@@ -63,12 +63,12 @@ from typing import Any, NamedTuple
 
 from method_matrix import add_run_options, mean_spread  # benchmarks/ is on sys.path
 
-from jetsplit.server.divergence import Diverged
-from jetsplit.server.report import load_run
-from jetsplit.server.report_defences import limited_rounds
-from jetsplit.server.settings import Settings
-from jetsplit.server.simulate import simulate
-from jetsplit.server.trainer import RoundFailed
+from jetsplit.server.report.defences import limited_rounds
+from jetsplit.server.report.document import load_run
+from jetsplit.server.run.simulate import simulate
+from jetsplit.server.training.divergence import Diverged
+from jetsplit.server.training.settings import Settings
+from jetsplit.server.training.trainer import RoundFailed
 
 ATTACKS = ("scale:1000", "signflip", "noise:1", "labelflip", "activation-scale:1000000",
            "size-lie:1000000000", "histogram-lie")

@@ -42,12 +42,12 @@ import psutil
 import torch
 
 from jetsplit.data import load_dataset_split
-from jetsplit.server.brokers import MosquittoProcess
-from jetsplit.server.bundle_shipping import prepare_bundle
-from jetsplit.server.config import load_server_config
-from jetsplit.server.engine import Command
-from jetsplit.server.mqtt_engine import MqttEngine
-from jetsplit.server.round_loop import run_training
+from jetsplit.server.engines.mqtt import MqttEngine
+from jetsplit.server.engines.seam import Command
+from jetsplit.server.ops.brokers import MosquittoProcess
+from jetsplit.server.run.assembly import prepare_bundle
+from jetsplit.server.run.config import load_server_config
+from jetsplit.server.run.round_loop import run_training
 
 FIXED_SELECTED = 5
 AGENTS_PER_HOST = 100

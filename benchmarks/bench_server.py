@@ -25,8 +25,8 @@ import torch
 
 from jetsplit.devices import torch_threads
 from jetsplit.models import ModelSpec, build_model, split
-from jetsplit.server.algorithms.scala_math import scala_server_step
-from jetsplit.server.compute import autocast, to_device, to_host
+from jetsplit.server.methods.scala_math import scala_server_step
+from jetsplit.server.training.placement import autocast, to_device, to_host
 
 
 def step_ms(server: torch.nn.Module, device: torch.device, acts: list[np.ndarray],

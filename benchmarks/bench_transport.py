@@ -53,13 +53,13 @@ from jetsplit.edge_agent.config import AgentConfig, DataSection
 from jetsplit.edge_agent.worker_factory import build_worker
 from jetsplit.export.bundle_writer import write_bundle
 from jetsplit.models import ModelSpec, build_model, split
-from jetsplit.server.algorithms.psl import PSL
-from jetsplit.server.brokers import EmbeddedBroker, MosquittoProcess
-from jetsplit.server.bundle_shipping import BundleShipper
-from jetsplit.server.engine import Command, InProcessEngine, Outcome
-from jetsplit.server.mqtt_engine import MqttEngine
-from jetsplit.server.settings import Settings
-from jetsplit.server.trainer import Trainer
+from jetsplit.server.cuts.shipping import BundleShipper
+from jetsplit.server.engines.mqtt import MqttEngine
+from jetsplit.server.engines.seam import Command, InProcessEngine, Outcome
+from jetsplit.server.methods.psl import PSL
+from jetsplit.server.ops.brokers import EmbeddedBroker, MosquittoProcess
+from jetsplit.server.training.settings import Settings
+from jetsplit.server.training.trainer import Trainer
 from jetsplit.transport.mqtt import EndpointOptions, MqttEndpoint
 from jetsplit.wire import CODECS, COMPRESSIONS, Message, MessageType, decode_message, encode_message
 

@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from jetsplit.server.settings import Settings
-from jetsplit.server.simulate import sherl_topology, simulate
+from jetsplit.server.run.simulate import sherl_topology, simulate
+from jetsplit.server.training.settings import Settings
 
 METHODS = ("splitfed-v1", "scala", "ampere", "sherl")
 CLAIMS = {"ampere": "0.9–11.7% of SplitFed's bytes, accuracy equal or better",

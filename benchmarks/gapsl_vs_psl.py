@@ -35,9 +35,9 @@ from pathlib import Path
 from method_matrix import add_run_options, finished, mean_spread  # benchmarks/ on sys.path
 
 from jetsplit.catalog import NAMES
-from jetsplit.server.divergence import Diverged
-from jetsplit.server.settings import Settings
-from jetsplit.server.simulate import simulate
+from jetsplit.server.run.simulate import simulate
+from jetsplit.server.training.divergence import Diverged
+from jetsplit.server.training.settings import Settings
 
 METHODS = ("psl", "gapsl")
 PAPER_GAIN_POINTS = 16.0  # GAPSL paper, Table II: CIFAR-10, VGG-16, non-IID

@@ -7,7 +7,7 @@ included (0.01; PSL and GAPSL 0.003; SHeRL-FL Adam at 1e-3), SHeRL-FL with one e
 serving every agent. Prints one table, method × partition, of the mean ±
 spread (population std) of the final accuracy over the seeds, with the command line that
 produced it. Every method is iterated from `jetsplit.catalog.NAMES`, so a new method shows
-up here without an edit. `tests/server/test_method_matrix.py` is the fast check in
+up here without an edit. `tests/server/methods/test_method_matrix.py` is the fast check in
 `make test`; this is the measurement.
 
 Run: `.venv/bin/python benchmarks/method_matrix.py [--methods ...] [--seeds 0 1 2]
@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 
 from jetsplit.catalog import NAMES
-from jetsplit.server.divergence import Diverged
-from jetsplit.server.settings import Settings
-from jetsplit.server.simulate import sherl_topology, simulate
+from jetsplit.server.run.simulate import sherl_topology, simulate
+from jetsplit.server.training.divergence import Diverged
+from jetsplit.server.training.settings import Settings
 
 
 def main() -> int:
@@ -125,7 +125,7 @@ def add_run_options(parser: argparse.ArgumentParser, *, agents: int = 10, rounds
     parser.add_argument("--batch", type=int, default=batch)
     parser.add_argument("--lr", type=float, default=lr,
                         help="every method's rate (default: each method's own, "
-                             "server/optim.py)" if lr is None else None)
+                             "server/training/optimisers.py)" if lr is None else None)
     parser.add_argument("--model", default=model)
     parser.add_argument("--split", type=int, default=split)
     parser.add_argument("--dataset", default=dataset)

@@ -61,15 +61,15 @@ import jetsplit.edge_agent.edge  # noqa: F401 - loaded up front: a long run must
 import jetsplit.edge_agent.worker  # noqa: F401 - code that changed on disk since it started
 import jetsplit.export.planner  # noqa: F401
 import jetsplit.profiles  # noqa: F401
-import jetsplit.server.engine  # noqa: F401
-import jetsplit.server.optim  # noqa: F401
+import jetsplit.server.engines.seam  # noqa: F401
+import jetsplit.server.training.optimisers  # noqa: F401
 from jetsplit.catalog import NAMES
 from jetsplit.data import load_dataset_split
 from jetsplit.export.bundle_writer import write_bundle
 from jetsplit.models import ModelSpec
-from jetsplit.server.algorithms import method_class
-from jetsplit.server.settings import Settings
-from jetsplit.server.simulate import sherl_topology, simulate
+from jetsplit.server.methods import method_class
+from jetsplit.server.run.simulate import sherl_topology, simulate
+from jetsplit.server.training.settings import Settings
 
 for _name in NAMES:  # every method's module, loaded up front as the modules above
     method_class(_name)

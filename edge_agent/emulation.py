@@ -59,7 +59,7 @@ class DeviceClock:
         self.compute_s = 0.0
         self.compute_wall_s = 0.0  # what compute really took here (emulation fidelity)
         self.transfer_s = 0.0
-        # per direction, for the coordinator's live link estimates (server/live_estimates.py)
+        # per direction, for the coordinator's live link estimates (server/fleet/live_estimates.py)
         self.transfer_dir_s = {"up": 0.0, "down": 0.0}
         self.bytes_dir = {"up": 0, "down": 0}
         self.setup_s = 0.0  # one-time setup inside commands, never stretched (see `setup`)

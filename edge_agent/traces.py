@@ -32,7 +32,7 @@ MAX_ROWS = 10_000
 MAX_TRACE_BYTES = 1 << 20
 FIELDS = ("round", "seconds", "compute", "uplink_mbps", "downlink_mbps", "power_mode")
 # The largest stated condition of each kind (each is over 0): what a trace may set, and what
-# the coordinator takes from an emulated agent's books (server/fleet_books.py).
+# the coordinator takes from an emulated agent's books (server/fleet/books.py).
 LIMITS = {"compute": 100.0, "uplink_mbps": 1e6, "downlink_mbps": 1e6}
 
 

@@ -82,7 +82,7 @@ def requires_common_split(algorithm: Algorithm) -> bool:
     (FedAvg trains the whole model everywhere). Every split method trains per-device cuts:
     the SplitFed family's coordinator completes a shallow device's activations up to the
     server cut with its own copies of the missing layers and averages every copy of a layer
-    (server/completions.py); Ampere's device k trains layers 1..p_k with an aux head built for
+    (server/cuts/completions.py); Ampere's device k trains layers 1..p_k with an aux head built for
     p_k, layers are averaged over the devices that hold them, and the coordinator carries a
     shallow device's one-shot upload to the deepest cut through the global layers."""
     return algorithm.common_cut

@@ -4,10 +4,10 @@ Config validation, the CLI's choices, the split planner, the bundle roles, the o
 presets and the coordinator's method factory all read this table; nothing else names a
 method. It imports neither torch nor the coordinator, so the planner (``jetsplit export
 plan``) and the device side can read it. Adding a method is one file under
-``server/algorithms/`` plus one entry here.
+``server/methods/`` plus one entry here.
 
-A method's implementation is named as ``"module:Class"`` under ``jetsplit.server.algorithms``
-and loaded only by the coordinator (``jetsplit.server.algorithms.build_method``).
+A method's implementation is named as ``"module:Class"`` under ``jetsplit.server.methods``
+and loaded only by the coordinator (``jetsplit.server.methods.build_method``).
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ class MethodEntry:
 
     name: str
     summary: str
-    implementation: str  # "module:Class" under jetsplit.server.algorithms
+    implementation: str  # "module:Class" under jetsplit.server.methods
     splits: bool = True  # False: the whole model trains on the device (FedAvg)
     tiers: int = 2  # 3: client, edge and cloud (SHeRL-FL)
     client_content: str = CLIENT_BLOCK  # what a client device runs (CLIENT_CONTENTS)
@@ -115,7 +115,7 @@ class MethodEntry:
     @property
     def replans(self) -> bool:
         """Whether live re-planning may move its devices' cuts between rounds
-        (server/replanning.py): split methods with per-device cuts (Ampere in its device
+        (server/cuts/replanning.py): split methods with per-device cuts (Ampere in its device
         phase only, its method says when). FedAvg and SHeRL-FL train one common cut."""
         return self.splits and not self.common_cut
 

@@ -85,13 +85,13 @@ def build_app(device: bool = False) -> typer.Typer:
         app.command("profile", help=PROFILE_HELP)(profile)
         return app
     from jetsplit.export.cli import app as export_app
-    from jetsplit.server.broker_cli import broker
-    from jetsplit.server.fleet_cli import app as fleet_app
-    from jetsplit.server.provision import provision_command
-    from jetsplit.server.report import report_command
-    from jetsplit.server.run_cli import app as server_app
-    from jetsplit.server.simulate import simulate_command
-    from jetsplit.server.trial import trial_command
+    from jetsplit.server.fleet.provision import provision_command
+    from jetsplit.server.ops.broker_cli import broker
+    from jetsplit.server.report.document import report_command
+    from jetsplit.server.run.fleet_cli import app as fleet_app
+    from jetsplit.server.run.server_run import app as server_app
+    from jetsplit.server.run.simulate import simulate_command
+    from jetsplit.server.run.trial import trial_command
 
     app.add_typer(export_app, name="export", help="Cost model, split planner, bundles, engines.")
     app.command("profile", help=PROFILE_HELP)(profile)

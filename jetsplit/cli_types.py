@@ -29,3 +29,23 @@ def parse_shape(text: str, *, flag: str = "--input-shape") -> tuple[int, int, in
     """A per-sample image shape ``C,H,W`` (e.g. ``1,28,28`` for MNIST)."""
     c, h, w = parse_ints(text, flag=flag, count=3)
     return c, h, w
+
+
+def check_port(port: int | None, flag: str) -> None:
+    """A TCP port flag: 0 (any free port) to 65535."""
+    if port is not None and not 0 <= port <= 65535:
+        raise ConfigError(f"{flag}: {port} is not a TCP port (0-65535)")
+
+
+def parse_agent_options(options: list[str], flag: str, what: str, example: str
+                        ) -> dict[str, str]:
+    """Repeated `FLAG AGENT=WHAT` options as {agent: value}; a malformed or repeated one is
+    one line showing `example`."""
+    values: dict[str, str] = {}
+    for option in options:
+        agent, sep, value = option.partition("=")
+        if not sep or not agent or not value or agent in values:
+            raise ConfigError(f"{flag} {option!r}: write AGENT={what} (e.g. {example}), "
+                              f"once per agent")
+        values[agent] = value
+    return values

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from jetsplit.edge_agent.attacks import ALLOW_ENV
-from jetsplit.server.brokers import MosquittoProcess
+from jetsplit.server.ops.brokers import MosquittoProcess
 
 # Test helpers that are not part of the installed package (the wire fuzzer): importable as
 # top-level modules from the checkout's testing/ folder (that folder, not the checkout root:
@@ -159,7 +159,7 @@ def run_in_process(fleet: AgentFleet, config: Path, out: Path, *, threads: int =
     pin agent and server compute, so any count must give the same bits); the run lands
     in `out`, its bundle beside it. `settings` replaces fields of the config's training
     settings (e.g. a private activation_dir); `cuts` and `server_cut` are what the MQTT run
-    planned (the same run assembly as `jetsplit server run`, server/run_assembly.py), and
+    planned (the same run assembly as `jetsplit server run`, server/run/assembly.py), and
     with `[train] replan = "on"` the same re-planner reads the same fleet books."""
     from dataclasses import replace
 
@@ -168,12 +168,11 @@ def run_in_process(fleet: AgentFleet, config: Path, out: Path, *, threads: int =
     from jetsplit.data import load_dataset_split
     from jetsplit.edge_agent.config import load_agent_config
     from jetsplit.edge_agent.worker_factory import build_worker
-    from jetsplit.server.bundle_shipping import prepare_bundle
-    from jetsplit.server.config import load_server_config
-    from jetsplit.server.cut_planning import fleet_replanner
-    from jetsplit.server.engine import InProcessEngine
-    from jetsplit.server.fleet_books import FleetBooks
-    from jetsplit.server.run_assembly import RunSpec, execute
+    from jetsplit.server.cuts.planning import fleet_replanner
+    from jetsplit.server.engines.seam import InProcessEngine
+    from jetsplit.server.fleet.books import FleetBooks
+    from jetsplit.server.run.assembly import RunSpec, execute, prepare_bundle
+    from jetsplit.server.run.config import load_server_config
 
     before = torch.get_num_threads()
     try:

@@ -15,9 +15,9 @@ from jetsplit.cli import main
 from jetsplit.edge_agent.attacks import ALLOW_ENV
 from jetsplit.models.weights import to_arrays
 from jetsplit.protocol import Kind
-from jetsplit.server import engine as engine_module
-from jetsplit.server.settings import Settings
-from jetsplit.server.simulate import simulate
+from jetsplit.server.engines import seam as engine_module
+from jetsplit.server.run.simulate import simulate
+from jetsplit.server.training.settings import Settings
 
 SIMULATE = ["simulate", "--algorithm", "splitfed-v1", "--model", "mobilenetv3-small",
             "--dataset", "digits", "--agents", "3", "--rounds", "1", "--local-steps", "2"]

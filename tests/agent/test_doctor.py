@@ -9,7 +9,7 @@ import pytest
 
 from jetsplit.cli import main
 from jetsplit.edge_agent.doctor import checks, jetpack_release
-from jetsplit.server.brokers import MosquittoProcess, free_port
+from jetsplit.server.ops.brokers import MosquittoProcess, free_port
 
 
 def test_jetpack_release_is_read_from_the_tegra_file(tmp_path: Path) -> None:

@@ -16,11 +16,11 @@ from jetsplit.export.bundle_writer import write_bundle
 from jetsplit.models import ModelSpec, build_model
 from jetsplit.models.weights import from_arrays
 from jetsplit.protocol import Kind
-from jetsplit.server.algorithms import build_method
-from jetsplit.server.bundle_shipping import BundleShipper
-from jetsplit.server.engine import Command, InProcessEngine
-from jetsplit.server.settings import Settings
-from jetsplit.server.trainer import Trainer
+from jetsplit.server.cuts.shipping import BundleShipper
+from jetsplit.server.engines.seam import Command, InProcessEngine
+from jetsplit.server.methods import build_method
+from jetsplit.server.training.settings import Settings
+from jetsplit.server.training.trainer import Trainer
 
 SPEC = ModelSpec("mobilenetv3-small", (1, 8, 8), 10)
 SPLIT = 2

@@ -8,7 +8,7 @@ from pathlib import Path
 
 def test_example_configs_stay_valid() -> None:
     from jetsplit.edge_agent.config import load_agent_config
-    from jetsplit.server.config import load_server_config
+    from jetsplit.server.run.config import load_server_config
 
     root = Path(__file__).resolve().parents[2] / "systemd"
     agent = load_agent_config(root / "agent.toml")

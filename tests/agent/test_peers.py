@@ -174,7 +174,7 @@ def test_an_agent_refuses_stray_and_forged_direct_messages_and_keeps_serving(
 
 @pytest.fixture(scope="module")
 def sherl_kits(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from jetsplit.server.provision import provision
+    from jetsplit.server.fleet.provision import provision
 
     out = tmp_path_factory.mktemp("kits") / "sh"
     provision("sh", ["a0", "a1", "a2", "e0", "e1"], out, edges={"e0": ["a0", "a1"],
@@ -184,7 +184,7 @@ def sherl_kits(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def sherl_broker(sherl_kits: Path) -> Iterator[object]:
-    from jetsplit.server.brokers import MosquittoProcess
+    from jetsplit.server.ops.brokers import MosquittoProcess
 
     with MosquittoProcess(provisioned=sherl_kits / "broker") as process:
         yield process

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from jetsplit.broker_url import BrokerAddress
-from jetsplit.server.brokers import MosquittoProcess
+from jetsplit.server.ops.brokers import MosquittoProcess
 from jetsplit.transport import COORDINATOR, Topics
 from jetsplit.transport.mqtt import EndpointOptions, MqttEndpoint
 from jetsplit.wire import Message, MessageType, encode_message

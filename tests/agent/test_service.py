@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from jetsplit.edge_agent.service import SystemdNotifier
-from jetsplit.server.brokers import MosquittoProcess
+from jetsplit.server.ops.brokers import MosquittoProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 UNITS = ["jetsplit-agent.service", "jetsplit-coordinator.service"]

@@ -137,7 +137,7 @@ def test_module_sample_and_status_reply_carry_telemetry() -> None:
     from jetsplit.data import ArrayDataset
     from jetsplit.edge_agent.telemetry import sample
     from jetsplit.edge_agent.worker import AgentWorker
-    from jetsplit.server.engine import Command, InProcessEngine
+    from jetsplit.server.engines.seam import Command, InProcessEngine
 
     assert {"rss_mb", "mem_available_mb", "gpu", "gpu_note"} <= set(sample())
     data = ArrayDataset(np.zeros((4, 1, 8, 8), np.float32), np.arange(4, dtype=np.int64),

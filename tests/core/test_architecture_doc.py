@@ -1,6 +1,6 @@
 """docs/architecture.md stays complete: every module of the four source rooms (`server/`,
 `edge_agent/`, `export/`, `jetsplit/`, subpackages included; `__init__.py` aside) is named on
-it by its path from the repository root, e.g. `server/trainer.py`, and so is every
+it by its path from the repository root, e.g. `server/training/trainer.py`, and so is every
 subpackage folder, e.g. `jetsplit/wire/`. A module added without its line fails here."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def modules() -> list[str]:
 
 
 def packages() -> list[str]:
-    """Every subpackage folder below a room's top (`jetsplit/wire/`, `server/algorithms/`)."""
+    """Every subpackage folder below a room's top (`jetsplit/wire/`, `server/methods/`)."""
     return sorted(p.parent.relative_to(ROOT).as_posix() + "/" for room in ROOMS
                   for p in (ROOT / room).rglob("__init__.py")
                   if p.parent != ROOT / room and "__pycache__" not in p.parts)
@@ -49,18 +49,20 @@ def test_the_page_names_every_module_and_package() -> None:
 def test_the_check_sees_every_room_and_catches_a_missing_line() -> None:
     found = modules()
     assert len(found) >= 100
-    for path in ("server/trainer.py", "server/round_loop.py", "server/algorithms/scala.py",
+    for path in ("server/training/trainer.py", "server/run/round_loop.py",
+                 "server/methods/scala.py",
                  "edge_agent/worker.py", "export/planner.py", "jetsplit/catalog.py",
                  "jetsplit/wire/envelope.py", "jetsplit/runtimes/tensorrt_runtime.py"):
         assert path in found
-    assert "server/algorithms/" in packages() and "jetsplit/wire/" in packages()
+    assert "server/methods/" in packages() and "jetsplit/wire/" in packages()
     assert not any(p.endswith("__init__.py") for p in found)
 
     text = PAGE.read_text(encoding="utf-8")
     without = "\n".join(line for line in text.splitlines()
-                        if "`server/trainer.py`" not in line and "`jetsplit/wire/`" not in line)
-    assert {"server/trainer.py", "jetsplit/wire/"} <= set(unnamed(without))
+                        if "`server/training/trainer.py`" not in line
+                        and "`jetsplit/wire/`" not in line)
+    assert {"server/training/trainer.py", "jetsplit/wire/"} <= set(unnamed(without))
     # a path inside a longer one does not count
-    assert not _named("server/trainer.py", "`tests/server/trainer.py`")
-    assert not _named("server/report.py", "`server/report.pyc`")
-    assert _named("server/engine.py", "see `server/engine.py`.")
+    assert not _named("server/training/trainer.py", "`tests/server/trainer.py`")
+    assert not _named("server/report/document.py", "`server/report/document.pyc`")
+    assert _named("server/engines/seam.py", "see `server/engines/seam.py`.")

@@ -35,11 +35,11 @@ def test_each_method_name_is_written_in_the_catalog_and_its_own_file_only() -> N
                     where[value].add(rel)
     for name, files in where.items():
         module = catalog.method(name).implementation.split(":")[0]
-        assert files == {"jetsplit/catalog.py", f"server/algorithms/{module}.py"}, name
+        assert files == {"jetsplit/catalog.py", f"server/methods/{module}.py"}, name
 
 
 def test_every_entry_names_a_class_that_answers_to_it() -> None:
-    from jetsplit.server.algorithms import method_class
+    from jetsplit.server.methods import method_class
 
     for name, entry in catalog.METHODS.items():
         assert method_class(name).name == name
@@ -55,8 +55,8 @@ def test_every_entry_names_a_class_that_answers_to_it() -> None:
 
 def test_the_planner_and_presets_read_the_catalog() -> None:
     from jetsplit.export.planner import ALGORITHMS, NOT_PLANNED, requires_common_split
-    from jetsplit.server.optim import reduction, tier_optimizer
-    from jetsplit.server.settings import Settings
+    from jetsplit.server.training.optimisers import reduction, tier_optimizer
+    from jetsplit.server.training.settings import Settings
 
     assert set(ALGORITHMS) == {n for n, e in catalog.METHODS.items()
                                if e.planner_proxy is None and e.tiers == 2}
@@ -69,7 +69,7 @@ def test_the_planner_and_presets_read_the_catalog() -> None:
 
 
 def test_a_config_rejects_another_methods_options_in_one_line(tmp_path: Path) -> None:
-    from jetsplit.server.config import load_server_config
+    from jetsplit.server.run.config import load_server_config
 
     path = tmp_path / "server.toml"
     path.write_text('[train]\nalgorithm = "scala"\nk_min = 0.3\n')
@@ -92,7 +92,7 @@ def test_the_catalog_imports_without_torch() -> None:
 def test_a_config_written_out_whole_still_loads(tmp_path: Path) -> None:
     """A run's config.toml holds every [train] key at its value: another method's options
     at their defaults are not a mistake."""
-    from jetsplit.server.config import ServerConfig, TrainSection
+    from jetsplit.server.run.config import ServerConfig, TrainSection
 
     whole = ServerConfig(train=TrainSection(algorithm="ampere", patience=3)).model_dump()
     again = ServerConfig.model_validate(whole)

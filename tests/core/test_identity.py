@@ -18,8 +18,8 @@ import pytest
 from jetsplit.broker_url import BrokerAddress
 from jetsplit.errors import ConfigError
 from jetsplit.identity import load_keyring, load_signer
-from jetsplit.server.brokers import MosquittoProcess
-from jetsplit.server.provision import provision
+from jetsplit.server.fleet.provision import provision
+from jetsplit.server.ops.brokers import MosquittoProcess
 from jetsplit.transport.mqtt import EndpointOptions, MqttEndpoint
 from jetsplit.transport.settings import MqttSection
 from jetsplit.wire import Message, MessageType, decode_message, encode_message
@@ -135,7 +135,7 @@ def test_provisioned_sizes_land_in_the_coordinators_server_toml(tmp_path: Path) 
     """`--size` writes each device's size into the coordinator's starting server.toml,
     which loads as it stands: the kit's files and the sizes the claims are bounded by."""
     from jetsplit.cli import main as cli
-    from jetsplit.server.config import load_server_config
+    from jetsplit.server.run.config import load_server_config
 
     out = tmp_path / "odd \"name\""  # a path TOML has to escape
     assert cli(["provision", "--fleet", "f", "--agents", "a0,a1,a2", "--out", str(out),

@@ -105,16 +105,17 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_checker_sees_every_room_and_a_planted_circle() -> None:
     modules = _modules()
-    for name in ("jetsplit.catalog", "jetsplit.server.trainer", "jetsplit.server.round_loop",
+    for name in ("jetsplit.catalog", "jetsplit.server.training.trainer",
+                 "jetsplit.server.run.round_loop",
                  "jetsplit.edge_agent.worker", "jetsplit.export.planner",
-                 "jetsplit.server.algorithms.scala"):
+                 "jetsplit.server.methods.scala"):
         assert name in modules
     graph = import_graph(modules)
     # imports inside functions count: the method factory loads methods lazily by name,
     # but the trainer's lazy completions import is seen
-    assert "jetsplit.server.completions" in graph["jetsplit.server.trainer"]
+    assert "jetsplit.server.cuts.completions" in graph["jetsplit.server.training.trainer"]
     planted = {k: set(v) for k, v in graph.items()}
-    planted["jetsplit.catalog"].add("jetsplit.server.trainer")
+    planted["jetsplit.catalog"].add("jetsplit.server.training.trainer")
     assert any("jetsplit.catalog" in c for c in cycles(planted))
 
 

@@ -32,7 +32,8 @@ def test_every_package_folder_is_listed_under_its_jetsplit_name() -> None:
 def test_decoy_modules_in_the_working_directory_shadow_nothing(tmp_path: Path) -> None:
     for name in ("server", "export", "edge_agent"):
         (tmp_path / f"{name}.py").write_text("raise SystemExit('decoy imported')\n")
-    code = ("import jetsplit.server.trial, jetsplit.export.planner, jetsplit.edge_agent.daemon\n"
+    code = ("import jetsplit.server.run.trial, jetsplit.export.planner\n"
+            "import jetsplit.edge_agent.daemon\n"
             "import sys\n"
             "bare = sorted(m for m in sys.modules if m.split('.')[0] in "
             "('server', 'export', 'edge_agent'))\n"

@@ -14,11 +14,12 @@ import pytest
 from jetsplit.data import load_dataset_split
 from jetsplit.edge_agent.daemon import AgentDaemon
 from jetsplit.edge_agent.worker import AgentWorker
-from jetsplit.server.brokers import EmbeddedBroker, MosquittoProcess
-from jetsplit.server.bundle_shipping import BundleShipper, prepare_bundle
-from jetsplit.server.config import ServerConfig
-from jetsplit.server.engine import Command
-from jetsplit.server.mqtt_engine import MqttEngine
+from jetsplit.server.cuts.shipping import BundleShipper
+from jetsplit.server.engines.mqtt import MqttEngine
+from jetsplit.server.engines.seam import Command
+from jetsplit.server.ops.brokers import EmbeddedBroker, MosquittoProcess
+from jetsplit.server.run.assembly import prepare_bundle
+from jetsplit.server.run.config import ServerConfig
 from jetsplit.transport.mqtt import EndpointOptions
 from jetsplit.wire import Message, MessageType
 

@@ -11,7 +11,7 @@ from conftest import run_in_process, server_run
 from safetensors.numpy import load_file
 
 from jetsplit.models import ModelSpec
-from jetsplit.server.brokers import MosquittoProcess
+from jetsplit.server.ops.brokers import MosquittoProcess
 
 SPEC = ModelSpec("mobilenetv3-small", (1, 8, 8), 10)
 SPLIT = 2

@@ -20,9 +20,9 @@ from conftest import AgentFleet, kit_lines, run_in_process, run_weights, server_
 from jetsplit.edge_agent.attacks import ALLOW_ENV
 from jetsplit.edge_agent.config import load_agent_config
 from jetsplit.edge_agent.worker_factory import local_dataset
-from jetsplit.server.brokers import MosquittoProcess
-from jetsplit.server.provision import provision
-from jetsplit.server.report import write_report
+from jetsplit.server.fleet.provision import provision
+from jetsplit.server.ops.brokers import MosquittoProcess
+from jetsplit.server.report.document import write_report
 
 ATTACK = "activation-scale:1000000"
 

@@ -19,12 +19,12 @@ from jetsplit.edge_agent.worker import AgentWorker, Result
 from jetsplit.export.bundle_writer import write_bundle
 from jetsplit.models import ModelSpec
 from jetsplit.protocol import Kind
-from jetsplit.server.brokers import MosquittoProcess
-from jetsplit.server.bundle_shipping import BundleShipper
-from jetsplit.server.engine import Command, Engine, InProcessEngine
-from jetsplit.server.mqtt_engine import MqttEngine
-from jetsplit.server.settings import Settings
-from jetsplit.server.trainer import Trainer
+from jetsplit.server.cuts.shipping import BundleShipper
+from jetsplit.server.engines.mqtt import MqttEngine
+from jetsplit.server.engines.seam import Command, Engine, InProcessEngine
+from jetsplit.server.ops.brokers import MosquittoProcess
+from jetsplit.server.training.settings import Settings
+from jetsplit.server.training.trainer import Trainer
 
 BUNDLE_KINDS = (Kind.BUNDLE.value, Kind.BUNDLE_PART.value)
 
@@ -224,7 +224,7 @@ def test_retries_back_off_and_wait_for_the_downlink(mosquitto: MosquittoProcess)
     """A silent agent is re-sent a command after retry_s, then after 2x, 4x... (not every
     retry_s); a command whose bytes need longer on the agent's downlink is not re-sent
     before that. Counted in publishes, with generous margins (no timing is asserted)."""
-    from jetsplit.server.bundle_shipping import downlink_bytes_per_s
+    from jetsplit.server.cuts.shipping import downlink_bytes_per_s
 
     engine = MqttEngine(mosquitto.address, "retry", run_id="retry", retry_s=0.1).start(10)
     try:

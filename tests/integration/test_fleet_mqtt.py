@@ -14,12 +14,12 @@ import pytest
 from conftest import run_in_process, run_weights, server_run
 
 from jetsplit.data import load_dataset_split
-from jetsplit.server.brokers import MosquittoProcess
-from jetsplit.server.bundle_shipping import prepare_bundle
-from jetsplit.server.config import ModelSection, ServerConfig
-from jetsplit.server.mqtt_engine import MqttEngine
-from jetsplit.server.round_loop import run_training
-from jetsplit.server.settings import Settings
+from jetsplit.server.engines.mqtt import MqttEngine
+from jetsplit.server.ops.brokers import MosquittoProcess
+from jetsplit.server.run.assembly import prepare_bundle
+from jetsplit.server.run.config import ModelSection, ServerConfig
+from jetsplit.server.run.round_loop import run_training
+from jetsplit.server.training.settings import Settings
 
 
 @pytest.mark.parametrize(("algorithm", "agents", "rounds", "steps"),
@@ -166,7 +166,7 @@ def test_agents_shrug_off_garbage(mosquitto: MosquittoProcess, agent_fleet: Any,
             vandal.publish(topic, bad, qos=1).wait_for_publish(5)
         vandal.loop_stop()
         vandal.disconnect()
-        from jetsplit.server.engine import Command
+        from jetsplit.server.engines.seam import Command
 
         out = engine.send_and_receive({"a0": Command("status")}, deadline_s=120)
         assert out.agents == ["a0"], out.missed

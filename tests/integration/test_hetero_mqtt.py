@@ -10,7 +10,7 @@ from typing import Any
 
 from conftest import run_in_process, run_weights, server_run
 
-from jetsplit.server.brokers import MosquittoProcess
+from jetsplit.server.ops.brokers import MosquittoProcess
 
 
 def test_shallow_and_deep_agents_over_mqtt_match_in_process(

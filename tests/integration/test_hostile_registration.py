@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from jetsplit.profiles import resolve_profile
-from jetsplit.server.brokers import MosquittoProcess
+from jetsplit.server.ops.brokers import MosquittoProcess
 from jetsplit.transport import Topics
 from jetsplit.transport.mqtt import EndpointOptions, MqttEndpoint
 from jetsplit.wire import Message, MessageType

@@ -22,8 +22,8 @@ from conftest import kit_lines, run_in_process, run_weights
 
 from jetsplit.broker_url import BrokerAddress
 from jetsplit.identity import load_signer
-from jetsplit.server.brokers import MosquittoProcess
-from jetsplit.server.provision import provision
+from jetsplit.server.fleet.provision import provision
+from jetsplit.server.ops.brokers import MosquittoProcess
 from jetsplit.transport import Topics
 from jetsplit.transport.mqtt import MqttEndpoint
 from jetsplit.transport.settings import MqttSection

@@ -15,8 +15,8 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from jetsplit.errors import ConfigError
-from jetsplit.server.brokers import MosquittoProcess
-from jetsplit.server.provision import broker_max_packet, provision
+from jetsplit.server.fleet.provision import broker_max_packet, provision
+from jetsplit.server.ops.brokers import MosquittoProcess
 from jetsplit.transport import Topics
 from jetsplit.transport.topics import COORDINATOR
 
@@ -135,7 +135,7 @@ def test_the_fleet_cli_has_its_own_identity_beside_a_running_coordinator(
     `operator` certificate: it lists the fleet while the coordinator stays connected (on
     the coordinator's own certificate the broker would hand it the coordinator's session)."""
     from jetsplit.broker_url import BrokerAddress
-    from jetsplit.server.fleet_cli import FleetClient
+    from jetsplit.server.run.fleet_cli import FleetClient
     from jetsplit.transport.mqtt import MqttEndpoint
     from jetsplit.transport.settings import MqttSection
 

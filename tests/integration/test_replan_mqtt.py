@@ -15,7 +15,7 @@ from typing import Any
 
 from conftest import run_in_process, run_weights, server_run
 
-from jetsplit.server.brokers import MosquittoProcess
+from jetsplit.server.ops.brokers import MosquittoProcess
 
 PROFILES = {"a0": "jetson-nano-4gb", "a1": "orin-nx-16gb"}
 # the Nano's emulation: a quarter of its speed and a 5 Mbit/s uplink in rounds 1-2

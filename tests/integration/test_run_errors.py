@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from jetsplit.cli import main
-from jetsplit.server.brokers import MosquittoProcess, free_port
+from jetsplit.server.ops.brokers import MosquittoProcess, free_port
 
 
 def _one_error_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:

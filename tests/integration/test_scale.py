@@ -19,11 +19,11 @@ import torch
 from jetsplit.data import load_dataset_split
 from jetsplit.edge_agent.config import load_agent_config
 from jetsplit.edge_agent.host import FleetHost, hosted_indices
-from jetsplit.server.brokers import MosquittoProcess
-from jetsplit.server.bundle_shipping import prepare_bundle
-from jetsplit.server.config import load_server_config
-from jetsplit.server.mqtt_engine import MqttEngine
-from jetsplit.server.round_loop import run_training
+from jetsplit.server.engines.mqtt import MqttEngine
+from jetsplit.server.ops.brokers import MosquittoProcess
+from jetsplit.server.run.assembly import prepare_bundle
+from jetsplit.server.run.config import load_server_config
+from jetsplit.server.run.round_loop import run_training
 
 
 def _agent_toml(root: Path, url: str, fleet: str, clients: int) -> Path:
@@ -151,7 +151,7 @@ def test_trial_hosts_clients_by_profile_in_processes_of_at_most_n(tmp_path: Path
     config gives agent n the id, shard and seed its own process would have had."""
     from jetsplit.edge_agent.emulation import EmulationSection
     from jetsplit.edge_agent.host import hosted_config
-    from jetsplit.server.trial import TrialSpec, agent_config
+    from jetsplit.server.run.trial import TrialSpec, agent_config
 
     spec = TrialSpec(agents=11, agents_per_process=3, profiles=["p", "q"], seed=7)
     groups = spec.host_groups()

@@ -14,7 +14,7 @@ import pytest
 from conftest import run_in_process, server_run
 
 from jetsplit.protocol import Kind
-from jetsplit.server.brokers import MosquittoProcess
+from jetsplit.server.ops.brokers import MosquittoProcess
 
 # ---------------------------------------------------------------- contrastive loss
 
@@ -164,7 +164,7 @@ def test_sherl_with_a_site_broker_bridged_to_the_cloud(agent_fleet: Any, tmp_pat
     weights as the in-process run, and the client↔edge topics never cross the bridge: a
     subscriber on the cloud broker sees the fleet's up/, presence/ and down/ traffic but no
     direct message, while the site broker carried all of them."""
-    from jetsplit.server.brokers import site_bridge_conf
+    from jetsplit.server.ops.brokers import site_bridge_conf
 
     base = "jetsplit/v1/site"
     with MosquittoProcess() as cloud, \

@@ -15,7 +15,7 @@ import pytest
 
 from jetsplit.edge_agent.emulation import EmulationSection
 from jetsplit.profiles import resolve_profile
-from jetsplit.server.trial import TrialSpec, agent_config, emulations
+from jetsplit.server.run.trial import TrialSpec, agent_config, emulations
 
 ROOT = Path(__file__).resolve().parents[2]
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -11,7 +11,7 @@ import pytest
 
 from jetsplit.broker_url import parse_broker_url
 from jetsplit.errors import ConfigError
-from jetsplit.server.brokers import EmbeddedBroker, MosquittoProcess
+from jetsplit.server.ops.brokers import EmbeddedBroker, MosquittoProcess
 from jetsplit.wire import Message, MessageType, decode_message, encode_message
 
 

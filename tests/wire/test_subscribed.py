@@ -13,7 +13,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.reasoncodes import ReasonCode
 
 from jetsplit.broker_url import BrokerAddress
-from jetsplit.server.brokers import MosquittoProcess
+from jetsplit.server.ops.brokers import MosquittoProcess
 from jetsplit.transport.mqtt import EndpointOptions, MqttEndpoint
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from jetsplit.broker_url import BrokerAddress, parse_broker_url
 from jetsplit.errors import ConfigError
-from jetsplit.server.brokers import MosquittoProcess
+from jetsplit.server.ops.brokers import MosquittoProcess
 from jetsplit.transport.mqtt import EndpointOptions, MqttEndpoint, TlsOptions
 from jetsplit.wire import DEFAULT_CHUNK_BYTES, Message, MessageType, chunk_count, encode_message
 

@@ -18,10 +18,10 @@ from jetsplit.export.bundle_writer import write_bundle
 from jetsplit.models import ModelSpec
 from jetsplit.models.weights import to_arrays
 from jetsplit.protocol import Kind
-from jetsplit.server.engine import Command, InProcessEngine, command_message
-from jetsplit.server.round_loop import run_training
-from jetsplit.server.settings import Settings
-from jetsplit.server.trainer import RoundFailed, Trainer
+from jetsplit.server.engines.seam import Command, InProcessEngine, command_message
+from jetsplit.server.run.round_loop import run_training
+from jetsplit.server.training.settings import Settings
+from jetsplit.server.training.trainer import RoundFailed, Trainer
 from jetsplit.wire import (
     Limits,
     Message,
@@ -209,7 +209,7 @@ def test_mqtt_coordinator_accounts_only_pending_weights_and_names_refusals() -> 
     import time
 
     from jetsplit.broker_url import BrokerAddress
-    from jetsplit.server.mqtt_engine import MqttEngine, _Pending
+    from jetsplit.server.engines.mqtt import MqttEngine, _Pending
 
     engine = MqttEngine(BrokerAddress("127.0.0.1", 1), "f", run_id="r")  # never started
     command = Command(Kind.GET_WEIGHTS.value, reply_bytes=123_456_789)

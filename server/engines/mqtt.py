@@ -1,0 +1,367 @@
+"""The engine for real fleets: agents are processes or devices behind an MQTT broker.
+
+Reliability rules, all here:
+
+* a command has an id (`cmd`) that survives retransmission; agents answer a repeated id
+  from their reply cache instead of running it twice (QoS 1 is at-least-once);
+* pending commands are re-sent when the coordinator reconnects, when an agent announces
+  itself again (it reconnected, perhaps to a restarted broker that lost its session), and
+  after `retry_s` of silence (at least the command's own `retry_s`, e.g. the time its bytes
+  need on the agent's downlink), backing off ×2 per retry up to `MAX_RETRY_S`;
+* an agent whose presence turns `offline` (its last will) is dropped from the step at once;
+  one that stays silent is dropped at the deadline; both are recorded as missed.
+
+Scale rules: a step costs O(selected) here, whatever the fleet's size (the registry keeps the
+online set indexed); the receive pump drains what has arrived and handles replies before
+presence and registrations, so a storm of hundreds of agents (re)connecting delays no step;
+a registration identical to the one on record skips validation.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+from jetsplit.broker_url import BrokerAddress
+from jetsplit.protocol import Kind, ProtocolError, parse_registration
+from jetsplit.server.engines.seam import (
+    Command,
+    Engine,
+    Outcome,
+    Reply,
+    command_message,
+    reply_from,
+)
+from jetsplit.transport import COORDINATOR, Topics
+from jetsplit.transport.mqtt import EndpointOptions, Inbound, MqttEndpoint
+from jetsplit.wire import Message, MessageType
+
+PUMP_BATCH = 256  # messages drained per pass: replies in a batch jump the presence queue
+log = logging.getLogger("jetsplit.coordinator")
+
+DEFAULT_RETRY_S = 30.0
+MAX_RETRY_S = 600.0
+
+
+@dataclass
+class _Pending:
+    agent: str
+    cmd: int
+    message: Message
+    command: Command
+    sent_at: float = field(default_factory=time.monotonic)
+    first_sent: float = field(default_factory=time.monotonic)
+    reply: Message | None = None
+    wire_bytes: int = 0
+    wait_s: float = DEFAULT_RETRY_S  # silence before the next retransmission (backs off)
+
+
+def _grouped(commands: Mapping[str, Command]) -> list[tuple[Command, list[str]]]:
+    """Agents that share one Command object get it in one publish."""
+    groups: dict[int, tuple[Command, list[str]]] = {}
+    for agent in sorted(commands):
+        groups.setdefault(id(commands[agent]), (commands[agent], []))[1].append(agent)
+    return list(groups.values())
+
+
+class MqttEngine(Engine):
+    """Coordinator side of the MQTT runtime (one instance per fleet and run)."""
+
+    def __init__(self, address: BrokerAddress, fleet: str, *, run_id: str,
+                 options: EndpointOptions = EndpointOptions(),
+                 retry_s: float = DEFAULT_RETRY_S) -> None:
+        super().__init__(run_id)
+        self.topics = Topics(fleet)
+        self.retry_s = retry_s
+        self.endpoint = MqttEndpoint(
+            address, f"jetsplit-{fleet}-{COORDINATOR}", options,
+            subscriptions=(self.topics.presence_any, self.topics.up_any),
+            on_connect=self._on_connect, sender=COORDINATOR, topic_owner=self.topics.agent_of,
+            allowance=self._allowance)
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._pending: dict[tuple[str, int], _Pending] = {}
+        self._resend: set[str] = set()  # agents whose pending commands must go out again
+        self._resend_all = False
+        self.late_replies = 0
+        self.rejected_agents = 0
+        self._closed = threading.Event()
+        self._pump_thread = threading.Thread(target=self._pump, daemon=True, name="engine-pump")
+
+    def start(self, wait_s: float = 10.0) -> MqttEngine:
+        """Connect (raises a one-line ConfigError if the broker is unreachable)."""
+        self.endpoint.start(wait_s=wait_s)
+        self._pump_thread.start()
+        return self
+
+    def wait_for_agents(self, count: int, timeout_s: float) -> list[str]:
+        return self.registry.wait_for(count, timeout_s)
+
+    def close(self) -> None:
+        self._closed.set()
+        self.endpoint.close()
+        if self._pump_thread.is_alive():
+            self._pump_thread.join(timeout=2)
+
+    def _allowance(self, sender: str, kind: str) -> int | None:
+        """The bound a reply over the wire's cap was accounted for: the `reply_bytes` of a
+        command of that kind still pending for that agent (the weights we asked for)."""
+        with self._lock:
+            bounds = [p.command.reply_bytes for p in self._pending.values()
+                      if p.agent == sender and p.command.kind == kind and p.reply is None
+                      and p.command.reply_bytes is not None]
+        return max(bounds) if bounds else None
+
+    def _silence(self, p: _Pending) -> str:
+        """Why a pending command missed its deadline: silence, or a reply we refused."""
+        refused = self.endpoint.refused.get(p.agent)
+        if refused is not None and refused[0] >= p.first_sent:
+            return f"deadline (its reply was refused: {refused[1]})"
+        return "deadline"
+
+    # ------------------------------------------------------------------ receiving
+
+    def _on_connect(self, count: int) -> None:
+        discover = Message(MessageType.COMMAND, run=self.run_id, sender=COORDINATOR,
+                           seq=self.endpoint.next_seq(), kind=Kind.DISCOVER.value)
+        self.endpoint.send(self.topics.down_all, discover)
+        if count > 1:
+            with self._cond:
+                self._resend_all = True
+                self._cond.notify_all()
+
+    def _pump(self) -> None:
+        inbox = self.endpoint.inbox
+        while not self._closed.is_set():
+            try:
+                batch = [inbox.get(timeout=0.2)]
+            except queue.Empty:
+                continue
+            while len(batch) < PUMP_BATCH:
+                try:
+                    batch.append(inbox.get_nowait())
+                except queue.Empty:
+                    break
+            # Replies first: a step waits on them; presence and registrations can wait.
+            batch.sort(key=lambda i: i.message.type not in (MessageType.REPLY,
+                                                            MessageType.ERROR))
+            for inbound in batch:
+                try:
+                    self._dispatch(inbound)
+                except Exception:  # noqa: BLE001 - one bad message must not stop us
+                    log.exception("failed to handle a message on %s", inbound.topic)
+
+    def _dispatch(self, inbound: Inbound) -> None:
+        msg = inbound.message
+        agent = self.topics.agent_of(inbound.topic)
+        if agent is None or msg.sender != agent:
+            self.endpoint.rejected["SenderMismatch"] += 1
+            log.warning("dropped %s from %r on %s: sender does not own the topic",
+                        msg.kind, msg.sender, inbound.topic)
+            return
+        self.registry.seen(agent)
+        if msg.type == MessageType.PRESENCE:
+            self._on_presence(agent, str(msg.meta.get("state", "")))
+        elif msg.type == MessageType.REGISTER:
+            self._on_register(agent, msg, inbound.wire_bytes)
+        elif msg.type in (MessageType.REPLY, MessageType.ERROR):
+            self.counters.add(agent, msg.kind, "up", inbound.wire_bytes)
+            self.book_sent(agent, msg.meta)
+            self._on_reply(agent, msg, inbound.wire_bytes)
+
+    def _on_presence(self, agent: str, state: str) -> None:
+        if state == "offline":
+            log.info("agent %s is offline", agent)
+            self.registry.set_state(agent, "offline")
+        elif state == "online" and self.registry.state(agent) is not None:
+            self.registry.set_state(agent, "online")
+        with self._cond:
+            # Only an agent with a command in flight needs it again (idle ones: nothing).
+            if state == "online" and self.registry.state(agent) == "busy":
+                self._resend.add(agent)
+            self._cond.notify_all()
+
+    def _on_register(self, agent: str, msg: Message, wire_bytes: int) -> None:
+        if self.registry.same_registration(agent, msg.meta):
+            self.counters.add(agent, Kind.REGISTER.value, "up", wire_bytes)
+            self.registry.register(agent, msg.meta)  # validated before; back online
+        else:
+            try:
+                registration = parse_registration(msg.meta)
+            except ProtocolError as exc:
+                self.rejected_agents += 1
+                self.endpoint.rejected["BadRegistration"] += 1
+                log.warning("rejected registration from %s: %s", agent, exc)
+                return
+            if registration.agent != agent:
+                self.rejected_agents += 1
+                self.endpoint.rejected["BadRegistration"] += 1
+                log.warning("rejected registration from %s: it names %s", agent,
+                            registration.agent)
+                return
+            first = self.registry.state(agent) is None
+            self.counters.add(agent, Kind.REGISTER.value, "up", wire_bytes)
+            self.registry.register(agent, registration.model_dump(mode="json"))
+            if first:
+                log.info("agent %s registered (%s, %d samples)", agent, registration.role,
+                         registration.dataset.size)
+        if msg.run != self.run_id:  # announced on (re)connect, not in answer to our DISCOVER
+            with self._cond:
+                self._resend.add(agent)
+                self._cond.notify_all()
+
+    def _on_reply(self, agent: str, msg: Message, wire_bytes: int) -> None:
+        cmd = msg.meta.get("re")
+        with self._cond:
+            pending = self._pending.get((agent, cmd)) if isinstance(cmd, int) else None
+            if pending is None or pending.reply is not None:
+                self.late_replies += 1
+                return
+            pending.reply, pending.wire_bytes = msg, wire_bytes
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------------ sending
+
+    def _publish(self, topic: str, message: Message, command: Command,
+                 recipients: list[str]) -> None:
+        nbytes = self.endpoint.send(topic, message, codec=command.codec,
+                                    compression=command.compression)
+        for agent in recipients:  # what each device downloads, broadcast or not
+            self.counters.add(agent, command.kind, "down", nbytes)
+
+    def _retransmit(self, pendings: list[_Pending]) -> None:
+        for p in pendings:
+            resent = Message(MessageType.COMMAND, run=p.message.run, sender=COORDINATOR,
+                             seq=self.endpoint.next_seq(), round=p.message.round,
+                             step=p.message.step, kind=p.message.kind,
+                             meta={**p.message.meta, "to": [p.agent]},
+                             tensors=p.message.tensors)
+            log.info("re-sending %s (round %d step %d) to %s", p.message.kind, resent.round,
+                     resent.step, p.agent)
+            self._publish(self.topics.down(p.agent), resent, p.command, [p.agent])
+            p.sent_at = time.monotonic()
+            p.wait_s = min(p.wait_s * 2, max(MAX_RETRY_S, self.retry_s))
+
+    def send_and_receive(self, commands: Mapping[str, Command], *, round: int = 0,
+                         step: int = 0, deadline_s: float = 60.0) -> Outcome:
+        return self._exchange(_grouped(commands), round, step, deadline_s)
+
+    def send_and_stream(self, commands: Mapping[str, Command], *, round: int = 0,
+                        step: int = 0, deadline_s: float = 60.0) -> Iterator[Outcome]:
+        """Results as they land, released in agent-id order (see `Engine.send_and_stream`);
+        replies that land while the caller works are kept, not lost to the deadline."""
+        groups = _grouped(commands)
+        mine, missed = self._send(groups, round, step)
+        results: dict[str, Reply | str] = dict(missed)
+        arrivals = self._arrivals(mine, deadline_s)
+        try:
+            for agent in sorted(commands):
+                while agent not in results:
+                    landed, result = next(arrivals, (agent, "deadline"))
+                    results[landed] = result
+                result = results.pop(agent)
+                if isinstance(result, Reply):
+                    yield self._finish({agent: result}, {}, commands[agent].kind, round, step)
+                else:
+                    yield self._finish({}, {agent: result}, commands[agent].kind, round, step)
+        finally:
+            arrivals.close()
+
+    def broadcast(self, command: Command, agents: list[str], *, round: int = 0, step: int = 0,
+                  deadline_s: float = 60.0) -> Outcome:
+        return self._exchange([(command, sorted(agents))], round, step, deadline_s)
+
+    def _exchange(self, groups: list[tuple[Command, list[str]]], round: int, step: int,
+                  deadline_s: float) -> Outcome:
+        """Send each group's command (once per group when it has several agents) and wait."""
+        kind = groups[0][0].kind if groups else ""
+        mine, missed = self._send(groups, round, step)
+        replies: dict[str, Reply] = {}
+        for agent, result in self._arrivals(mine, deadline_s):
+            if isinstance(result, Reply):
+                replies[agent] = result
+            else:
+                missed[agent] = result
+        return self._finish(replies, missed, kind, round, step)
+
+    def _send(self, groups: list[tuple[Command, list[str]]], round: int, step: int
+              ) -> tuple[list[_Pending], dict[str, str]]:
+        """Publish the commands; returns what is now pending and who was offline already."""
+        missed: dict[str, str] = {}
+        mine: list[_Pending] = []
+        sends: list[tuple[str, Message, Command, list[str]]] = []
+        with self._cond:
+            # Fresh commands go out now; older reconnect signals do not apply to them.
+            self._resend_all = False
+            self._resend.difference_update(a for _, agents in groups for a in agents)
+            states = self.registry.states([a for _, agents in groups for a in agents])
+            for command, agents in groups:
+                live = [a for a in agents if states[a] not in (None, "offline")]
+                missed.update({a: "offline" for a in agents if a not in live})
+                if not live:
+                    continue
+                cmd = self.endpoint.next_seq()
+                message = command_message(self.run_id, cmd, command, round=round, step=step,
+                                          to=live)
+                message.meta["cmd"] = cmd
+                for agent in live:
+                    pending = _Pending(agent, cmd, message, command,
+                                       wait_s=max(self.retry_s, command.retry_s or 0.0))
+                    self._pending[(agent, cmd)] = pending
+                    mine.append(pending)
+                    self.registry.set_state(agent, "busy")
+                # One publish on down/all only when it reaches nobody else: every agent
+                # subscribed to down/all downloads it, and device links are the scarce ones.
+                if len(live) > 1 and self.registry.covers_online(live):
+                    sends.append((self.topics.down_all, message, command, live))
+                else:
+                    sends.extend((self.topics.down(a), message, command, [a]) for a in live)
+        for topic, message, command, recipients in sends:
+            self._publish(topic, message, command, recipients)
+        return mine, missed
+
+    def _arrivals(self, mine: list[_Pending], deadline_s: float
+                  ) -> Iterator[tuple[str, Reply | str]]:
+        """Each pending agent once, as it resolves: its reply, or why it missed (error,
+        offline, deadline). Retransmits on reconnects and silence; cleans up when done or
+        closed early."""
+        deadline = time.monotonic() + deadline_s
+        open_ = {p.agent: p for p in mine}
+        try:
+            while open_:
+                done: list[tuple[str, Reply | str]] = []
+                with self._cond:
+                    states = self.registry.states(list(open_))
+                    for agent, p in list(open_.items()):
+                        if p.reply is not None:
+                            done.append((agent, f"error: {p.reply.meta.get('error', '?')}"
+                                         if p.reply.type == MessageType.ERROR
+                                         else reply_from(agent, p.reply, p.wire_bytes)))
+                            del open_[agent]
+                        elif states[agent] == "offline":
+                            done.append((agent, "offline"))
+                            del open_[agent]
+                    now = time.monotonic()
+                    if open_ and now >= deadline:
+                        done.extend((agent, self._silence(p)) for agent, p in open_.items())
+                        open_.clear()
+                    again = [p for p in open_.values()
+                             if self._resend_all or p.agent in self._resend
+                             or now - p.sent_at > p.wait_s]
+                    self._resend.difference_update(open_)
+                    self._resend_all = False
+                    if open_ and not again and not done:
+                        self._cond.wait(min(deadline - now, 0.2))
+                if again:
+                    self._retransmit(again)
+                yield from done
+        finally:
+            with self._cond:
+                for p in mine:
+                    self._pending.pop((p.agent, p.cmd), None)
+                    if self.registry.state(p.agent) == "busy":
+                        self.registry.set_state(p.agent, "online")

@@ -1,0 +1,278 @@
+"""The transport-neutral interface every training method is written against, and the
+in-process engine.
+
+An algorithm sends a `Command` to a set of agents and gets an `Outcome`: the replies, in
+agent-id order (never arrival order, so runs are reproducible), and the agents that missed
+the step with the reason. The MQTT engine (`server.mqtt_engine`) implements the same calls
+over a broker; the in-process engine calls the agents' workers directly, but still passes
+every message through the wire encoder, so codecs and byte counts are the same.
+
+Agents may also message each other directly (SHeRL-FL's clients and edge: `Kind.SMASHED`,
+`Kind.GRADIENT`): over MQTT on their own peer topics, never through the coordinator; here
+the engine hands them from one worker to the other through the same encoder. Either way the
+sender's reply reports what it sent (`sent`: bytes per kind) and the engine books it on the
+sender's `up`, once per message: `up` is what an agent sent, `down` what the coordinator
+sent it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from jetsplit.devices import torch_threads
+from jetsplit.protocol import PEER_KINDS
+from jetsplit.server.engines.registry import FleetRegistry, MissedStep
+from jetsplit.transport import COORDINATOR, ByteCounters
+from jetsplit.wire import (
+    Allowance,
+    Message,
+    MessageType,
+    WireError,
+    decode_message,
+    encode_message,
+)
+
+Tensors = dict[str, np.ndarray]
+MAX_SENT_BYTES = 1 << 40  # a reply's claim about its peer traffic, per kind (untrusted)
+log = logging.getLogger("jetsplit.coordinator")
+
+
+@dataclass(frozen=True)
+class Command:
+    """What to ask of an agent: a kind (see `jetsplit.protocol.Kind`), arguments, arrays."""
+
+    kind: str
+    meta: dict[str, Any] = field(default_factory=dict)
+    tensors: Tensors = field(default_factory=dict)
+    codec: str = "fp32"
+    compression: str = "none"
+    # The least wait before the first retransmission (say, what the agent's downlink needs
+    # for this command's bytes); the engine's own retry_s applies when larger.
+    retry_s: float | None = None
+    # The bound its reply was accounted for (the weights asked for, `accounted_bound` of
+    # their sizes): a reply over the wire's cap is taken up to it; unset: the cap applies.
+    reply_bytes: int | None = None
+
+
+@dataclass
+class Reply:
+    """One agent's answer; `wire_bytes` is what it cost on the wire (all chunks)."""
+
+    agent: str
+    kind: str
+    meta: dict[str, Any]
+    tensors: Tensors
+    wire_bytes: int = 0
+
+
+@dataclass
+class Outcome:
+    """Replies in agent-id order, and who missed the step with the reason."""
+
+    replies: dict[str, Reply]
+    missed: dict[str, str] = field(default_factory=dict)
+    kind: str = ""  # the command's kind (to say what was missed)
+
+    @property
+    def agents(self) -> list[str]:
+        return list(self.replies)
+
+    def __getitem__(self, agent: str) -> Reply:
+        return self.replies[agent]
+
+
+class Engine(ABC):
+    """Send commands to agents and collect replies with a deadline."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self.counters = ByteCounters()
+        self.registry = FleetRegistry()
+
+    def online(self) -> list[str]:
+        """Agents available for selection, sorted by id."""
+        return self.registry.online()
+
+    @abstractmethod
+    def send_and_receive(self, commands: Mapping[str, Command], *, round: int = 0,
+                         step: int = 0, deadline_s: float = 60.0) -> Outcome:
+        """Send each agent its command; wait until all replied or the deadline passed."""
+
+    def broadcast(self, command: Command, agents: list[str], *, round: int = 0, step: int = 0,
+                  deadline_s: float = 60.0) -> Outcome:
+        """The same command to many agents (the MQTT engine publishes it only once)."""
+        return self.send_and_receive(dict.fromkeys(agents, command), round=round, step=step,
+                                     deadline_s=deadline_s)
+
+    def send_and_stream(self, commands: Mapping[str, Command], *, round: int = 0,
+                        step: int = 0, deadline_s: float = 60.0) -> Iterator[Outcome]:
+        """Like `send_and_receive`, but yields each agent's result (a one-agent Outcome: its
+        reply, or its miss with the reason) as soon as it is in, so the caller can work on
+        early replies while later ones still travel (Ampere trains on the first uploads).
+        Results come in agent-id order, as everywhere: an early reply waits only for the
+        agents before it, and runs stay reproducible. This fallback waits for all."""
+        out = self.send_and_receive(commands, round=round, step=step, deadline_s=deadline_s)
+        for agent in sorted(commands):
+            yield _single(agent, out.replies.get(agent), out.missed.get(agent, "deadline"))
+
+    def close(self) -> None:  # noqa: B027 - engines without resources need nothing here
+        """Release connections and processes."""
+
+    def book_sent(self, agent: str, meta: dict[str, Any]) -> None:
+        """Book the direct messages an agent's reply says it sent to peers (`sent`: bytes
+        per peer kind) on its `up`: the coordinator never sees them pass. A malformed claim
+        is ignored (it is only bookkeeping)."""
+        sent = meta.get("sent")
+        if not isinstance(sent, dict):
+            return
+        for kind, nbytes in sorted(sent.items()):
+            if kind in PEER_KINDS and isinstance(nbytes, int) and 0 < nbytes <= MAX_SENT_BYTES:
+                self.counters.add(agent, kind, "up", nbytes)
+
+    def _finish(self, replies: dict[str, Reply], missed: dict[str, str], kind: str,
+                round: int, step: int) -> Outcome:
+        for agent, reason in sorted(missed.items()):
+            log.warning("agent %s missed %s (round %d step %d): %s", agent, kind, round, step,
+                        reason)
+            self.registry.record_missed(MissedStep(agent, round, step, kind, reason))
+        return Outcome(dict(sorted(replies.items())), dict(sorted(missed.items())), kind)
+
+
+def _single(agent: str, reply: Reply | None, reason: str) -> Outcome:
+    """One agent's result as an Outcome (what `send_and_stream` yields)."""
+    return Outcome({agent: reply}) if reply is not None else Outcome({}, {agent: reason})
+
+
+def command_message(run: str, seq: int, command: Command, *, round: int, step: int,
+                    to: list[str] | None = None) -> Message:
+    """The COMMAND envelope for `command`; `to` names the recipients of a broadcast."""
+    meta = dict(command.meta)
+    if to is not None:
+        meta["to"] = to
+    return Message(MessageType.COMMAND, run=run, sender=COORDINATOR, seq=seq, round=round,
+                   step=step, kind=command.kind, meta=meta, tensors=command.tensors)
+
+
+def reply_allowance(command: Command, agent: str) -> Allowance | None:
+    """What `command`'s reply from `agent` may weigh over the wire's cap: its accounted
+    `reply_bytes`, for a reply of its kind from that agent only."""
+    bound = command.reply_bytes
+    if bound is None:
+        return None
+    return lambda sender, kind: bound if (sender, kind) == (agent, command.kind) else None
+
+
+def reply_from(agent: str, message: Message, wire_bytes: int) -> Reply:
+    return Reply(agent, message.kind, dict(message.meta), message.tensors, wire_bytes)
+
+
+class AgentLike(Protocol):
+    """What the in-process engine needs from an agent (`edge_agent.worker.AgentWorker`)."""
+
+    agent_id: str
+    threads: int  # intra-op torch threads its compute runs with (0: the process's)
+    peers: Any  # edge_agent.peers.PeerInbox: direct messages from other agents
+
+    def registration(self) -> dict[str, Any]: ...
+
+    def accepts(self, sender: str, kind: str) -> int | None: ...
+
+
+class InProcessEngine(Engine):
+    """Agents are objects in this process; commands run one agent after another in id order.
+
+    Deterministic and fast: the engine for accuracy experiments with 100+ simulated clients.
+    Each agent's compute runs under that agent's torch thread count, as in its own process,
+    so a run here matches the same fleet over MQTT bit for bit whatever this process uses.
+    """
+
+    def __init__(self, workers: Mapping[str, AgentLike], run_id: str = "local") -> None:
+        super().__init__(run_id)
+        from jetsplit.edge_agent.worker import respond  # the same reply path as the MQTT daemon
+
+        self._respond = respond
+        self.workers = dict(sorted(workers.items()))
+        self._seq = itertools.count(1)
+        self.peak_agents_holding_blocks = 0
+        self.peer_rejected: Counter[str] = Counter()  # direct messages a peer refused
+        for agent, worker in self.workers.items():
+            self.registry.register(agent, worker.registration())
+
+    def send_and_receive(self, commands: Mapping[str, Command], *, round: int = 0,
+                         step: int = 0, deadline_s: float = 60.0) -> Outcome:
+        replies: dict[str, Reply] = {}
+        missed: dict[str, str] = {}
+        for agent in sorted(commands):
+            result = self._run_one(agent, commands[agent], round, step)
+            if isinstance(result, Reply):
+                replies[agent] = result
+            else:
+                missed[agent] = result
+        return self._finish(replies, missed, next(iter(commands.values())).kind
+                            if commands else "", round, step)
+
+    def send_and_stream(self, commands: Mapping[str, Command], *, round: int = 0,
+                        step: int = 0, deadline_s: float = 60.0) -> Iterator[Outcome]:
+        """Each agent runs when the caller asks for the next result, in id order."""
+        for agent in sorted(commands):
+            result = self._run_one(agent, commands[agent], round, step)
+            reply, reason = (result, "") if isinstance(result, Reply) else (None, result)
+            out = _single(agent, reply, reason)
+            yield self._finish(out.replies, out.missed, commands[agent].kind, round, step)
+
+    def _run_one(self, agent: str, command: Command, round: int, step: int) -> Reply | str:
+        """One agent's command through the wire encoder; its reply or why it missed."""
+        worker = self.workers.get(agent)
+        if worker is None or self.registry.state(agent) == "offline":
+            return "offline"
+        msg = command_message(self.run_id, next(self._seq), command, round=round, step=step)
+        down = encode_message(msg, codec=command.codec, compression=command.compression)
+        self.counters.add(agent, command.kind, "down", len(down))
+        try:  # an agent refuses what it did not account for, as over MQTT
+            command_in = decode_message(down, allowance=worker.accepts)
+        except WireError as exc:
+            return f"deadline (the agent refused the command: {type(exc).__name__}: {exc})"
+        with torch_threads(getattr(worker, "threads", 0)):
+            response = self._respond(worker, command_in, lambda: next(self._seq))
+        reply = response.reply
+        sent = self._deliver(response.peers, response.codec, response.compression)
+        if sent:
+            reply.meta["sent"] = sent
+        up = encode_message(reply, codec=response.codec, compression=response.compression)
+        self.counters.add(agent, reply.kind, "up", len(up))
+        holding = sum(1 for w in self.workers.values() if getattr(w, "holds_blocks", False))
+        self.peak_agents_holding_blocks = max(self.peak_agents_holding_blocks, holding)
+        try:
+            decoded = decode_message(up, allowance=reply_allowance(command, agent))
+        except WireError as exc:
+            return f"deadline (its reply was refused: {type(exc).__name__}: {exc})"
+        self.book_sent(agent, decoded.meta)
+        if decoded.type == MessageType.ERROR:
+            return f"error: {decoded.meta.get('error', '?')}"
+        return reply_from(agent, decoded, len(up))
+
+    def _deliver(self, peers: list[tuple[str, Message]], codec: str, compression: str
+                 ) -> dict[str, int]:
+        """Hand direct messages to their recipients' peer inboxes through the encoder, as
+        a broker would; a refusal is counted by its error class. Bytes sent per kind."""
+        sent: dict[str, int] = {}
+        for to, message in peers:
+            data = encode_message(message, codec=codec, compression=compression)
+            sent[message.kind] = sent.get(message.kind, 0) + len(data)
+            target = self.workers.get(to)
+            if target is None:  # a topic nobody reads: the message just goes nowhere
+                continue
+            try:
+                target.peers.accept(decode_message(data), len(data))
+            except WireError as exc:
+                self.peer_rejected[type(exc).__name__] += 1
+                log.warning("%s refused %s from %s: %s", to, message.kind, message.sender, exc)
+        return sent

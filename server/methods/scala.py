@@ -1,0 +1,106 @@
+"""SCALA and its ablations (CA-SFL, LLA-SFL, LLA-SFL on a shared server block): logit
+adjustment by the label priors the clients registered (the math in scala_math.py)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from jetsplit.server.methods import scala_math
+from jetsplit.server.methods.base import SplitMethod
+from jetsplit.server.methods.splitfed import SplitFedV1
+from jetsplit.server.training.trainer import Trainer
+
+log = logging.getLogger("jetsplit.coordinator")
+
+
+def registered_prior(trainer: Trainer, agent: str) -> torch.Tensor:
+    """P_k: the agent's local label distribution from the histogram it registered (SCALA
+    eq. 15), or from the labels it sent once those show the claim wrong
+    (server/claims.LabelTally); uniform, with a warning, if that histogram is unusable (it
+    is untrusted)."""
+    classes = trainer.bundle.spec.num_classes
+    dataset = trainer.engine.registry.registration(agent).get("dataset") or {}
+    counts = trainer.labels.prior_counts(agent, dataset.get("label_histogram"))
+    try:
+        return scala_math.prior_from_counts(counts or [], classes)
+    except ValueError as exc:
+        log.warning("agent %s: unusable label histogram (%s); uniform prior", agent, exc)
+        return torch.full((classes,), 1.0 / classes)
+
+
+class _RegisteredPriors:
+    """The logit-adjusted methods' P_k, one per agent, from its registration."""
+
+    trainer: Trainer
+
+    def label_prior(self, agent: str) -> torch.Tensor:
+        return registered_prior(self.trainer, agent)
+
+
+class LLASFL(_RegisteredPriors, SplitFedV1):
+    """LLA-SFL (SCALA's journal version §5.2): SplitFed V1 (a server-block copy per client, copies
+    and client blocks FedAvg-ed every T iterations) with only the local logit adjustment:
+    client k's copy steps on CE(s(A_k) + log P_k, Y_k), P_k its registered local label
+    distribution. Differs from `splitfed-v1` in the loss alone."""
+
+    name = "lla-sfl"
+
+    def server_update(self, agents, acts, labels):  # noqa: ANN001, ANN201
+        grads, losses = {}, []
+        for agent, x, y in zip(agents, acts, labels, strict=True):
+            self.copies[agent].train()
+            loss, (grad,) = scala_math.lla_sfl_server_step(
+                self.copies[agent], [x], [y], self.num_classes, self.optimizers[agent],
+                client_priors=[self.label_prior(agent)])
+            grads[agent] = grad
+            losses.append(loss)
+        return float(np.mean(losses)), grads
+
+
+class _ScalaFamily(_RegisteredPriors, SplitMethod):
+    """SCALA and its ablations: concatenated activations, logit adjustment (the SCALA
+    paper (ICML) §3)."""
+
+    step_fn: ClassVar[Any]
+
+    adjusted: ClassVar[bool] = True  # takes client priors P_k (eq. 15)
+    concatenated: ClassVar[bool] = True  # one forward over every device's activations
+
+    def server_update(self, agents, acts, labels):  # noqa: ANN001, ANN201
+        t = self.trainer
+        extra = {"client_priors": [self.label_prior(a) for a in agents]} if self.adjusted else {}
+        if self.concatenated:  # one shared step over every device's slice: bound each one
+            extra["weigh"] = t.loss_weights(agents)
+            extra["shares"] = t.measured_gradient_weights(agents)
+        loss, grads = type(self).step_fn(t.server, acts, labels, self.num_classes, t.optimizer,
+                                         **extra)
+        return loss, dict(zip(agents, grads, strict=True))
+
+
+class SCALA(_ScalaFamily):
+    """SCALA: P_s from the concatenated labels of the iteration (eq. 14), P_k from client
+    k's local label distribution as it registered it (eq. 15)."""
+
+    name = "scala"
+    step_fn = staticmethod(scala_math.scala_server_step)
+
+
+class CASFL(_ScalaFamily):
+    name = "ca-sfl"
+    adjusted = False
+    step_fn = staticmethod(scala_math.ca_sfl_server_step)
+
+
+class LLASFLShared(_ScalaFamily):
+    """Variant: LLA-SFL's loss on ONE shared server block stepped every iteration on
+    Σ_k (B_k/B)·L_k, i.e. SplitFed V1 averaged every iteration (see
+    `scala_math.lla_sfl_server_step`); compare it with `splitfed-v1` only knowing that
+    the aggregation period differs too."""
+
+    name = "lla-sfl-shared"
+    concatenated = False
+    step_fn = staticmethod(scala_math.lla_sfl_server_step)
