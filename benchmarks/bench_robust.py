@@ -64,7 +64,7 @@ from typing import Any, NamedTuple
 from method_matrix import add_run_options, mean_spread  # benchmarks/ is on sys.path
 
 from jetsplit.server.report.defences import limited_rounds
-from jetsplit.server.report.document import load_run
+from jetsplit.server.report.run_data import load_run
 from jetsplit.server.run.simulate import simulate
 from jetsplit.server.training.divergence import Diverged
 from jetsplit.server.training.settings import Settings

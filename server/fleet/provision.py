@@ -358,6 +358,31 @@ def provision(fleet: str, agents: list[str], out: Path, *, broker_names: tuple[s
     `edges` (edge → its clients, all among `agents`) opens SHeRL-FL's direct topics.
     `sizes` (agent → samples it holds) go into the coordinator's server.toml: the most
     each device's registered size weighs as."""
+    edges = {e: list(cs) for e, cs in (edges or {}).items()}
+    sizes = dict(sizes or {})
+    _check_request(fleet, agents, edges, sizes, out)
+    ca = FleetCA(fleet, days)
+    _write(out / "ca" / "ca.crt", _cert_pem(ca.cert))
+    _write(out / "ca" / "ca.key", _key_pem(ca.key), private=True)
+    _write_broker(out / "broker", ca, fleet, agents, edges, broker_names, port, bind)
+    signers = {who: Signer.generate(who) for who in [COORDINATOR, *agents]}
+    peers = peers_of(edges)
+    kits = {who: _write_kit(out / who, who, ca, signers, fleet, agents, peers, port, sizes)
+            for who in signers}
+    rows = "\n".join(f"| `{a}/` | device `{a}`, then `jetsplit agent install --kit {a} ...` |"
+                     for a in agents)
+    _write(out / "README.md", _TOP_README.format(
+        fleet=fleet, COORDINATOR=COORDINATOR, rows=rows, port=port, base=f"{ROOT}/{fleet}",
+        names=", ".join(broker_names), emqx_acl=emqx_acl(fleet, agents, edges),
+        peers=", ".join(f"{e}: {', '.join(cs)}" for e, cs in sorted(edges.items())) or "none",
+        max_packet=broker_max_packet()).encode())
+    return kits
+
+
+def _check_request(fleet: str, agents: list[str], edges: Edges, sizes: Mapping[str, int],
+                   out: Path) -> None:
+    """Every name, edge and size valid, and `out` empty (keys are never overwritten),
+    before anything is written: one line naming the first problem."""
     check_id(fleet, "fleet")
     if not agents:
         raise ConfigError("provision: name at least one agent (--agents a0,a1,...)")
@@ -367,7 +392,6 @@ def provision(fleet: str, agents: list[str], out: Path, *, broker_names: tuple[s
             raise ConfigError(f"agent {agent!r}: that name is reserved")
     if len(set(agents)) != len(agents):
         raise ConfigError("provision: agent names repeat")
-    edges = {e: list(cs) for e, cs in (edges or {}).items()}
     try:
         check_shape(edges)
     except ValueError as exc:
@@ -375,7 +399,6 @@ def provision(fleet: str, agents: list[str], out: Path, *, broker_names: tuple[s
     strangers = sorted({*edges, *(c for cs in edges.values() for c in cs)} - set(agents))
     if strangers:
         raise ConfigError(f"provision: --edge names {', '.join(strangers)}, not in --agents")
-    sizes = dict(sizes or {})
     unknown = sorted(set(sizes) - set(agents))
     if unknown:
         raise ConfigError(f"provision: --size names {', '.join(unknown)}, not in --agents")
@@ -384,62 +407,55 @@ def provision(fleet: str, agents: list[str], out: Path, *, broker_names: tuple[s
     if bad:
         raise ConfigError(f"provision: --size {bad[0]}={sizes[bad[0]]}: a size is a whole "
                           f"number of samples, 1 to {MAX_SAMPLES}")
-    peers = peers_of(edges)
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"provision: {out} is not empty (keys are never overwritten)")
-    ca = FleetCA(fleet, days)
-    _write(out / "ca" / "ca.crt", _cert_pem(ca.cert))
-    _write(out / "ca" / "ca.key", _key_pem(ca.key), private=True)
 
-    broker = out / "broker"
-    key, cert = ca.issue(broker_names[0], server_names=broker_names)
+
+def _write_broker(broker: Path, ca: FleetCA, fleet: str, agents: list[str], edges: Edges,
+                  names: tuple[str, ...], port: int, bind: str) -> None:
+    """The broker's folder: CA, server certificate and key, ACL, mosquitto.conf."""
+    key, cert = ca.issue(names[0], server_names=names)
     _write(broker / "ca.crt", _cert_pem(ca.cert))
     _write(broker / "server.crt", _cert_pem(cert))
     _write(broker / "server.key", _key_pem(key), private=True)
     _write(broker / "acl", acl_text(fleet, agents, edges).encode())
     _write(broker / "mosquitto.conf", mosquitto_conf(broker, port, bind).encode())
 
-    signers = {who: Signer.generate(who) for who in [COORDINATOR, *agents]}
-    kits: dict[str, Path] = {}
-    for who, signer in signers.items():
-        kit = out / who
-        key, cert = ca.issue(who)
-        _write(kit / "ca.crt", _cert_pem(ca.cert))
-        _write(kit / "client.crt", _cert_pem(cert))
-        _write(kit / "client.key", _key_pem(key), private=True)
-        _write(kit / "signing.key", signer.private_pem(), private=True)
-        _write(kit / "signing.pub", signer.public_pem())
-        if who == COORDINATOR:  # the fleet CLI's own TLS identity (see OPERATOR)
-            key, cert = ca.issue(OPERATOR)
-            _write(kit / "operator.crt", _cert_pem(cert))
-            _write(kit / "operator.key", _key_pem(key), private=True)
-        trusted = agents if who == COORDINATOR else [COORDINATOR, *peers.get(who, [])]
-        for other in trusted:
-            _write(kit / "trusted" / f"{other}{PUBLIC_SUFFIX}", signers[other].public_pem())
-        _write(kit / KIT_FILE, json.dumps({"fleet": fleet, "id": who, "port": port},
-                                          indent=1).encode())
-        toml = coordinator_toml(fleet, port, kit, sizes)
-        if who == COORDINATOR:
-            _write(kit / SERVER_TOML, toml.encode())
-        install = (_COORDINATOR_INSTALL.format(
-                       toml="".join(f"    {line}\n" if line else "\n"
-                                    for line in toml.splitlines()))
-                   if who == COORDINATOR else
-                   _AGENT_INSTALL.format(who=who, fleet=fleet, port=port))
-        trusts = ("every agent's" if who == COORDINATOR else
-                  "the coordinator's and its direct peers': " + ", ".join(peers[who])
-                  if who in peers else "the coordinator's only")
-        _write(kit / "README.md", _KIT_README.format(who=who, fleet=fleet, trusts=trusts,
-                                                     install=install).encode())
-        kits[who] = kit
-    rows = "\n".join(f"| `{a}/` | device `{a}`, then `jetsplit agent install --kit {a} ...` |"
-                     for a in agents)
-    _write(out / "README.md", _TOP_README.format(
-        fleet=fleet, COORDINATOR=COORDINATOR, rows=rows, port=port, base=f"{ROOT}/{fleet}",
-        names=", ".join(broker_names), emqx_acl=emqx_acl(fleet, agents, edges),
-        peers=", ".join(f"{e}: {', '.join(cs)}" for e, cs in sorted(edges.items())) or "none",
-        max_packet=broker_max_packet()).encode())
-    return kits
+
+def _write_kit(kit: Path, who: str, ca: FleetCA, signers: Mapping[str, Signer], fleet: str,
+               agents: list[str], peers: Mapping[str, list[str]], port: int,
+               sizes: Mapping[str, int]) -> Path:
+    """One startup kit: TLS identity, signing key, the public keys it trusts, its
+    README (and for the coordinator the operator identity and server.toml)."""
+    key, cert = ca.issue(who)
+    _write(kit / "ca.crt", _cert_pem(ca.cert))
+    _write(kit / "client.crt", _cert_pem(cert))
+    _write(kit / "client.key", _key_pem(key), private=True)
+    _write(kit / "signing.key", signers[who].private_pem(), private=True)
+    _write(kit / "signing.pub", signers[who].public_pem())
+    if who == COORDINATOR:  # the fleet CLI's own TLS identity (see OPERATOR)
+        key, cert = ca.issue(OPERATOR)
+        _write(kit / "operator.crt", _cert_pem(cert))
+        _write(kit / "operator.key", _key_pem(key), private=True)
+    trusted = agents if who == COORDINATOR else [COORDINATOR, *peers.get(who, [])]
+    for other in trusted:
+        _write(kit / "trusted" / f"{other}{PUBLIC_SUFFIX}", signers[other].public_pem())
+    _write(kit / KIT_FILE, json.dumps({"fleet": fleet, "id": who, "port": port},
+                                      indent=1).encode())
+    toml = coordinator_toml(fleet, port, kit, sizes)
+    if who == COORDINATOR:
+        _write(kit / SERVER_TOML, toml.encode())
+    install = (_COORDINATOR_INSTALL.format(
+                   toml="".join(f"    {line}\n" if line else "\n"
+                                for line in toml.splitlines()))
+               if who == COORDINATOR else
+               _AGENT_INSTALL.format(who=who, fleet=fleet, port=port))
+    trusts = ("every agent's" if who == COORDINATOR else
+              "the coordinator's and its direct peers': " + ", ".join(peers[who])
+              if who in peers else "the coordinator's only")
+    _write(kit / "README.md", _KIT_README.format(who=who, fleet=fleet, trusts=trusts,
+                                                 install=install).encode())
+    return kit
 
 
 def parse_edges(specs: list[str]) -> dict[str, list[str]]:

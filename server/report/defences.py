@@ -86,11 +86,24 @@ def defences_section(rows: Sequence[Row], summary: dict[str, Any]) -> list[str]:
     if body:
         lines += ["| round | device | what the coordinator did |", "|---|---|---|"]
         lines += [f"| {r} | {_cell(a)} | {_cell(n)} |" for r, a, n in body] + [""]
+    lines += _capped_lines(capped) + _histogram_lines(histograms)
+    return [*lines, ""] if capped or histograms else lines
+
+
+def _capped_lines(capped: dict[str, Any]) -> list[str]:
+    """One line per device whose size claim was capped: claimed, weighed as, by what."""
+    lines = []
     for agent, books in sorted(capped.items()):
         if isinstance(books, dict):
             by = books.get("by") if books.get("by") in (BY_PROVISIONED, BY_CAP) else BY_CAP
             lines.append(f"- {_cell(str(agent)[:64])}: claimed {books.get('claimed')} samples, "
                          f"weighed as {books.get('weight')} ({by}).")
+    return lines
+
+
+def _histogram_lines(histograms: dict[str, Any]) -> list[str]:
+    """One line per device whose registered label histogram its labels contradicted."""
+    lines = []
     for agent, books in sorted(histograms.items()):
         numbers = [finite(books.get(k), 0.0, 1e15) if isinstance(books, dict) else None
                    for k in ("distance", "labels", "bound")]
@@ -99,7 +112,7 @@ def defences_section(rows: Sequence[Row], summary: dict[str, Any]) -> list[str]:
             lines.append(f"- {_cell(str(agent)[:64])}: its label histogram was {distance:.3f} "
                          f"(total variation) from the {labels:.0f} labels it sent, over "
                          f"{bound:.3f}: its prior came from those labels.")
-    return [*lines, ""] if capped or histograms else lines
+    return lines
 
 
 def _per_device(rows: Sequence[Row], key: str, low: float, high: float

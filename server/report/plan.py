@@ -365,10 +365,9 @@ def why(plan: Mapping[str, Any], fleet: Sequence[Device], members: Sequence[Devi
     the planner's choice explained from its rows (which cut minimised the predicted round
     time, for the device or for the fleet) and the cuts that would not fit."""
     device = members[0]
-    for source in (device.planned, _dict(_dict(plan.get("per_device")).get(str(device.profile)))):
-        for key in REASON_KEYS:
-            if isinstance(source.get(key), str) and source[key].strip():
-                return source[key].strip()
+    given = _given_reason(plan, device)
+    if given is not None:
+        return given
     if device.cut is None:
         return "the cut it trained at is not recorded"
     if device_rows(plan) and all(len(r) == 1 for r in device_rows(plan).values()):
@@ -377,20 +376,57 @@ def why(plan: Mapping[str, Any], fleet: Sequence[Device], members: Sequence[Devi
     planner = chosen == {device.cut}
     hand, split = _hand_cuts(trial)
     if device.agent in hand or split is not None:
-        how = (f"set by hand (--split {split})" if split is not None else "set by hand ("
-               + " ".join(f"--cut {d.agent}={hand[d.agent]}" for d in members
-                          if d.agent in hand) + ")")
-        if planner:
-            return f"{how}, which is also the planner's choice: " + _planner_why(
-                plan, fleet, members, lead=False)
-        known = sorted(k for k in chosen if k is not None)
-        profiles = [d.profile for d in members]
-        return (how + (f"; the planner chose k = {_ks(known)}" if known else "")
-                + _unfit(plan, profiles, named=len(set(profiles)) > 1))
+        return _hand_why(plan, fleet, members, chosen, hand, split)
     if not planner and chosen != {None}:
         known = sorted(k for k in chosen if k is not None)
         return f"not the planner's choice (k = {_ks(known)})"
     return _planner_why(plan, fleet, members, lead=True)
+
+
+def _given_reason(plan: Mapping[str, Any], device: Device) -> str | None:
+    """A reason the plan itself carries for this device's cut, if any."""
+    for source in (device.planned, _dict(_dict(plan.get("per_device")).get(str(device.profile)))):
+        for key in REASON_KEYS:
+            if isinstance(source.get(key), str) and source[key].strip():
+                return source[key].strip()
+    return None
+
+
+def _hand_why(plan: Mapping[str, Any], fleet: Sequence[Device], members: Sequence[Device],
+              chosen: set[int | None], hand: Mapping[str, int], split: int | None) -> str:
+    """A cut set by hand (`--split` or `--cut`), and how it stands to the planner's."""
+    device = members[0]
+    how = (f"set by hand (--split {split})" if split is not None else "set by hand ("
+           + " ".join(f"--cut {d.agent}={hand[d.agent]}" for d in members
+                      if d.agent in hand) + ")")
+    if chosen == {device.cut}:
+        return f"{how}, which is also the planner's choice: " + _planner_why(
+            plan, fleet, members, lead=False)
+    known = sorted(k for k in chosen if k is not None)
+    profiles = [d.profile for d in members]
+    return (how + (f"; the planner chose k = {_ks(known)}" if known else "")
+            + _unfit(plan, profiles, named=len(set(profiles)) > 1))
+
+
+def _common_why(plan: Mapping[str, Any], members: Sequence[Device], cut: int,
+                objective: str) -> str:
+    """Why every device trains at one cut: asked for, or no per-device choice beat it."""
+    if plan.get("common_split"):
+        head = "one cut for every device (a common split was asked for)"
+    elif isinstance(plan.get("chosen"), dict) and len(device_rows(plan)) > 1:
+        head = "no per-device choice beat one cut for every device"
+    else:
+        head = "the plan's cut"
+    profiles = [d.profile for d in members]
+    return (f"{head}: {_common_choice(plan, cut, objective)}"
+            + _unfit(plan, profiles, named=len(set(profiles)) > 1))
+
+
+def _best_k(plan: Mapping[str, Any], device: Device) -> int | None:
+    """The cut the planner found best for this device's profile on its own."""
+    return next((_int(d.get("best_k")) for d in plan.get("devices", [])
+                 if isinstance(d, dict) and str(d.get("profile")) == str(device.profile)),
+                None)
 
 
 def _planner_why(plan: Mapping[str, Any], fleet: Sequence[Device], members: Sequence[Device],
@@ -399,22 +435,12 @@ def _planner_why(plan: Mapping[str, Any], fleet: Sequence[Device], members: Sequ
     rows = device_rows(plan).get(str(device.profile), {})
     objective = str(plan.get("objective") or "time")
     iters = iterations(plan) or 1
-    profiles = [d.profile for d in members]
     if len({d.cut for d in fleet}) == 1:  # one cut for every device
-        if plan.get("common_split"):
-            head = "one cut for every device (a common split was asked for)"
-        elif isinstance(plan.get("chosen"), dict) and len(device_rows(plan)) > 1:
-            head = "no per-device choice beat one cut for every device"
-        else:
-            head = "the plan's cut"
-        return (f"{head}: {_common_choice(plan, cut, objective)}"
-                + _unfit(plan, profiles, named=len(set(profiles)) > 1))
+        return _common_why(plan, members, cut, objective)
     fitting = sorted(k for k, r in rows.items() if r.get("fits"))
     unfit = sorted(k for k, r in rows.items() if not r.get("fits"))
     position = _position(cut, fitting, unfit)
-    best_k = next((_int(d.get("best_k")) for d in plan.get("devices", [])
-                   if isinstance(d, dict) and str(d.get("profile")) == str(device.profile)),
-                  None)
+    best_k = _best_k(plan, device)
     own = objective != "time" or best_k is None or best_k == cut
     reason = (_own_choice(rows, cut, objective, iters) if own
               else _fleet_choice(plan, fleet, device, best_k or cut, iters))

@@ -85,7 +85,7 @@ def test_bench_robust_scores_the_mean_of_the_last_rounds(tmp_path: Path,
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     from bench_robust import last_rounds
 
-    from jetsplit.server.report.document import load_run
+    from jetsplit.server.report.run_data import load_run
 
     rows = [f'{{"round": {i}, "accuracy": {a}}}' for i, a in
             enumerate([0.1, 0.2, 0.90, 0.94, 0.92, 0.96, 0.86])]
