@@ -193,6 +193,25 @@ def test_a_sender_over_its_byte_budget_evicts_only_its_own_messages() -> None:
         reassembler.feed(_chunks("a0", "big", 200_000)[0])
 
 
+def test_a_sender_repeating_a_chunk_holds_its_bytes_once_and_starves_nobody() -> None:
+    """QoS 1 redelivers, and a hostile sender can repeat a chunk on purpose: a repeat is
+    idempotent, so a0's 200 copies of its first chunk hold that chunk's bytes once, and
+    a1's whole message still fits the shared buffer sized for exactly the two of them."""
+    mine, theirs = _chunks("a0", "m", 40_000), _chunks("a1", "x", 40_000)
+    first = len(mine[0].tensors["data"])
+    their_bytes = sum(len(c.tensors["data"]) for c in theirs)
+    reassembler = Reassembler(Limits(max_message_bytes=1 << 20),
+                              max_buffered_bytes=first + their_bytes)
+    for _ in range(200):
+        assert reassembler.feed(mine[0]) is None
+    assert reassembler.buffered_bytes == first
+    done = [reassembler.feed(c) for c in theirs]
+    assert done[-1] is not None and decode_message(done[-1]).sender == "a1"
+    assert reassembler.buffered_bytes == first  # a0's partial message, once
+    rest = [reassembler.feed(c) for c in mine[1:]]
+    assert rest[-1] is not None and reassembler.buffered_bytes == 0
+
+
 def test_presence_must_be_fresh_and_never_older_than_the_last_one() -> None:
     from jetsplit.wire import PresenceGuard
 
