@@ -87,6 +87,9 @@ class MqttEngine(Engine):
         self._pending: dict[tuple[str, int], _Pending] = {}
         self._resend: set[str] = set()  # agents whose pending commands must go out again
         self._resend_all = False
+        # devices known to be connected (a presence or a registration, accepted or not):
+        # each can read the shared down/all topic
+        self._present: set[str] = set()
         self.late_replies = 0
         self.rejected_agents = 0
         self._closed = threading.Event()
@@ -180,12 +183,18 @@ class MqttEngine(Engine):
         elif state == "online" and self.registry.state(agent) is not None:
             self.registry.set_state(agent, "online")
         with self._cond:
+            if state == "offline":
+                self._present.discard(agent)
+            elif state == "online":
+                self._present.add(agent)
             # Only an agent with a command in flight needs it again (idle ones: nothing).
             if state == "online" and self.registry.state(agent) == "busy":
                 self._resend.add(agent)
             self._cond.notify_all()
 
     def _on_register(self, agent: str, msg: Message, wire_bytes: int) -> None:
+        with self._cond:  # connected, whether or not its registration is accepted
+            self._present.add(agent)
         if self.registry.same_registration(agent, msg.meta):
             self.counters.add(agent, Kind.REGISTER.value, "up", wire_bytes)
             self.registry.register(agent, msg.meta)  # validated before; back online
@@ -232,6 +241,18 @@ class MqttEngine(Engine):
                                     compression=command.compression)
         for agent in recipients:  # what each device downloads, broadcast or not
             self.counters.add(agent, command.kind, "down", nbytes)
+
+    def _only_readers(self, live: list[str]) -> bool:
+        """Whether every device that can read down/all is among `live` (caller holds the
+        lock): every registered online agent, every device seen connected (a refused
+        registration still listens), and in a provisioned fleet every enrolled device (its
+        persistent session would get the message on its next connect). Otherwise weights
+        and bundles go per device, so only the round's participants receive the model."""
+        recipients = set(live)
+        keyring = self.endpoint.options.keyring
+        enrolled = set(keyring.senders) if keyring is not None else set()
+        return (self.registry.covers_online(live) and self._present <= recipients
+                and enrolled <= recipients)
 
     def _retransmit(self, pendings: list[_Pending]) -> None:
         for p in pendings:
@@ -316,7 +337,7 @@ class MqttEngine(Engine):
                     self.registry.set_state(agent, "busy")
                 # One publish on down/all only when it reaches nobody else: every agent
                 # subscribed to down/all downloads it, and device links are the scarce ones.
-                if len(live) > 1 and self.registry.covers_online(live):
+                if len(live) > 1 and self._only_readers(live):
                     sends.append((self.topics.down_all, message, command, live))
                 else:
                     sends.extend((self.topics.down(a), message, command, [a]) for a in live)
