@@ -250,9 +250,11 @@ class MqttEngine(Engine):
         and bundles go per device, so only the round's participants receive the model."""
         recipients = set(live)
         keyring = self.endpoint.options.keyring
-        enrolled = set(keyring.senders) if keyring is not None else set()
-        return (self.registry.covers_online(live) and self._present <= recipients
-                and enrolled <= recipients)
+        enrolled = keyring.senders if keyring is not None else []
+        # sizes first: O(selected) per step, never O(fleet) (docs/scale.md)
+        return (len(self._present) <= len(recipients) and len(enrolled) <= len(recipients)
+                and self.registry.covers_online(live) and self._present <= recipients
+                and recipients.issuperset(enrolled))
 
     def _retransmit(self, pendings: list[_Pending]) -> None:
         for p in pendings:
