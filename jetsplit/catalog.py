@@ -150,16 +150,15 @@ _GAPSL_PAPER = {"optimizer": "sgd", "momentum": 0.9, "client_lr": 0.005, "server
                 "client_batch": 128, "psl_reduction": "sum"}
 #: PSL's and GAPSL's default rate, where the others take `lr`'s 0.01: their client blocks
 #: are never averaged, so each steps on one device's data alone. A sweep on a validation
-#: split (benchmarks/gapsl_vs_psl.py; AlexNet/MNIST, dirichlet:0.1) scored PSL 0.579,
-#: 0.564, 0.448 and GAPSL 0.599, 0.638, 0.394 at 0.001, 0.003, 0.01: 0.003 is GAPSL's best
-#: and within 1.5 points of PSL's, and one rate keeps the two differing in the method alone.
+#: split (benchmarks/gapsl_vs_psl.py) found it GAPSL's best and close to PSL's, and one rate
+#: keeps the two differing in the method alone
+#: (docs/results.md#gapsl-vs-psl-each-at-its-swept-learning-rate).
 _PSL_LR = 0.003
 #: SplitFed V2's default rate (both variants). Its one server block steps on each client in
-#: turn; under dirichlet:0.1 a client holds about one class, and at 0.01 one step on it sent
-#: the next client's loss from 2.6 to 705.6 (seed 1), which the divergence guard stops. The
-#: same sweep over seeds 0-2 scored V2 0.552, 0.571, 0.573 and V2-interleaved 0.805, 0.817,
-#: 0.774 at 0.001, 0.003, 0.01: 0.003 is V2-interleaved's best and equals V2's best within
-#: 0.002, and no run at 0.003 diverged (docs/results.md).
+#: turn; under dirichlet:0.1 a client holds about one class, and at 0.01 one step on it can
+#: send the next client's loss up by orders of magnitude, which the divergence guard stops.
+#: The same sweep found it V2-interleaved's best and as good as V2's, and no run at it
+#: diverged (docs/results.md#splitfed-v2s-rate-sweep).
 _SPLITFED_V2_LR = 0.003
 
 #: Every method, in the order the CLI lists them. Presets: GAPSL's paper (§IV-A, VGG-16 on
@@ -167,8 +166,8 @@ _SPLITFED_V2_LR = 0.003
 #: client and L_g a sum over clients (eq. 8), as PSL's L. SHeRL-FL's paper trains every tier
 #: with Adam; its learning-rate value is lost in the text, 1e-3 is Adam's customary default.
 #: By default PSL and GAPSL step their server block on the clients' mean loss, so the step
-#: does not grow with the number of clients (the paper's sum with momentum 0.9 diverged in
-#: round 1 on AlexNet/MNIST at 5 clients), and GAPSL trains like PSL (plain SGD at
+#: does not grow with the number of clients (the paper's sum with momentum 0.9 diverged on
+#: AlexNet/MNIST: docs/results.md), and GAPSL trains like PSL (plain SGD at
 #: _PSL_LR, B_k ∝ |D_k|) so the two differ in the method alone. The other papers' settings
 #: are for their own models and data and are left to the general settings.
 METHODS: Dict[str, MethodEntry] = {e.name: e for e in (

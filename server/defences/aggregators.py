@@ -1,8 +1,8 @@
 """How uploads combine: FedAvg's sample-weighted mean (McMahan et al.; SplitFed's Fed
 server), layer-wise over mixed cuts, and the robust rules chosen by `[train] aggregator`.
 
-FedAvg trusts every upload: one enrolled device that scales its weights by 1,000 takes a
-run from 0.63 to 0.09. These rules bound what one device can do to an average, for every
+FedAvg trusts every upload: one enrolled device that scales its weights by 1,000 wrecks a
+run (docs/results-robustness.md). These rules bound what one device can do to an average, for every
 block devices send (client blocks, aux heads, a SHeRL-FL edge's block, FedAvg's whole
 model), layer by layer over mixed cuts like `layerwise_fedavg`:
 
@@ -19,8 +19,8 @@ model), layer by layer over mixed cuts like `layerwise_fedavg`:
 
 Before any rule, a device whose update is more than `outlier_bound` × the median update
 norm (over at least three devices) is left out of that average: scaled or noisy weights are
-hundreds of times the typical update, a healthy honest one is not (a 30-sample device with
-BatchNorm on batches of 3 was ~1000×: left out, like a broken one). Where nobody is over it
+hundreds of times the typical update, a healthy honest one is not (a tiny device training
+BatchNorm on batches of 3 can be far over it: left out, like a broken one). Where nobody is over it
 every rule gives the same bits as without it; it keeps one upload from owning the `mean`.
 
 Integer buffers (BatchNorm's `num_batches_tracked`) take the element-wise max under
@@ -191,8 +191,8 @@ def _columns(states: Mapping[str, Arrays], agents: list[str], name: str
     """Tensor `name` of every device, flattened, `CHUNK` coordinates at a time: (the slice,
     the devices' values there as a float64 (devices, coordinates) array). A coordinate-wise
     rule over each slice gives the bits it gives over the whole tensor, without a float64
-    copy of every upload (and the sort order beside it): the whole-tensor version held 37×
-    one AlexNet upload at once (`benchmarks/bench_defence_cost.py`)."""
+    copy of every upload (and the sort order beside it), which on a large model holds dozens
+    of uploads' worth of memory (docs/results-robustness.md#robust-aggregation-rules)."""
     flat = [states[a][name].reshape(-1) for a in agents]
     for start in range(0, flat[0].size, CHUNK):
         part = slice(start, min(start + CHUNK, flat[0].size))

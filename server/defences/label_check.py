@@ -4,7 +4,7 @@ both.
 A device that flips or shifts its labels sends honest-looking activations with honest-looking
 norms, and its loss on the server block stays near the fleet's: its own client block and the
 shared server block both learn its mapping (a shifted-label device holding a quarter of the
-data costs SCALA 25 points under every norm and loss bound). But in split learning the
+data passes every norm and loss bound, and costs SCALA dearly). But in split learning the
 coordinator sees every sample's activations *and* its label, and all devices start each round
 from the same client block: the samples an honest device labels c look like everyone's c,
 while those a label-shifter labels c look like everyone's c − 1.
@@ -22,9 +22,9 @@ and every step re-judges, so a device that mends its labels comes back.
 
 A verdict changes only after `CONFIRM` judgements in a row say so, each at a step the device
 sent samples. On a block not yet trained the fleet's centroids sit close, and an honest device
-was once over half for a single step (SplitFed V1, round 0: 30 of 52, then 0 of 26 at its
-next step) while a shifter was over half at every step of a round but the first after a
-new round's decay (measured: docs/results.md).
+can be over half for a single step, while a shifter is over half at every step of a round
+but the first after a new round's decay: no threshold tells them apart, persistence does
+(measured: docs/results-robustness.md#flipped-labels-the-label-check).
 
 On a clean fleet nobody is inconsistent and nothing changes, bit for bit (measured: the clean
 runs of `benchmarks/bench_robust.py`).

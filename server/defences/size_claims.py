@@ -3,18 +3,18 @@
 A device's registered |D_k| sets its weight in every average (FedAvg, layer-wise averages
 over mixed cuts, Ampere's validation mean), its share of each iteration's batch, and the
 planner's data size. An enrolled device can still lie: one that claims 10^9 samples would
-own every average and 89% of each batch. So every weight is the claim capped at a multiple
+own every average and most of each batch. So every weight is the claim capped at a multiple
 of the fleet's median claim. A minority that exaggerates cannot move the median, so it
 cannot raise its own cap; honest devices within `factor` of the median keep their exact
 |D_k| (every paper's weights). The device's own work (an Ampere epoch, an upload's row
 count) still uses its raw claim: that only costs the liar.
 
-Why 5: honest fleets are skewed too. Over 5 to 10 seeds of the shipped partitioners on 5,000
-labels, the largest honest device held at most 1.85× the median under `quantity:2`, 3.62×
-under `dirichlet:0.1` with 10 devices and 4.19× with 20, but up to 12.7× with 50 devices
-and 25× under `dirichlet:0.05` with 100: such fleets need a larger `size_cap` (or 0), and
-every cap that fires is logged and kept in summary.json. A liar among 10 devices holds at
-most 5/14 of an average instead of ~all of it.
+Why 5: honest fleets are skewed too. Under the shipped partitioners the largest honest
+device stays under 5× the median at `quantity:2` and at `dirichlet:0.1` with 10 or 20
+devices, but not with 50 devices nor at `dirichlet:0.05` with 100
+(docs/results-robustness.md#size-lies-and-provisioned-sizes): such fleets need a larger
+`size_cap` (or 0), and every cap that fires is logged and kept in summary.json. A liar among
+10 devices holds at most 5/14 of an average instead of ~all of it.
 
 The median cap still lets an exaggerating device weigh up to 5× the median, several times
 its truth. Where the operator knows what each device holds, `jetsplit provision --size

@@ -3,7 +3,7 @@ fleet's.
 
 A split method updates its server block every iteration from every device's activations.
 Only NaN and infinity were refused, so a device sending activations × 10^6 steered the
-shared block (0.63 → 0.10 in a live run). Here each sample's activation norm is bounded at
+shared block (docs/results-robustness.md). Here each sample's activation norm is bounded at
 `factor` × a robust reference: the median of the per-device median norms, over this step's
 devices and the last `window` steps' (kept per activation shape, since devices at different
 cuts send different tensors). A device whose median is over the bound is scaled back to
@@ -137,10 +137,10 @@ class LossBound(RunningBound):
     labels. Such a loss is far over chance level (ln C, what a uniform guess scores).
     `floor` (the trainer gives LOSS_FLOOR × ln C) keeps an honest device that does better
     than chance in: late in a clean run the fleet's median loss nears 0, and 3× it
-    down-weighted every device's hard batches (all ten devices, in 27 of 30 rounds of a
-    clean SCALA run); under SplitFed V2's client-after-client schedule the next device's
-    first steps sit over 3× the loss of the server block just fitted to the last one
-    (docs/results.md)."""
+    down-weighted honest devices' hard batches in most rounds of a clean run; under
+    SplitFed V2's client-after-client schedule the next device's first steps sit over 3×
+    the loss of the server block just fitted to the last one
+    (docs/results-robustness.md#what-the-default-defence-costs-a-clean-run)."""
 
     noun = "loss"
 
@@ -230,8 +230,8 @@ def gradient_norm(grads: Sequence[torch.Tensor]) -> float:
 
 def gradient_norms(gradients: Sequence[Sequence[torch.Tensor]]) -> list[float]:
     """The norm of each whole gradient (each given per tensor; an empty one is 0), with one
-    host read for all: in the tensors' own precision (float64 costs 16× on AlexNet's 20M
-    parameters), again in float64 only for a gradient where that overflowed, so a huge
+    host read for all: in the tensors' own precision (float64 costs many times more on a
+    large model), again in float64 only for a gradient where that overflowed, so a huge
     gradient reads as huge, never as infinite."""
     import math
 

@@ -3,7 +3,7 @@
 A device that reverses its update (uploads g − (w − g), g the block it was sent) keeps an
 honest norm, so the outlier bound passes it, and under the size-weighted mean it subtracts its
 share of the fleet's progress: one such device of ten, holding a quarter of the data, cost
-FedAvg 26 points. Its direction gives it away: an honest update points, on the whole, where
+FedAvg dearly. Its direction gives it away: an honest update points, on the whole, where
 the fleet's median update points (every device starts from the same block and fits the same
 task), a reversed one points away.
 
@@ -20,13 +20,14 @@ its honest rounds outweigh the older ones.
 Only blocks the devices trained are judged (`Trainer.aggregate(uploaded=...)`), not the
 server copies the coordinator trains for SplitFed V1 and Ampere: nobody can reverse those,
 and the copy of a device holding a quarter of the data, label skewed, honestly pointed away
-from the median for rounds (running mean −0.01 in a clean run). The same holds, less so,
-for such a device's own uploads (FedAvg's model: its running mean stayed above +0.07 in the
-clean runs measured, against +0.2 and more for every other device), so this catches a
+from the median for rounds, even in a clean run. The same holds, less so, for such a
+device's own uploads (its running mean stays positive, but well under every other
+device's), so this catches a
 device that keeps reversing its updates, and cannot tell a subtle one from honest skew.
 
 On a clean fleet nobody is opposed and nothing changes, bit for bit (tested, and no verdict
-in the clean runs of FedAvg, SCALA and SplitFed V1 measured; docs/results.md).
+in the clean runs of FedAvg, SCALA and SplitFed V1 measured). The measurements behind the
+constants below: docs/results-robustness.md#reversed-updates-the-direction-check.
 """
 
 from __future__ import annotations
@@ -40,23 +41,21 @@ import numpy as np
 
 from jetsplit.server.defences.aggregators import Arrays
 
-# evidence kept at each new round: an honest device holding a quarter of the data, label
-# skewed, had cosines +0.67, -0.09, -0.10, +0.03 over its first rounds (FedAvg, MNIST,
-# dirichlet:0.5); at 0.5 its running mean fell to +0.01, at 0.9 it stays above +0.07
+# evidence kept at each new round: slow enough that a large, label-skewed honest device's
+# early negative cosines do not drag its running mean under OPPOSED_BELOW (at 0.5 they
+# nearly did)
 DECAY = 0.9
 # running mean cosine with the fleet's median update under which a device is opposed. A
-# reverser starts far under it (-0.58 under FedAvg, -0.79 on SCALA's client blocks, round
-# 0) and the return bound then holds it. The margin is thin for an honest device holding a
-# quarter of the data, label skewed: +0.04 in a clean 30-round FedAvg run. At -0.1 instead,
-# a FedAvg label flipper (running mean -0.01 from round 21) was never caught: 0.721 against
-# 0.884 at 0 (clean 0.909; docs/results.md)
+# reverser starts far under it from its first upload, and the return bound then holds it.
+# The margin is thin for an honest device holding a quarter of the data, label skewed; a
+# lower bound would spare it more, but let a FedAvg label flipper, whose updates drift
+# away only slowly, stay in
 OPPOSED_BELOW = 0.0
-# ... and an opposed device is back in once its running mean is over this: a reverser's
-# cosines hovered around +0.1 once it was left out (its own classes pulled against the
-# fleet's), so at 0 it came back every third round, at 0.1 after 27 rounds (FedAvg,
-# MNIST, dirichlet:0.5, 30 rounds: three rounds back in cost it 10 points); an honest
-# device's running mean was +0.2 or more in the clean runs, +0.08 for one holding a
-# quarter of the data, label skewed (who, never opposed, is never held to this)
+# ... and an opposed device is back in once its running mean is over this: a reverser left
+# out has small positive cosines (its own classes pull against the fleet's), so a bound
+# near 0 lets it back in every few rounds, and each return costs the run dearly; honest
+# devices sit above it (but for a large, label-skewed one, who, never opposed, is never
+# held to this)
 RETURN_ABOVE = 0.25
 MIN_DEVICES = 4  # devices holding a tensor before their median is the fleet's update
 MIN_EVIDENCE = 1.0  # (decayed) averages seen before a device is judged
@@ -123,8 +122,8 @@ def update_cosines(states: Mapping[str, Arrays], reference: Arrays,
     least MIN_DEVICES devices hold: u_k its update, m the coordinate-wise median update. A
     device with no such tensor, a zero update (or a zero median), or one too large for a
     finite cosine, gets none. Over `sample` coordinates in all, the same seeded random
-    ones for every device (a cosine over 2^18 of AlexNet's 20M coordinates is within ~0.01
-    of the whole one, at a fortieth of the cost); below that, over every one, exactly."""
+    ones for every device (on a large model, close to the cosine over every coordinate at
+    a small fraction of its cost); below that, over every one, exactly."""
     holders: dict[str, list[str]] = {}
     for agent in sorted(states):
         for name, value in states[agent].items():

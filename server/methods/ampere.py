@@ -34,9 +34,9 @@ zero server block, which never leaves it.
 Rounds: `rounds` is the whole budget; phase 1 takes up to min(N_d, rounds − 1) of them and
 every remaining round is one server epoch (N_s = rounds − phase-1 rounds). N_d defaults to
 half the rounds: the paper trains each side to convergence, and with a fixed budget a phase
-1 that kept improving would leave the server block, trained from scratch, one epoch (10
-rounds on AlexNet/MNIST: 0.33 at iid, at chance without consolidation under
-`dirichlet:0.1`, benchmarks/method_matrix.py). `local_steps` is
+1 that kept improving would leave the server block, trained from scratch, one epoch, and the
+model far under what half the rounds each reach (benchmarks/method_matrix.py;
+docs/results.md#measurements-behind-the-defaults). `local_steps` is
 not used. Rows carry `phase` and `validation_accuracy` besides the usual fields; in phase 1
 `accuracy` is client∘server with the still untrained server block, which is what the
 system would serve at that point.

@@ -42,8 +42,8 @@ def step_averaged(server: nn.Module, optimizer: torch.optim.Optimizer,
     """Client i gets ∂L_i/∂A_i (its own mean loss, like SCALA's G_k); the server steps on
     `server_loss` (a sum over clients as the GAPSL paper's eq. 8, or their mean: see `reduced`).
 
-    With the sum the server's step grows with the number of clients: PSL on AlexNet/MNIST
-    with 10 clients per step at plain-SGD lr 0.01 diverged (NaN in round 0). The mean
+    With the sum the server's step grows with the number of clients, enough to diverge PSL
+    at plain SGD's default rate (docs/results.md#measurements-behind-the-defaults). The mean
     variant keeps the step size independent of |S|; selection and directions are the
     same either way."""
     grads = torch.autograd.grad(torch.stack([losses[i] for i in chosen]).sum(),

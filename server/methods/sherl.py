@@ -179,10 +179,10 @@ class SHeRL(Method):
         self.edge_flops = edge_block(costs, k1, k2).train_flops
         # The cloud head trains with the cloud tier's optimiser: by default Adam, as the
         # paper trains every tier (server/optim.PAPER). The edge's
-        # contrastive loss ignores the embeddings' scale and lets it shrink (AlexNet on
-        # digits: mean norm 3.5 → 0.5 in 20 steps), which stalls SGD on the head: 60
-        # steps took its cross-entropy from 2.303 to 2.271 with SGD at lr 0.1, to 0.33
-        # with Adam at 1e-3 (same features). The base class checkpoints this optimizer.
+        # contrastive loss ignores the embeddings' scale and lets it shrink, which stalls SGD
+        # on the head, while Adam, blind to the scale, trains it on the same features
+        # (docs/results.md#measurements-behind-the-defaults). The base class checkpoints
+        # this optimizer.
         t.optimizer = tier_optimizer(t.settings, "cloud").for_module(self.head)
 
     def _plan_edge_split(self) -> int:

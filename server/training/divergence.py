@@ -5,9 +5,9 @@ and the likely cause, instead of training on at chance while looking like a fini
 Why these thresholds: a classifier that guesses has cross-entropy ln C (2.30 for 10
 classes), and an untrained one starts near it; a mean loss ten times above both that and the
 run's first loss means confident wrong answers everywhere, which only a step too large
-produces (PSL on AlexNet/MNIST at its summed loss: 26.9 in round 1, then at chance for good).
+produces (PSL at its summed loss: docs/results.md#measurements-behind-the-defaults).
 One such step is not yet divergence: SplitFed V1 on AlexNet/MNIST at its defaults (13
-samples per server copy) goes 3.2, 41.1, 7.2, 3.6, 3.0, 2.5 in its first steps and then
+samples per server copy) spikes an order of magnitude once in its first steps and then
 learns. So the loss must stay over that line for `PATIENCE` checks in a row at one tier,
 unless it is a hundred times over (`SPIKE`) or not a number, which end the run at once.
 """

@@ -325,7 +325,8 @@ class Trainer:
         may combine several: client blocks, server copies, aux heads). `uploaded` False: the
         coordinator trained these blocks itself (SplitFed V1's and Ampere's server copies), so
         no device can have reversed them, and the direction check skips them (a label-skewed
-        device's copy honestly points away from the median: measured)."""
+        device's copy honestly points away from the median:
+        docs/results-robustness.md#reversed-updates-the-direction-check)."""
         s = self.settings
         notes: dict[str, str] = {}
         excluded = self.consistency.excluded(sorted(states))
