@@ -141,7 +141,7 @@ def _to_mode(image: Any, channels: int) -> Any:
     if mode in _HIGH_BIT_MODES:
         arr = np.asarray(image, dtype=np.float64)
         arr = np.clip(arr if mode == "F" else arr / 65535.0, 0.0, 1.0)
-        return pillow().fromarray(arr.astype(np.float32), mode="F")
+        return pillow().fromarray(arr.astype(np.float32))  # 2-D float32: mode F
     if channels == 1 or mode in GREY_MODES:
         return image.convert("L") if mode != "L" else image
     if mode == "P" and "transparency" in image.info:
