@@ -243,25 +243,34 @@ def read_manifest(path: Path) -> Tuple[List[str], List[str], List[int]]:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{where}: cannot read ({exc})") from None
     rows: List[Tuple[str, str]] = []
-    for line, row in enumerate(csv.reader(io.StringIO(text)), start=1):
-        if not row or all(not cell.strip() for cell in row):
-            continue
-        cells = [cell.strip() for cell in row]
-        if line == 1 and [c.lower() for c in cells] == ["path", "label"]:
-            continue
-        if len(cells) != 2 or not cells[0] or not cells[1]:
-            raise ConfigError(f"{where} line {line}: expected 'path,label', got {row!r:.120}")
-        if len(cells[1]) > _MAX_CLASS_NAME:
-            raise ConfigError(f"{where} line {line}: class name over {_MAX_CLASS_NAME} chars")
-        file = path.parent / cells[0]
-        if not file.is_file():
-            raise ConfigError(f"{where} line {line}: {cells[0]}: no such file")
-        rows.append((str(file), cells[1]))
+    try:
+        for line, row in enumerate(csv.reader(io.StringIO(text)), start=1):
+            parsed = _manifest_row(path, line, row)
+            if parsed is not None:
+                rows.append(parsed)
+    except csv.Error as exc:
+        raise ConfigError(f"{where}: not a CSV file ({exc})") from None
     if not rows:
         raise ConfigError(f"{where}: no images listed")
     classes = sorted({label for _, label in rows})
     index = {name: i for i, name in enumerate(classes)}
     return classes, [f for f, _ in rows], [index[label] for _, label in rows]
+
+
+def _manifest_row(path: Path, line: int, row: List[str]) -> Optional[Tuple[str, str]]:
+    """One manifest row as (file, class name); None for a blank line or the header."""
+    where = f"manifest {path} line {line}"
+    cells = [cell.strip() for cell in row]
+    if not any(cells) or (line == 1 and [c.lower() for c in cells] == ["path", "label"]):
+        return None
+    if len(cells) != 2 or not cells[0] or not cells[1]:
+        raise ConfigError(f"{where}: expected 'path,label', got {row!r:.120}")
+    if len(cells[1]) > _MAX_CLASS_NAME:
+        raise ConfigError(f"{where}: class name over {_MAX_CLASS_NAME} chars")
+    file = path.parent / cells[0]
+    if not file.is_file():
+        raise ConfigError(f"{where}: {cells[0]}: no such file")
+    return str(file), cells[1]
 
 
 def load_image_folder(path: Any, options: Optional[ImageOptions] = None) -> ImageDataset:
