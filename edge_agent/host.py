@@ -22,14 +22,14 @@ import time
 import torch
 
 from jetsplit.bundle import Bundle
-from jetsplit.data import ArrayDataset, client_shards, load_dataset_split
+from jetsplit.data import Dataset, client_shards, load_dataset_split
 from jetsplit.edge_agent.config import AgentConfig
 from jetsplit.edge_agent.daemon import AgentDaemon, ReplyCache
 from jetsplit.edge_agent.edge import no_data
 from jetsplit.edge_agent.emulation import DeviceClock
 from jetsplit.edge_agent.service import SystemdNotifier
 from jetsplit.edge_agent.worker import AgentWorker
-from jetsplit.edge_agent.worker_factory import agent_attack, pick_device
+from jetsplit.edge_agent.worker_factory import agent_attack, image_options, pick_device
 from jetsplit.errors import ConfigError
 from jetsplit.profiles import resolve_profile
 
@@ -74,12 +74,13 @@ class FleetHost:
         self.daemons: list[AgentDaemon] = []
         self._threads: list[threading.Thread] = []
 
-    def _shards(self) -> list[ArrayDataset]:
+    def _shards(self) -> list[Dataset]:
         """Every hosted client's shard, cut from one copy of the dataset loaded once."""
         if self.base.role != "client":
             return [no_data() for _ in self.configs]
         data = self.base.data
-        train, _ = load_dataset_split(data.dataset, data.test_fraction, data.seed)
+        train, _ = load_dataset_split(data.dataset, data.test_fraction, data.seed,
+                                      image_options(data))
         shards = client_shards(train.y, data.clients, data.partition, data.seed,
                                train.num_classes)
         return [train.subset(shards[c.data.index]) for c in self.configs]

@@ -34,7 +34,9 @@ from jetsplit.bundle import (
     load_bundle,
     parse_manifest,
 )
-from jetsplit.data import ArrayDataset
+from jetsplit.data import Dataset
+from jetsplit.data.feed import BatchFeed
+from jetsplit.data.feed import BatchSampler as BatchSampler  # where tests draw batches
 from jetsplit.edge_agent.attacks import Attack
 from jetsplit.edge_agent.edge import EdgeRole, EdgeTier
 from jetsplit.edge_agent.emulation import DeviceClock
@@ -68,34 +70,6 @@ log = logging.getLogger("jetsplit.agent")
 MAX_PENDING_FORWARDS = 16  # activations kept for a backward that may never come
 
 
-class BatchSampler:
-    """Seeded epoch-wise shuffling, restarted each round from (seed, round): the same seed
-    gives the same batches in any process, and an agent that restarts (or a coordinator that
-    resumes from a checkpoint) draws exactly the batches an uninterrupted run would."""
-
-    def __init__(self, size: int, seed: int) -> None:
-        self.size, self.seed = size, seed
-        self._round: int | None = None
-        self._order = np.arange(size)
-        self._cursor = size
-
-    def _start(self, round_: int) -> None:
-        self._round = round_
-        self.generator = torch.Generator().manual_seed(self.seed * 1_000_003 + round_)
-        self._cursor = self.size  # first draw shuffles
-
-    def next(self, batch: int, round_: int = 0) -> np.ndarray:
-        if round_ != self._round:
-            self._start(round_)
-        batch = min(batch, self.size)
-        if self._cursor + batch > self.size:
-            self._order = torch.randperm(self.size, generator=self.generator).numpy()
-            self._cursor = 0
-        indices = self._order[self._cursor:self._cursor + batch]
-        self._cursor += batch
-        return np.sort(indices)
-
-
 def warm_up(block: nn.Module, batch_shape: Tuple[int, ...], device: torch.device,
             opt: OptimizerArgs) -> None:
     """One throwaway training pass through a copy of the block at a new batch shape, so the
@@ -121,7 +95,7 @@ class AgentWorker(EdgeRole):
     def __init__(
         self,
         agent_id: str,
-        data: ArrayDataset,
+        data: Dataset,
         *,
         role: str = "client",
         seed: int = 0,
@@ -132,6 +106,7 @@ class AgentWorker(EdgeRole):
         clock: DeviceClock | None = None,
         threads: int = 0,
         attack: Attack | None = None,
+        loader_workers: int = 0,
     ) -> None:
         if len(data) == 0 and role != "edge":  # an edge trains on its clients' activations
             raise JetsplitError(f"agent {agent_id}: its dataset is empty")
@@ -152,7 +127,10 @@ class AgentWorker(EdgeRole):
             state_dir = self._tmp.name
         self.state_dir = Path(state_dir)
         self._files: FileCache | None = None  # content-addressed, made on first bundle
-        self.sampler = BatchSampler(len(data), seed)
+        # Training batches: arrays indexed in place, images decoded per batch (by
+        # `loader_workers` processes ahead of the step, or here with 0).
+        self.feed = BatchFeed(data, seed, loader_workers)
+        self.sampler = self.feed.sampler
         # Simulations share verified bundles between in-process agents (one copy in memory).
         self.bundle_cache = bundle_cache
         self.bundle: Bundle | None = None
@@ -284,10 +262,8 @@ class AgentWorker(EdgeRole):
         return self._optimizers[target]
 
     def _batch(self, size: int, round_: int) -> tuple[torch.Tensor, torch.Tensor]:
-        idx = self.sampler.next(size, round_)
-        x = torch.from_numpy(self.data.x[idx]).to(self.device)
-        y = torch.from_numpy(self.data.y[idx]).to(self.device)
-        return x, y
+        x, y = self.feed.next(size, round_)
+        return torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device)
 
     def _client_changed(self) -> None:
         self._onnx_current = False
@@ -550,26 +526,31 @@ class AgentWorker(EdgeRole):
         total = len(self.data)
         if args.offset >= total:
             raise ProtocolError(f"generate offset {args.offset} is past the {total} samples")
-        rows = slice(args.offset, total if args.limit is None else args.offset + args.limit)
-        inputs = self.data.x[rows]
+        stop = total if args.limit is None else min(total, args.offset + args.limit)
+        chunks = [(start, min(start + args.batch, stop))
+                  for start in range(args.offset, stop, args.batch)]
         if self._onnx_current:
             if self._onnx_block is None:
                 from jetsplit.runtimes.onnx_runtime import OnnxBlock
 
                 self._onnx_block = OnnxBlock(bundle.client_onnx)
-            activations = self._onnx_block.run_batched(inputs, args.batch)
+            parts = [self._onnx_block.run_batched(self.data.x[a:b], args.batch)
+                     for a, b in chunks]  # images are decoded chunk by chunk
             backend = self._onnx_block.providers[0]
         elif args.allow_torch:
             parts = []
             with eval_mode(self.client), torch.no_grad():
-                for start in range(0, len(inputs), args.batch):
-                    x = torch.from_numpy(inputs[start:start + args.batch]).to(self.device)
+                for a, b in chunks:
+                    x = torch.from_numpy(self.data.x[a:b]).to(self.device)
                     parts.append(self.client(x).cpu().numpy())
-            activations, backend = np.concatenate(parts), "torch"
+            backend = "torch"
         else:
             raise ProtocolError("client.onnx no longer matches the trained client block: "
                                 "send a fresh bundle (or allow_torch)")
-        return Result(meta={"backend": backend, "samples": len(inputs), "offset": args.offset,
+        activations = np.concatenate(parts)
+        rows = slice(args.offset, stop)
+        return Result(meta={"backend": backend, "samples": len(activations),
+                            "offset": args.offset,
                             "total": total, "seconds": round(time.perf_counter() - started, 4)},
                       tensors={"activations": self.attack.activations(
                           np.ascontiguousarray(activations, np.float32)),
@@ -586,10 +567,15 @@ class AgentWorker(EdgeRole):
                 "time": self.clock.snapshot(), "role": self.role, "profile": profile,
                 "split": None if self.bundle is None else self.bundle.split,
                 "last_round": self.last_round, "last_command": self.last_command,
-                "last_error": self.last_error}
+                "last_error": self.last_error, "data": self.data_report()}
         if args.logs and self.log_tail is not None:
             meta["logs"] = self.log_tail.lines(args.logs)
         return Result(meta=meta)
+
+    def data_report(self) -> dict[str, Any]:
+        """The local data's health: images skipped as undecodable (arrays skip none)."""
+        skips = getattr(self.data, "skips", None)
+        return {"skipped": 0, "skipped_examples": []} if skips is None else skips.report()
 
     def _do_shutdown(self, args: Any, round_: int, step: int, tensors: Tensors) -> Result:
         self.shutdown_requested = True  # the daemon exits after sending this reply

@@ -1,4 +1,4 @@
-"""Turning an agent.toml into a ready worker: data shard, profile, device, threads."""
+"""Turning an agent.toml into a ready worker: local data, profile, device, threads."""
 
 from __future__ import annotations
 
@@ -6,10 +6,19 @@ import logging
 
 import torch
 
-from jetsplit.data import ArrayDataset, client_shards, load_dataset_split
+from jetsplit.data import (
+    Dataset,
+    ImageDataset,
+    ImageOptions,
+    client_shards,
+    load_dataset,
+    load_dataset_split,
+    with_classes,
+)
+from jetsplit.data.feed import default_workers
 from jetsplit.devices import resolve_device
 from jetsplit.edge_agent.attacks import Attack, build_attack
-from jetsplit.edge_agent.config import AgentConfig
+from jetsplit.edge_agent.config import AgentConfig, DataSection
 from jetsplit.edge_agent.edge import no_data
 from jetsplit.edge_agent.emulation import DeviceClock
 from jetsplit.edge_agent.worker import AgentWorker
@@ -17,15 +26,43 @@ from jetsplit.errors import ConfigError
 from jetsplit.profiles import resolve_profile
 
 
-def local_dataset(config: AgentConfig) -> ArrayDataset:
-    """This agent's shard of the training split (the test split stays on the coordinator)."""
+def image_options(data: DataSection) -> ImageOptions:
+    """How `[data]` wants images sized, augmented and normalised."""
+    return ImageOptions(
+        image_size=data.image_size, channels=data.channels, random_crop=data.random_crop,
+        flip=data.flip, centre_crop=data.centre_crop,
+        mean=None if data.mean is None else tuple(data.mean),
+        std=None if data.std is None else tuple(data.std),
+        stats_sample=data.stats_sample, seed=data.seed)
+
+
+def local_dataset(config: AgentConfig) -> Dataset:
+    """The device's own data (`own`), else its shard of the training split (the test split
+    stays on the coordinator); relabelled to the run's classes when `[data] classes` names
+    them."""
     data = config.data
     if data.index >= data.clients:
         raise ConfigError(f"agent config: data.index {data.index} must be < data.clients "
                           f"{data.clients}")
-    train, _ = load_dataset_split(data.dataset, data.test_fraction, data.seed)
-    shards = client_shards(train.y, data.clients, data.partition, data.seed, train.num_classes)
-    return train.subset(shards[data.index])
+    options = image_options(data)
+    if data.own:
+        local = load_dataset(data.dataset, options)
+    else:
+        train, _ = load_dataset_split(data.dataset, data.test_fraction, data.seed, options)
+        shards = client_shards(train.y, data.clients, data.partition, data.seed,
+                               train.num_classes)
+        local = train.subset(shards[data.index])
+    if data.classes is not None:
+        if not isinstance(local, ImageDataset):
+            raise ConfigError("agent config: data.classes names the classes of a folder: or "
+                              f"csv: dataset, not of {data.dataset!r}")
+        local = with_classes(local, data.classes)
+    return local
+
+
+def loader_workers(config: AgentConfig) -> int:
+    """Decoding processes: `[data] workers`, or what the device's cores allow."""
+    return default_workers() if config.data.workers is None else config.data.workers
 
 
 def pick_device(choice: str) -> str:
@@ -45,7 +82,8 @@ def build_worker(config: AgentConfig) -> AgentWorker:
     return AgentWorker(config.agent, data, role=config.role,
                        seed=config.seed, state_dir=state, device=pick_device(config.device),
                        profile=profile, clock=DeviceClock(config.emulation),
-                       threads=config.threads, attack=agent_attack(config))
+                       threads=config.threads, attack=agent_attack(config),
+                       loader_workers=loader_workers(config))
 
 
 def agent_attack(config: AgentConfig) -> Attack:

@@ -237,9 +237,16 @@ class DatasetSummary(BaseModel):
     input_shape: List[Annotated[int, Field(ge=1, le=1 << 16, strict=True)]] = Field(
         max_length=4)
     label_histogram: List[Samples] = Field(max_length=100_000)
+    # Image folders and manifests name their classes (in label order): what a run agrees
+    # classes by. Array datasets send none.
+    classes: Optional[List[Annotated[str, Field(min_length=1, max_length=200)]]] = Field(
+        None, max_length=100_000)
 
     @model_validator(mode="after")
     def _histogram_adds_up(self) -> DatasetSummary:
+        if self.classes is not None and (len(self.classes) != self.num_classes
+                                         or len(set(self.classes)) != len(self.classes)):
+            raise ValueError(f"classes must name each of the {self.num_classes} classes once")
         if len(self.label_histogram) != self.num_classes:
             raise ValueError(f"label_histogram has {len(self.label_histogram)} classes, "
                              f"num_classes says {self.num_classes}")

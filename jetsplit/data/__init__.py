@@ -1,4 +1,5 @@
-"""Offline datasets and client partitioners (IID, quantity / Dirichlet / Ampere label skew)."""
+"""Offline datasets (arrays in memory, images decoded per batch) and client partitioners
+(IID, quantity / Dirichlet / Ampere label skew)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from jetsplit.data.datasets import (
     DATASET_SPECS,
     MAX_NPZ_BYTES,
     ArrayDataset,
+    Dataset,
     load_cifar10_dir,
     load_dataset,
     load_dataset_split,
@@ -16,6 +18,7 @@ from jetsplit.data.datasets import (
     load_npz,
     train_test_split,
 )
+from jetsplit.data.image_sets import ImageDataset, ImageOptions, load_manifest, with_classes
 from jetsplit.data.partition import (
     AMPERE_EPSILON,
     PARTITION_SCHEMES,
@@ -33,6 +36,9 @@ __all__ = [
     "MAX_NPZ_BYTES",
     "PARTITION_SCHEMES",
     "ArrayDataset",
+    "Dataset",
+    "ImageDataset",
+    "ImageOptions",
     "PartitionScheme",
     "client_shards",
     "label_histogram",
@@ -41,9 +47,11 @@ __all__ = [
     "load_dataset_split",
     "load_digits",
     "load_image_folder",
+    "load_manifest",
     "load_mnist",
     "load_npz",
     "parse_scheme",
     "partition",
     "train_test_split",
+    "with_classes",
 ]

