@@ -171,7 +171,8 @@ class Ampere(Method):
         live = t.live(selected)
         if self.epoch > 0:
             live = t.push_client(live, t.global_client, self.aux)
-        batches, claims = t.batches(live), t.claimed_sizes(live)  # an epoch of its own data
+        d = t.defences  # an epoch of its own data: its raw claim
+        batches, claims = d.batches(live), d.claimed_sizes(live)
         commands = {a: Command(Kind.TRAIN.value, {
             "target": "aux", "batch": batches[a], "lr": t.client_optimizer.lr,
             "steps": math.ceil(claims[a] / batches[a])}) for a in live}
@@ -195,13 +196,13 @@ class Ampere(Method):
         """FedAvg (weights |D_k|) layer by layer over the devices that hold the layer
         (p_k ≥ l; a layer nobody held this epoch keeps its weights), and each cut's aux
         head over the devices at that cut. With one cut: FedAvg of client + aux."""
-        t = self.trainer
-        sizes = t.sizes(sorted(states))
-        client = t.aggregate({a: subset(v, "client") for a, v in states.items()}, sizes,
+        t, d = self.trainer, self.trainer.defences
+        sizes = d.sizes(sorted(states))
+        client = d.aggregate({a: subset(v, "client") for a, v in states.items()}, sizes,
                              reference=t.global_client)
         t.global_client = {**t.global_client, **client}
         for cut, group in t.by_cut(sorted(states)).items():
-            self.aux[cut] = t.aggregate({a: subset(states[a], "aux") for a in group}, sizes,
+            self.aux[cut] = d.aggregate({a: subset(states[a], "aux") for a in group}, sizes,
                                         reference=self.aux.get(cut), block=f"aux head (cut {cut})")
 
     def _train_loss(self, out: Outcome, commands: dict[str, Command]) -> float | None:
@@ -272,7 +273,7 @@ class Ampere(Method):
         t = self.trainer
         assert self.validation is not None
         weights: dict[int, int] = {}
-        for agent, size in t.sizes(t.engine.registry.registered()).items():
+        for agent, size in t.defences.sizes(t.engine.registry.registered()).items():
             if size > 0:
                 weights[t.cut(agent)] = weights.get(t.cut(agent), 0) + size
         if len(weights) <= 1:
@@ -414,7 +415,7 @@ class Ampere(Method):
         store each slice as it lands and yield the store rows it added. An agent that
         misses a wave (or sends a bad slice) is asked again next round."""
         t, s, store = self.trainer, self.trainer.settings, self._store()
-        sizes = t.claimed_sizes(agents)  # the rows each device holds
+        sizes = t.defences.claimed_sizes(agents)  # the rows each device holds
         active, wave = list(agents), 0
         limits = {a: self._rows_per_reply(a) for a in agents}
         while active:
@@ -659,7 +660,7 @@ class AmpereNoConsolidation(Ampere):
                     losses.append(self._step(server, optimizer, rows))
             states[agent] = to_arrays(server, "server")
         with t.books.timed("aggregate"):  # under [train] aggregator, like every upload
-            merged = t.aggregate(states, counts, reference=to_arrays(t.server, "server"),
-                                 block="server copy", uploaded=False)
+            merged = t.defences.aggregate(states, counts, reference=to_arrays(t.server, "server"),
+                                          block="server copy", uploaded=False)
         load_strict(t.server, from_arrays(merged, "server"), "server average")
         return float(np.mean(losses)) if losses else None
