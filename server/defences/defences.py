@@ -48,27 +48,27 @@ class Registrations(Protocol):
 class Defences:
     """Every defence's state, and the operations a method calls on the data path."""
 
-    def __init__(self, config: Any, classes: int, registry: Registrations, books: Any, *,
+    def __init__(self, settings: Any, classes: int, registry: Registrations, books: Any, *,
                  fixed_batch: int | None = None) -> None:
-        """`config`: the run's settings record (server/training/settings.py; the defences
+        """`settings`: the run's settings record (server/training/settings.py; the defences
         read its `[train]` fields by name, declared there once); `books`: the round's books
         (server/training/round_books.py), where every verdict is noted, cleared by the
         round loop, never replaced; `fixed_batch`: a fixed per-client batch, where one is
         set (server/training/optimisers.client_batch)."""
-        self.config, self.registry, self.books = config, registry, books
+        self.settings, self.registry, self.books = settings, registry, books
         self.fixed_batch = fixed_batch
-        self.bench = Bench(config.max_misses)  # who keeps missing deadlines sits out
-        self.activation_bound = ActivationBound(config.activation_bound)
+        self.bench = Bench(settings.max_misses)  # who keeps missing deadlines sits out
+        self.activation_bound = ActivationBound(settings.activation_bound)
         self.loss_bound = LossBound(  # a fitted device is no outlier, however small the median
-            config.loss_bound, floor=LOSS_FLOOR * math.log(classes))
-        self.step_gradient_bound = StepGradientBound(config.gradient_bound)  # SplitFed V2
-        self.claims = ClaimBooks(config.provisioned_sizes)  # |D_k| as weights, capped
+            settings.loss_bound, floor=LOSS_FLOOR * math.log(classes))
+        self.step_gradient_bound = StepGradientBound(settings.gradient_bound)  # SplitFed V2
+        self.claims = ClaimBooks(settings.provisioned_sizes)  # |D_k| as weights, capped
         # the labels each device sent, against the histogram it registered
-        self.labels = LabelTally(classes, config.histogram_check == "on")
+        self.labels = LabelTally(classes, settings.histogram_check == "on")
         # whose labels do not fit their activations (server/defences/label_check.py)
-        self.consistency = LabelConsistency(classes, config.label_check == "on", config.seed)
+        self.consistency = LabelConsistency(classes, settings.label_check == "on", settings.seed)
         # whose uploads pull against the fleet's (server/defences/update_direction.py)
-        self.direction = UpdateDirection(config.direction_check == "on")
+        self.direction = UpdateDirection(settings.direction_check == "on")
         # block → the devices the outlier bound left out of its latest average
         self.outliers: dict[str, frozenset[str]] = {}
 
@@ -78,12 +78,18 @@ class Defences:
                ) -> tuple[list[str], list[torch.Tensor], list[torch.Tensor]]:
         """A step's inputs as the server update may use them: each sample's activation norm
         bounded against the fleet's (server/defences/step_bounds.py), the label check shown
-        them, and the devices whose labels do not fit their activations dropped: they sit
-        out the server update and get no gradient (their forwards still come, so they are
-        judged again each step); noted per round."""
+        them, and then only the `trusted` ones."""
         acts = self.activation_bound.apply(agents, acts, self.books.bounded,
                                            self.books.activation_scale)
         self.consistency.observe(agents, acts, labels)
+        return self.trusted(agents, acts, labels)
+
+    def trusted(self, agents: list[str], acts: list[torch.Tensor], labels: list[torch.Tensor]
+                ) -> tuple[list[str], list[torch.Tensor], list[torch.Tensor]]:
+        """This step's inputs without the devices whose labels do not fit their activations
+        (server/defences/label_check.py): they sit out the server update and get no
+        gradient (their forwards still come, so they are judged again each step); noted
+        per round."""
         excluded = self.consistency.excluded(agents)
         if not excluded:
             return agents, acts, labels
@@ -114,17 +120,17 @@ class Defences:
         """Whether a shared step whose per-device gradients are not otherwise computed
         (SCALA's family, PSL) measures each device's share of the server gradient: only
         under `[train] gradient_shares = "all"`, since that costs one backward per device."""
-        return self.config.gradient_bound > 0 and self.config.gradient_shares == "all"
+        return self.settings.gradient_bound > 0 and self.settings.gradient_shares == "all"
 
     def share_weights(self, agents: list[str], norms: torch.Tensor | Sequence[float]
                       ) -> list[float] | None:
         """Per device, the weight that keeps its share of the server gradient (`norms`, its
         own term's gradient norm) within `gradient_bound` × the step's median; None: all 1
         (step_bounds.gradient_shares). One host read of the norms."""
-        if self.config.gradient_bound <= 0:
+        if self.settings.gradient_bound <= 0:
             return None
         values = norms.detach().tolist() if hasattr(norms, "detach") else list(norms)
-        return gradient_shares(agents, values, self.config.gradient_bound,
+        return gradient_shares(agents, values, self.settings.gradient_bound,
                                self.books.gradient_clipped, self.books.gradient_clipped_steps)
 
     def step_gradient_weight(self, agent: str, grads: list[torch.Tensor]) -> float | None:
@@ -134,7 +140,7 @@ class Defences:
         `[train] gradient_shares = "all"` (docs/results.md: under the default it would clip
         honest devices' first steps after the block fitted the one before)."""
         if (self.step_gradient_bound.factor <= 0 or not grads
-                or self.config.gradient_shares != "all"):
+                or self.settings.gradient_shares != "all"):
             return None
         weights = self.step_gradient_bound.weights(
             [agent], [gradient_norm(grads)], self.books.gradient_clipped,
@@ -159,7 +165,7 @@ class Defences:
         its provisioned size and at most `size_cap` × the median claim of the fleet's
         clients (server/defences/size_claims.py)."""
         return self.claims.weights(self.claimed_sizes(agents), self.registry.client_claims(),
-                                   self.config.size_cap)
+                                   self.settings.size_cap)
 
     def batches(self, agents: list[str], left_out: set[str] | frozenset[str] = frozenset()
                 ) -> dict[str, int]:
@@ -181,7 +187,7 @@ class Defences:
             probing = set()
         total = sum(n for a, n in sizes.items() if a not in probing) or 1
         return {a: PROBE_BATCH if a in probing
-                else max(MIN_CLIENT_BATCH, round(self.config.batch * sizes[a] / total))
+                else max(MIN_CLIENT_BATCH, round(self.settings.batch * sizes[a] / total))
                 for a in agents}
 
     # ------------------------------------------------------------------ uploads
@@ -197,7 +203,7 @@ class Defences:
         (SplitFed V1's and Ampere's server copies), so no device can have reversed them,
         and the direction check skips them (a label-skewed device's copy honestly points
         away from the median)."""
-        c, notes = self.config, {}
+        s, notes = self.settings, {}
         excluded = self.consistency.excluded(sorted(states))
         for agent in excluded:  # labels that do not fit its activations: so may its upload
             notes[agent] = f"left out: {self.consistency.inconsistent[agent]}"
@@ -212,9 +218,9 @@ class Defences:
                 int(v.size) for v in states[agent].values() if v.dtype.kind == "f"))
         states = {a: v for a, v in states.items() if a not in excluded}
         outliers: set[str] = set()
-        merged = aggregate(states, weights, c.aggregator, reference=reference, notes=notes,
-                           shares=self.books.influence, clip_factor=c.clip_factor,
-                           robust_fraction=c.robust_fraction, outlier_bound=c.outlier_bound,
+        merged = aggregate(states, weights, s.aggregator, reference=reference, notes=notes,
+                           shares=self.books.influence, clip_factor=s.clip_factor,
+                           robust_fraction=s.robust_fraction, outlier_bound=s.outlier_bound,
                            outliers=outliers)
         self.outliers[block] = frozenset(outliers)
         books = self.books.aggregation
