@@ -371,8 +371,8 @@ class SHeRL(Method):
                     ) -> float | None:
         """One cross-entropy step of the head on every edge's detached embeddings, each
         edge's bounded against the others' and each edge's share of the loss down-weighted
-        where it sits far above the others' (server/defences/step_bounds.py); returns the unweighted
-        loss."""
+        where it sits far above the others' (server/defences/step_bounds.py); returns the
+        unweighted loss."""
         if not embeddings:
             return None
         t = self.trainer
@@ -471,8 +471,13 @@ class SHeRL(Method):
             return f"sizes {sizes!r} differ from what the clients sent"
         if not isinstance(loss, float) or not np.isfinite(loss):
             return f"loss {loss!r}"
+        return self._embeddings_problem(reply, sum(sizes))
+
+    def _embeddings_problem(self, reply: Reply, count: int) -> str | None:
+        """Why an edge step's tensors are not finite embeddings and in-range labels of
+        `count` samples, or None."""
         emb, labels = reply.tensors.get("embeddings"), reply.tensors.get("labels")
-        want = (sum(sizes), *self.embedding_shape)
+        want = (count, *self.embedding_shape)
         if emb is None or emb.dtype != np.float32 or tuple(emb.shape) != want:
             shape = None if emb is None else f"{emb.dtype} {list(emb.shape)}"
             return f"embeddings are {shape}, expected float32 {list(want)}"
