@@ -37,9 +37,13 @@ from jetsplit.models.weights import to_arrays
 from jetsplit.models.zoo import build_model
 from jetsplit.server.defences.aggregators import AGGREGATORS, DEFAULT_OUTLIER_BOUND, aggregate
 from jetsplit.server.defences.label_check import LabelConsistency
-from jetsplit.server.defences.step_bounds import gradient_norm
+from jetsplit.server.defences.step_bounds import gradient_norm, share_norms
 from jetsplit.server.defences.update_direction import UpdateDirection
-from jetsplit.server.methods.scala_math import scala_server_step
+from jetsplit.server.methods.scala_math import (
+    concatenated_forward,
+    concatenated_update,
+    server_params,
+)
 
 
 def timed(pairs: list[tuple[Callable[[], object], list[float]]], repeats: int) -> None:
@@ -110,8 +114,12 @@ def main() -> int:
     timed([(server_step, step_s), (lambda: check.observe(agents, acts, labels), label_s)],
           args.repeats)
 
-    def scala_step(shares: Callable[[list[float]], None] | None) -> None:
-        scala_server_step(server, acts, labels, args.classes, optimizer, shares=shares)
+    def scala_step(shares: bool) -> None:  # shares: measured, nobody clipped
+        step = concatenated_forward(server, acts, labels, args.classes, adjust=True)
+        terms = step.terms(None) if shares else None
+        if terms is not None:
+            share_norms(terms, server_params(server))
+        concatenated_update(server, optimizer, step, terms=terms)
 
     def split_v2_step() -> None:  # SplitFed V2 serves one device per step
         leaf = acts[0].clone().requires_grad_()
@@ -127,8 +135,8 @@ def main() -> int:
     shares_s: list[float] = []
     v2_s: list[float] = []
     norm_s: list[float] = []
-    timed([(lambda: scala_step(None), scala_s), (lambda: scala_step(lambda norms: None),
-                                                 shares_s), (split_v2_step, v2_s),
+    timed([(lambda: scala_step(False), scala_s), (lambda: scala_step(True), shares_s),
+           (split_v2_step, v2_s),
            (split_v2_norm, norm_s)], args.repeats)
 
     start = to_arrays(model, "model")

@@ -27,16 +27,18 @@ import numpy as np
 from jetsplit.server.defences.untrusted_numbers import finite
 
 if TYPE_CHECKING:
+    import torch
+
     from jetsplit.server.defences.aggregators import Arrays
-    from jetsplit.server.training.trainer import Trainer
+    from jetsplit.server.defences.defences import Defences
 
 PREFIX = "trainer/consistency"  # the label check's sums and counts among the arrays
 MAX_NAME = 128  # characters of an agent or block name
 
 
-def snapshot(trainer: Trainer) -> tuple[dict[str, Any], Arrays]:
+def snapshot(defences: Defences) -> tuple[dict[str, Any], Arrays]:
     """The defences' memory as JSON-safe meta and named arrays."""
-    bench, direction, consistency = trainer.bench, trainer.direction, trainer.consistency
+    bench, direction, consistency = defences.bench, defences.direction, defences.consistency
     meta: dict[str, Any] = {
         "bench": {"misses": dict(bench.misses), "strikes": dict(bench.strikes),
                   "until": dict(bench.until)},
@@ -44,11 +46,11 @@ def snapshot(trainer: Trainer) -> tuple[dict[str, Any], Arrays]:
                        direction.counts[block, agent], direction.last.get((block, agent)),
                        direction.opposed.get((block, agent))]
                       for block, agent in sorted(direction.sums)],
-        "outliers": {block: sorted(agents) for block, agents in trainer.outliers.items()},
-        "loss_bound": list(trainer.loss_bound.history),
-        "step_gradient_bound": list(trainer.step_gradient_bound.history),
+        "outliers": {block: sorted(agents) for block, agents in defences.outliers.items()},
+        "loss_bound": list(defences.loss_bound.history),
+        "step_gradient_bound": list(defences.step_gradient_bound.history),
         "activation_bound": [[list(shape), list(values)] for shape, values
-                             in trainer.activation_bound.history.items()],
+                             in defences.activation_bound.history.items()],
         "consistency": {"inconsistent": dict(consistency.inconsistent),
                         "against": dict(consistency.against), "shapes": []},
     }
@@ -63,19 +65,19 @@ def snapshot(trainer: Trainer) -> tuple[dict[str, Any], Arrays]:
     return {"defences": meta}, arrays
 
 
-def restore(trainer: Trainer, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
-            ) -> None:
-    """Put the memory `snapshot` wrote back into `trainer`'s fresh defences (nothing
-    where the checkpoint has none)."""
+def restore(defences: Defences, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray],
+            device: torch.device | str = "cpu") -> None:
+    """Put the memory `snapshot` wrote back into fresh `defences` (nothing where the
+    checkpoint has none); the label check's sums go onto `device`, the server's."""
     saved = meta.get("defences")
     if saved is None:
         return
     _mapping(saved, "defences")
     bench = _mapping(saved["bench"], "bench")
-    trainer.bench.misses = _counts(bench["misses"], "bench misses")
-    trainer.bench.strikes = _counts(bench["strikes"], "bench strikes")
-    trainer.bench.until = _counts(bench["until"], "bench rounds")
-    direction = trainer.direction
+    defences.bench.misses = _counts(bench["misses"], "bench misses")
+    defences.bench.strikes = _counts(bench["strikes"], "bench strikes")
+    defences.bench.until = _counts(bench["until"], "bench rounds")
+    direction = defences.direction
     for entry in _list(saved["direction"], "direction"):
         block, agent, total, count, last, why = _list(entry, "direction entry", 6)
         key = (_name(block), _name(agent))
@@ -85,30 +87,31 @@ def restore(trainer: Trainer, meta: Mapping[str, Any], arrays: Mapping[str, np.n
             direction.last[key] = _number(last)
         if why is not None:
             direction.opposed[key] = _text(why)
-    trainer.outliers = {_name(block): frozenset(_name(a) for a in _list(agents, "outliers"))
+    defences.outliers = {_name(block): frozenset(_name(a) for a in _list(agents, "outliers"))
                         for block, agents in _mapping(saved["outliers"], "outliers").items()}
-    for bound, values in ((trainer.loss_bound, saved["loss_bound"]),
-                          (trainer.step_gradient_bound, saved["step_gradient_bound"])):
+    for bound, values in ((defences.loss_bound, saved["loss_bound"]),
+                          (defences.step_gradient_bound, saved["step_gradient_bound"])):
         bound.history.extend(_number(v, low=0.0) for v in _list(values, "bound window"))
-    activation = trainer.activation_bound
+    activation = defences.activation_bound
     for shape, values in _list(saved["activation_bound"], "activation windows"):
         activation.history[_shape(shape)] = deque(
             (_number(v, low=0.0) for v in _list(values, "activation window")),
             maxlen=activation.window)
-    _restore_consistency(trainer, _mapping(saved["consistency"], "consistency"), arrays)
+    _restore_consistency(defences, _mapping(saved["consistency"], "consistency"), arrays,
+                         device)
 
 
-def _restore_consistency(trainer: Trainer, saved: Mapping[str, Any],
-                         arrays: Mapping[str, np.ndarray]) -> None:
+def _restore_consistency(defences: Defences, saved: Mapping[str, Any],
+                         arrays: Mapping[str, np.ndarray], device: torch.device | str) -> None:
     import torch
 
     from jetsplit.server.defences.label_check import DIMS
 
-    consistency = trainer.consistency
+    consistency = defences.consistency
     consistency.inconsistent = {_name(a): _text(why) for a, why in
                                 _mapping(saved["inconsistent"], "inconsistent").items()}
     consistency.against = _counts(saved["against"], "against")
-    want, device = (consistency.classes, DIMS), trainer.device
+    want = (consistency.classes, DIMS)
     for i, entry in enumerate(_list(saved["shapes"], "label check shapes")):
         shape_list, agents = _list(entry, "label check shape", 2)
         shape = _shape(shape_list)

@@ -43,15 +43,7 @@ class ActivationBound:
         scale each bounded device got (for the report's influence plot)."""
         if self.factor <= 0 or not agents:
             return acts
-        import torch
-        norms = [a.detach().flatten(1).norm(dim=1) if a.shape[0] else a.new_zeros(0)
-                 for a in acts]
-        # every device's (median, max) norm in one host transfer: one sync per step, not two
-        # per device (on CUDA each float() or bool() of a device tensor waits for the GPU)
-        present = [n for n in norms if n.numel()]
-        pairs = iter(torch.stack([torch.stack((n.median(), n.max())) for n in present]).tolist()
-                     if present else [])
-        stats = [next(pairs) if n.numel() else None for n in norms]
+        norms, stats = _norm_stats(acts)
         medians: dict[tuple[int, ...], list[float]] = {}
         for a, pair in zip(acts, stats, strict=True):
             if pair is not None:
@@ -63,24 +55,48 @@ class ActivationBound:
             reference = references.get(tuple(a.shape[1:]))
             if reference is None or pair is None or not pair[1] > self.factor * reference:
                 out.append(a)
-                continue
-            bound, median = self.factor * reference, pair[0]
-            # a device whose typical sample is over the bound is brought back to the fleet's
-            # scale as a whole (down-weighted); then any single sample still over it is cut
-            whole = reference / median if median > bound else 1.0
-            scale = (torch.full_like(n, whole) * torch.clamp(
-                bound / (n * whole).clamp_min(1e-30), max=1.0))
-            out.append(a * scale.view(-1, *([1] * (a.dim() - 1))).to(a.dtype))
-            if scales is not None:  # a bounded device only: rare, so its sync is too
-                scales[agent] = min(scales.get(agent, 1.0), float(scale.mean()))
-            over = int((n * whole > bound).sum())
-            notes[agent] = (f"activations bounded: median norm {median:.4g} (fleet "
-                            f"{reference:.4g}, bound {bound:.4g})"
-                            + (f", all scaled ×{whole:.3g}" if whole != 1.0 else "")
-                            + (f", {over} of {a.shape[0]} samples cut" if over else ""))
+            else:
+                out.append(self._bounded(agent, a, n, pair[0], reference, notes, scales))
         for shape, current in medians.items():  # what was sent, clipped to what was allowed
             self.history[shape].extend(min(m, self.factor * references[shape]) for m in current)
         return out
+
+    def _bounded(self, agent: str, a: torch.Tensor, n: torch.Tensor, median: float,
+                 reference: float, notes: dict[str, str], scales: dict[str, float] | None
+                 ) -> torch.Tensor:
+        """One device's activations `a` (sample norms `n`, their median `median`) with a
+        sample over the bound: a device whose typical sample is over it is brought back to
+        the fleet's scale as a whole (down-weighted); then any single sample still over it
+        is cut. Noted, and its mean scale kept in `scales`."""
+        import torch
+
+        bound = self.factor * reference
+        whole = reference / median if median > bound else 1.0
+        scale = (torch.full_like(n, whole) * torch.clamp(
+            bound / (n * whole).clamp_min(1e-30), max=1.0))
+        if scales is not None:  # a bounded device only: rare, so its sync is too
+            scales[agent] = min(scales.get(agent, 1.0), float(scale.mean()))
+        over = int((n * whole > bound).sum())
+        notes[agent] = (f"activations bounded: median norm {median:.4g} (fleet "
+                        f"{reference:.4g}, bound {bound:.4g})"
+                        + (f", all scaled ×{whole:.3g}" if whole != 1.0 else "")
+                        + (f", {over} of {a.shape[0]} samples cut" if over else ""))
+        return a * scale.view(-1, *([1] * (a.dim() - 1))).to(a.dtype)
+
+
+def _norm_stats(acts: list[torch.Tensor]
+                ) -> tuple[list[torch.Tensor], list[list[float] | None]]:
+    """Each device's per-sample norms, and its (median, max) norm (None for an empty
+    batch), read in one host transfer: one sync per step, not two per device (on CUDA each
+    float() or bool() of a device tensor waits for the GPU)."""
+    import torch
+
+    norms = [a.detach().flatten(1).norm(dim=1) if a.shape[0] else a.new_zeros(0)
+             for a in acts]
+    present = [n for n in norms if n.numel()]
+    pairs = iter(torch.stack([torch.stack((n.median(), n.max())) for n in present]).tolist()
+                 if present else [])
+    return norms, [next(pairs) if n.numel() else None for n in norms]
 
 
 DEFAULT_LOSS_BOUND = 3.0  # [train] loss_bound: × the fleet's median per-device loss; 0 off
@@ -172,42 +188,6 @@ def bounded_weights(agents: list[str], values: list[float], bound: float,
             steps[agent] = steps.get(agent, 0) + 1
             notes[agent] = f"{steps[agent]} steps {say(value, weight)}"
     return out
-
-
-def slice_weighted(loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-                   scores: torch.Tensor, targets: torch.Tensor, sizes: list[int],
-                   weigh: Callable[[list[float]], list[float] | None] | None,
-                   shares: Callable[[list[float]], list[float] | None] | None = None,
-                   params: Sequence[torch.Tensor] = ()) -> torch.Tensor | None:
-    """A concatenated batch's loss with each device's slice weighted: Σ_k w_k·B_k·L_k / B
-    (the plain mean loss when every w_k = 1), w from `weigh` given each slice's L_k and
-    then from `shares` (the gradient bound) given the norm of ∇(w_k·L_k) over `params`:
-    per sample, since a slice's batch share already follows its capped size.
-
-    The slices' losses are measured without a graph (this runs every step); the weighted,
-    grad-carrying loss is built only when a device is over a bound. `shares` costs one
-    backward per device (`share_norms`). None when nobody is over either bound: the caller
-    keeps its unweighted loss, bit for bit."""
-    import torch
-
-    weights = None
-    if weigh is not None:
-        with torch.no_grad():
-            seen = [loss_fn(s, t) for s, t in zip(scores.detach().split(sizes),
-                                                  targets.split(sizes), strict=True)]
-        weights = weigh(torch.stack(seen).tolist())
-    if shares is None:
-        if weights is None:
-            return None
-        slices = zip(weights, sizes, scores.split(sizes), targets.split(sizes), strict=True)
-        return sum(w * n * loss_fn(s, t) for w, n, s, t in slices) / sum(sizes)
-    means = [w * loss_fn(s, t) for w, s, t in zip(
-        weights or [1.0] * len(sizes), scores.split(sizes), targets.split(sizes), strict=True)]
-    clipped = shares(share_norms(means, params))  # per sample: a large honest slice is no outlier
-    if clipped is None and weights is None:
-        return None
-    return sum(c * n * m for c, n, m in zip(clipped or [1.0] * len(sizes), sizes, means,
-                                             strict=True)) / sum(sizes)
 
 
 def share_norms(terms: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> list[float]:

@@ -124,29 +124,13 @@ def update_cosines(states: Mapping[str, Arrays], reference: Arrays,
     finite cosine, gets none. Over `sample` coordinates in all, the same seeded random
     ones for every device (on a large model, close to the cosine over every coordinate at
     a small fraction of its cost); below that, over every one, exactly."""
-    holders: dict[str, list[str]] = {}
-    for agent in sorted(states):
-        for name, value in states[agent].items():
-            ref = reference.get(name)
-            if (ref is not None and ref.shape == value.shape
-                    and np.issubdtype(value.dtype, np.floating)):
-                holders.setdefault(name, []).append(agent)
-    judged = {n: a for n, a in holders.items() if len(a) >= MIN_DEVICES}
+    judged = _judged(states, reference)
     fraction = min(1.0, sample / max(1, sum(reference[n].size for n in judged)))
     dots: dict[str, float] = {}
     own: dict[str, float] = {}
     fleet: dict[str, float] = {}
     for name, agents in judged.items():
-        size = reference[name].size
-        where: np.ndarray | slice = slice(None)
-        if fraction < 1.0:
-            where = np.random.default_rng(zlib.crc32(name.encode())).integers(
-                0, size, max(1, math.ceil(size * fraction)))
-        # float64: a scaled upload's squared norm overflows float32 (scale:1000 did)
-        start = reference[name].reshape(-1)[where].astype(np.float64)
-        flat = np.stack([states[a][name].reshape(-1)[where].astype(np.float64) - start
-                         for a in agents])
-        median = np.median(flat, axis=0)
+        flat, median = _updates(states, reference, name, agents, fraction)
         mm = float(median @ median)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("tensor %s %s", name, " ".join(
@@ -159,3 +143,32 @@ def update_cosines(states: Mapping[str, Arrays], reference: Arrays,
     cosines = {a: dots[a] / math.sqrt(own[a] * fleet[a]) for a in sorted(dots)
                if own[a] > 0 and fleet[a] > 0}
     return {a: c for a, c in cosines.items() if math.isfinite(c)}  # no NaN in the sums
+
+
+def _judged(states: Mapping[str, Arrays], reference: Arrays) -> dict[str, list[str]]:
+    """Tensor name → the devices holding it (float, the reference's shape), for the
+    tensors at least MIN_DEVICES devices hold."""
+    holders: dict[str, list[str]] = {}
+    for agent in sorted(states):
+        for name, value in states[agent].items():
+            ref = reference.get(name)
+            if (ref is not None and ref.shape == value.shape
+                    and np.issubdtype(value.dtype, np.floating)):
+                holders.setdefault(name, []).append(agent)
+    return {n: a for n, a in holders.items() if len(a) >= MIN_DEVICES}
+
+
+def _updates(states: Mapping[str, Arrays], reference: Arrays, name: str, agents: list[str],
+             fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """The devices' updates of tensor `name` (one row each, over a seeded `fraction` of
+    its coordinates, every one at 1) and their coordinate-wise median."""
+    size = reference[name].size
+    where: np.ndarray | slice = slice(None)
+    if fraction < 1.0:
+        where = np.random.default_rng(zlib.crc32(name.encode())).integers(
+            0, size, max(1, math.ceil(size * fraction)))
+    # float64: a scaled upload's squared norm overflows float32 (scale:1000 did)
+    start = reference[name].reshape(-1)[where].astype(np.float64)
+    flat = np.stack([states[a][name].reshape(-1)[where].astype(np.float64) - start
+                     for a in agents])
+    return flat, np.median(flat, axis=0)

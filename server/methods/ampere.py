@@ -16,20 +16,21 @@ plus a round trip per epoch); the coordinator already holds held-out data, so it
 one averaged model once per epoch at no device cost. The validation part is disjoint from
 the part `evaluate` reports on, so model selection never sees the test samples.
 
-Phase 2 (eqs 6, 11–12): the coordinator writes a fresh bundle holding the final client and
-aux weights (its bytes are training traffic, kind `trained_bundle`), every eligible agent
-installs it and runs its client block once over all its data in ONNX Runtime (TensorRT EP
-where present), uploading activations+labels in slices of at most `upload_mb` (several
-`generate` replies, so a device never holds the whole encoding twice). Each slice goes into
-the on-disk `ActivationStore` as it lands, and the single server block trains on shuffled
-batches of everything stored so far while later slices are still travelling (Algorithm 1's
-two server subprocesses). Each later round is one more shuffled epoch over the whole store;
-agents whose upload is incomplete (offline, restarted) are asked again for the rest. Phase
-2 involves every eligible agent (the paper's K devices), whatever the round's selection.
-Slices are consumed in agent-id order (`Engine.send_and_stream`), so the MQTT and in-process
-engines still train the same model bit for bit. Devices download only the trained client
-block and aux head (a role-true client bundle, eq. 27); the coordinator's full copy holds a
-zero server block, which never leaves it.
+Phase 2 (eqs 6, 11–12; the uploads in ampere_uploads.py): the coordinator writes a fresh
+bundle holding the final client and aux weights (its bytes are training traffic, kind
+`trained_bundle`), every eligible agent installs it and runs its client block once over all
+its data in ONNX Runtime (TensorRT EP where present), uploading activations+labels in slices
+of at most `upload_mb` (several `generate` replies, so a device never holds the whole
+encoding twice). Each slice goes into the on-disk `ActivationStore` as it lands, and the
+single server block trains on shuffled batches of everything stored so far while later
+slices are still travelling (Algorithm 1's two server subprocesses). Each later round is one
+more shuffled epoch over the whole store; agents whose upload is incomplete (offline,
+restarted) are asked again for the rest. Phase 2 involves every eligible agent (the paper's
+K devices), whatever the round's selection. Slices are consumed in agent-id order
+(`Engine.send_and_stream`), so the MQTT and in-process engines still train the same model
+bit for bit. Devices download only the trained client block and aux head (a role-true client
+bundle, eq. 27); the coordinator's full copy holds a zero server block, which never leaves
+it.
 
 Rounds: `rounds` is the whole budget; phase 1 takes up to min(N_d, rounds − 1) of them and
 every remaining round is one server epoch (N_s = rounds − phase-1 rounds). N_d defaults to
@@ -64,8 +65,7 @@ import logging
 import math
 import shutil
 import tempfile
-from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -77,13 +77,13 @@ from jetsplit.bundle import load_bundle, sha256_file
 from jetsplit.data import ArrayDataset
 from jetsplit.errors import ConfigError
 from jetsplit.models import ZOO_VERSION
-from jetsplit.models.split import eval_mode
 from jetsplit.models.weights import from_arrays, load_strict, to_arrays
 from jetsplit.protocol import Kind
 from jetsplit.server.cuts.shipping import BundleShipper
-from jetsplit.server.defences.step_bounds import WINDOW, ActivationBound
+from jetsplit.server.defences.step_bounds import ActivationBound
 from jetsplit.server.engines.seam import Command, Outcome
-from jetsplit.server.methods.activation_store import ActivationStore, StoreError
+from jetsplit.server.methods.activation_store import ActivationStore
+from jetsplit.server.methods.ampere_uploads import PhaseTwoUploads
 from jetsplit.server.methods.base import Method
 from jetsplit.server.training.checkpoints import CheckpointError, save_arrays, strip, subset
 from jetsplit.server.training.evaluation import evaluate
@@ -104,7 +104,7 @@ def carve_validation(held_out: ArrayDataset, fraction: float, seed: int
     return held_out.subset(np.sort(order[:count])), held_out.subset(np.sort(order[count:]))
 
 
-class Ampere(Method):
+class Ampere(PhaseTwoUploads, Method):
     """Ampere: unidirectional inter-block training with activation consolidation."""
 
     name = "ampere"
@@ -171,7 +171,8 @@ class Ampere(Method):
         live = t.live(selected)
         if self.epoch > 0:
             live = t.push_client(live, t.global_client, self.aux)
-        batches, claims = t.batches(live), t.claimed_sizes(live)  # an epoch of its own data
+        d = t.defences  # an epoch of its own data: its raw claim
+        batches, claims = d.batches(live), d.claimed_sizes(live)
         commands = {a: Command(Kind.TRAIN.value, {
             "target": "aux", "batch": batches[a], "lr": t.client_optimizer.lr,
             "steps": math.ceil(claims[a] / batches[a])}) for a in live}
@@ -195,13 +196,13 @@ class Ampere(Method):
         """FedAvg (weights |D_k|) layer by layer over the devices that hold the layer
         (p_k ≥ l; a layer nobody held this epoch keeps its weights), and each cut's aux
         head over the devices at that cut. With one cut: FedAvg of client + aux."""
-        t = self.trainer
-        sizes = t.sizes(sorted(states))
-        client = t.aggregate({a: subset(v, "client") for a, v in states.items()}, sizes,
+        t, d = self.trainer, self.trainer.defences
+        sizes = d.sizes(sorted(states))
+        client = d.aggregate({a: subset(v, "client") for a, v in states.items()}, sizes,
                              reference=t.global_client)
         t.global_client = {**t.global_client, **client}
         for cut, group in t.by_cut(sorted(states)).items():
-            self.aux[cut] = t.aggregate({a: subset(states[a], "aux") for a in group}, sizes,
+            self.aux[cut] = d.aggregate({a: subset(states[a], "aux") for a in group}, sizes,
                                         reference=self.aux.get(cut), block=f"aux head (cut {cut})")
 
     def _train_loss(self, out: Outcome, commands: dict[str, Command]) -> float | None:
@@ -272,7 +273,7 @@ class Ampere(Method):
         t = self.trainer
         assert self.validation is not None
         weights: dict[int, int] = {}
-        for agent, size in t.sizes(t.engine.registry.registered()).items():
+        for agent, size in t.defences.sizes(t.engine.registry.registered()).items():
             if size > 0:
                 weights[t.cut(agent)] = weights.get(t.cut(agent), 0) + size
         if len(weights) <= 1:
@@ -347,10 +348,6 @@ class Ampere(Method):
 
     # ------------------------------------------------------------------ phase 2 setup
 
-    def _store(self) -> ActivationStore:
-        assert self.store is not None
-        return self.store
-
     def _prepare_phase2(self) -> None:
         """The work folder, the trained bundle and the store (once; again after a resume)."""
         t, s = self.trainer, self.trainer.settings
@@ -400,116 +397,6 @@ class Ampere(Method):
         write_bundle(t.bundle.spec, t.bundle.split, self.workdir / "bundle",
                      aux_ratio=t.bundle.manifest.aux_ratio, seed=t.settings.seed,
                      weights=weights, tar=True)
-
-    # ------------------------------------------------------------------ phase 2 uploads
-
-    def _rows_per_reply(self, agent: str) -> int:
-        """Rows of `agent`'s activations (at its cut) that fit in `upload_mb`."""
-        t = self.trainer
-        row = 4 * math.prod(t.activation_shape_at(t.cut(agent)))
-        return max(1, int(self.options.upload_mb * 2**20) // row)
-
-    def _collect(self, agents: list[str]) -> Iterator[np.ndarray]:
-        """Ask `agents` for the rest of their activations, one slice per agent per wave;
-        store each slice as it lands and yield the store rows it added. An agent that
-        misses a wave (or sends a bad slice) is asked again next round."""
-        t, s, store = self.trainer, self.trainer.settings, self._store()
-        sizes = t.claimed_sizes(agents)  # the rows each device holds
-        active, wave = list(agents), 0
-        limits = {a: self._rows_per_reply(a) for a in agents}
-        while active:
-            offsets = {a: store.received(a) for a in active}
-            commands = {a: Command(Kind.GENERATE.value, {
-                "offset": offsets[a], "limit": limits[a], "codec": s.codec,
-                "compression": s.compression}) for a in active}
-            stream = t.engine.send_and_stream(commands, round=t.round, step=wave,
-                                              deadline_s=s.deadline_s)
-            while True:
-                with t.books.timed("upload"):
-                    out = next(stream, None)
-                if out is None:
-                    break
-                rows = self._accept(t.books.note(out), offsets, sizes, limits)
-                if rows is not None:
-                    yield rows
-            active = [a for a in active if a not in t.books.missed and not store.complete(a)]
-            wave += 1
-
-    def _accept(self, out: Outcome, offsets: dict[str, int], sizes: dict[str, int],
-                limits: dict[str, int]) -> np.ndarray | None:
-        """Store a one-agent outcome's slice (a shallow device's carried to the server
-        cut first); a refused slice becomes a recorded miss."""
-        t, store = self.trainer, self._store()
-        for agent, reply in list(out.replies.items()):
-            acts, labels = reply.tensors.get("activations"), reply.tensors.get("labels")
-            try:
-                if acts is None or labels is None or reply.meta.get("total") != sizes[agent]:
-                    raise StoreError(f"upload from {agent} refused: reply lacks activations "
-                                     "or labels, or its dataset size differs from the "
-                                     "registered one")
-                with t.books.timed("store"):
-                    acts = self._bounded(agent, self._carried(agent, acts, labels,
-                                                             limits[agent]))
-                    n = store.append(agent, offsets[agent], sizes[agent], acts, labels)
-            except StoreError as exc:
-                log.warning("%s", exc)
-                del out.replies[agent]
-                out.missed[agent] = t.books.missed[agent] = f"error: bad reply: {exc}"
-                continue
-            t.books.fwd_samples[agent] += n  # the client block's forward pass on the device
-            return store.rows_of(agent)[offsets[agent]:offsets[agent] + n]
-        return None
-
-    def _carried(self, agent: str, acts: np.ndarray, labels: np.ndarray, limit: int
-                 ) -> np.ndarray:
-        """A shallow device's slice, checked at its cut p_k, then carried to p* through
-        the aggregated global layers p_k+1..p* (eval mode, no gradient), so the store
-        holds one shape and one server block trains on all of it."""
-        t = self.trainer
-        cut = t.cut(agent)
-        if cut >= t.bundle.split:
-            return acts  # the store checks it at p*
-        problem = t.activation_problem({"activations": acts, "labels": labels}, limit, agent)
-        if problem is not None:
-            raise StoreError(f"upload from {agent} refused: {problem}")
-        return t.completions.carry(cut, t.global_client, acts)
-
-    def _bounded(self, agent: str, acts: np.ndarray) -> np.ndarray:
-        """A slice with every sample's norm at most `activation_bound` × the norm the
-        coordinator's own copy of the trained client block gives its held-out inputs
-        (server/defences/step_bounds.py; the median per sample). Phase 2 uploads arrive one device
-        at a
-        time, so a running fleet median would start at whoever uploads first: the reference
-        is computed here instead, where no device can move it. A clean slice comes back as
-        it was, bit for bit; a bounded device is noted in the round's books."""
-        t = self.trainer
-        if t.settings.activation_bound <= 0 or acts.size == 0:
-            return acts
-        if self.upload_bound is None:
-            self.upload_bound = ActivationBound(t.settings.activation_bound)
-            reference = self._reference_norm()
-            if reference > 0:
-                self.upload_bound.history[tuple(acts.shape[1:])] = deque(
-                    [reference] * WINDOW, maxlen=WINDOW)
-        view = np.ascontiguousarray(acts)  # decoded slices are read-only: torch wants to own
-        tensor = torch.from_numpy(view if view.flags.writeable else view.copy())
-        [out] = self.upload_bound.apply([agent], [tensor], t.books.bounded,
-                                        t.books.activation_scale)
-        return acts if out is tensor else out.numpy()
-
-    def _reference_norm(self) -> float:
-        """Median per-sample activation norm at p* of the global client block on (at most
-        512 of) the coordinator's held-out inputs (the validation part, else the test part)."""
-        t = self.trainer
-        held = self.validation if self.validation is not None and len(self.validation) \
-            else self.test
-        if held is None or not len(held):
-            return 0.0
-        client = t.bundle.client_module()
-        load_strict(client, from_arrays(t.global_client, "client"), "client weights")
-        with torch.no_grad(), eval_mode(client):
-            acts = client(torch.from_numpy(np.ascontiguousarray(held.x[:512], np.float32)))
-        return float(acts.flatten(1).norm(dim=1).median())
 
     # ------------------------------------------------------------------ phase 2 training
 
@@ -659,7 +546,7 @@ class AmpereNoConsolidation(Ampere):
                     losses.append(self._step(server, optimizer, rows))
             states[agent] = to_arrays(server, "server")
         with t.books.timed("aggregate"):  # under [train] aggregator, like every upload
-            merged = t.aggregate(states, counts, reference=to_arrays(t.server, "server"),
-                                 block="server copy", uploaded=False)
+            merged = t.defences.aggregate(states, counts, reference=to_arrays(t.server, "server"),
+                                          block="server copy", uploaded=False)
         load_strict(t.server, from_arrays(merged, "server"), "server average")
         return float(np.mean(losses)) if losses else None

@@ -123,8 +123,8 @@ class SplitMethod(Method):
             states = {a: t.completions.whole(a, s) for a, s in states.items()}
             if states:
                 with t.books.timed("aggregate"):
-                    t.global_client = t.aggregate(states, t.sizes(sorted(states)),
-                                                  reference=t.global_client)
+                    t.global_client = t.defences.aggregate(
+                        states, t.defences.sizes(sorted(states)), reference=t.global_client)
             t.require_update(selected, states)
         t.require_update(selected, participants)
         return float(np.mean(losses)) if losses else None
@@ -144,16 +144,16 @@ class SplitMethod(Method):
         return losses
 
     def iterate(self, live: list[str], step: int) -> float | None:
-        return self.split_step(self.trainer.batches(live), step)
+        return self.split_step(self.trainer.defences.batches(live), step)
 
     def split_step(self, batches: dict[str, int], step: int) -> float | None:
-        """One split iteration for these agents: their forwards, the server's update (through
-        any completion layers), their backwards."""
+        """One split iteration for these agents: their forwards, screened by the defences,
+        the server's update (through any completion layers), their backwards."""
         t = self.trainer
-        out = t.forward(batches, step)
-        if not out.agents:
+        agents, acts, labels = t.forward(batches, step)
+        if not agents:
             return None
-        agents, acts, labels = t.trusted(*t.inputs(out))
+        agents, acts, labels = t.defences.screen(agents, acts, labels)
         if not agents:
             return None
         with t.server_compute():

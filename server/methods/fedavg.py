@@ -28,7 +28,7 @@ class FedAvg(Method):
         # a device whose uploads the direction check or the outlier bound leaves out only
         # probes (it is judged on its next upload): its share of B goes to the devices whose
         # work counts
-        batches = t.batches(live, t.left_out("model", live))
+        batches = t.defences.batches(live, t.defences.left_out("model", live))
         commands = {a: Command(Kind.TRAIN.value, {"target": "full", "batch": batches[a],
                                                   "steps": t.settings.local_steps,
                                                   "lr": t.client_optimizer.lr})
@@ -47,8 +47,8 @@ class FedAvg(Method):
         t.release(out.agents)
         if states:
             with t.books.timed("aggregate"):
-                merged = t.aggregate(states, t.sizes(sorted(states)), reference=global_state,
-                                     block="model")
+                merged = t.defences.aggregate(states, t.defences.sizes(sorted(states)),
+                                              reference=global_state, block="model")
             t.global_client = {k: v for k, v in merged.items() if k.startswith("client/")}
             load_strict(t.server, from_arrays(merged, "server"), "server average")
         return float(np.mean(losses)) if losses else None

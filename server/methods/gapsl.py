@@ -11,6 +11,7 @@ import torch
 from jetsplit.server.methods import gapsl_math
 from jetsplit.server.methods.psl import (
     PSL,
+    loss_weights,
     read,
     reduced,
     step_averaged,
@@ -68,8 +69,8 @@ class GAPSL(PSL):
         self.last_selection = selection
         chosen = [int(i) for i in selection.selected]
         values = read(losses)
-        scaled = weighted(losses, values, t.loss_weights(agents))  # bounded influence
-        shares = t.gradient_weights(agents, torch.stack(per_client).norm(dim=1))
+        scaled = weighted(losses, loss_weights(t.defences, agents, values))  # bounded influence
+        shares = t.defences.share_weights(agents, torch.stack(per_client).norm(dim=1))
         if shares is not None:  # no device's share of the server gradient far over the rest
             scaled = [x * w for x, w in zip(scaled or losses, shares, strict=True)]
         server_loss = reduced(gapsl_math.gapsl_server_loss(scaled or losses, selection, o.lam),

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from jetsplit.models.weights import to_arrays
+from jetsplit.server.defences.defences import Defences
 from jetsplit.server.defences.step_bounds import share_norms
 from jetsplit.server.methods.base import SplitMethod
 from jetsplit.server.training.checkpoints import (
@@ -55,16 +56,18 @@ def step_averaged(server: nn.Module, optimizer: torch.optim.Optimizer,
     return [g.detach() for g in grads]
 
 
-def weighted(losses: list[torch.Tensor], values: list[float], weigh: Any
+def weighted(losses: list[torch.Tensor], weights: list[float] | None
              ) -> list[torch.Tensor] | None:
-    """Each client's loss times its weight from `weigh` given the losses' `values` (bounded
-    influence: a client far above the fleet's loss counts less in the server's step,
-    server/influence.LossBound), or None where nothing is weighted (the unweighted step,
-    bit for bit)."""
-    if weigh is None:
-        return None
-    weights = weigh(values)
+    """Each client's loss times its weight (bounded influence: a client far above the
+    fleet's loss counts less in the server's step, server/defences/step_bounds.LossBound),
+    or None where nothing is weighted (the unweighted step, bit for bit)."""
     return None if weights is None else [x * w for x, w in zip(losses, weights, strict=True)]
+
+
+def loss_weights(defences: Defences, agents: list[str], values: list[float]
+                 ) -> list[float] | None:
+    """The loss bound's weights of these clients' losses, None where it is off."""
+    return defences.loss_weights(agents, values) if defences.weighs_losses else None
 
 
 def read(losses: list[torch.Tensor]) -> list[float]:
@@ -88,15 +91,15 @@ class PSL(SplitMethod):
     aggregate_clients = False
 
     def server_update(self, agents, acts, labels):  # noqa: ANN001, ANN201
-        t = self.trainer
+        t, d = self.trainer, self.trainer.defences
         total, leaves, losses = sum_of_client_losses(t.server, t.optimizer, acts, labels)
         values = read(losses)
-        scaled = weighted(losses, values, t.loss_weights(agents))
-        shares = t.measured_gradient_weights(agents)  # each device's share of ∇w_s, bounded
-        clipped = None if shares is None else shares(share_norms(
-            scaled or losses, [p for p in t.server.parameters() if p.requires_grad]))
-        if clipped is not None:
-            scaled = [x * w for x, w in zip(scaled or losses, clipped, strict=True)]
+        scaled = weighted(losses, loss_weights(d, agents, values))
+        if d.measures_shares:  # each device's share of ∇w_s, bounded
+            clipped = d.share_weights(agents, share_norms(
+                scaled or losses, [p for p in t.server.parameters() if p.requires_grad]))
+            if clipped is not None:
+                scaled = [x * w for x, w in zip(scaled or losses, clipped, strict=True)]
         if scaled is not None:
             total = torch.stack(scaled).sum()
         grads = step_averaged(t.server, t.optimizer, losses, list(range(len(losses))),

@@ -4,11 +4,13 @@ adjustment by the label priors the clients registered (the math in scala_math.py
 from __future__ import annotations
 
 import logging
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 import torch
 
+from jetsplit.server.defences.defences import Defences
+from jetsplit.server.defences.step_bounds import share_norms
 from jetsplit.server.methods import scala_math
 from jetsplit.server.methods.base import SplitMethod
 from jetsplit.server.methods.splitfed import SplitFedV1
@@ -17,16 +19,13 @@ from jetsplit.server.training.trainer import Trainer
 log = logging.getLogger("jetsplit.coordinator")
 
 
-def registered_prior(trainer: Trainer, agent: str) -> torch.Tensor:
+def registered_prior(defences: Defences, agent: str, classes: int) -> torch.Tensor:
     """P_k: the agent's local label distribution from the histogram it registered (SCALA
     eq. 15), or from the labels it sent once those show the claim wrong
-    (server/claims.LabelTally); uniform, with a warning, if that histogram is unusable (it
-    is untrusted)."""
-    classes = trainer.bundle.spec.num_classes
-    dataset = trainer.engine.registry.registration(agent).get("dataset") or {}
-    counts = trainer.labels.prior_counts(agent, dataset.get("label_histogram"))
+    (server/defences/size_claims.LabelTally); uniform, with a warning, if that histogram is
+    unusable (it is untrusted)."""
     try:
-        return scala_math.prior_from_counts(counts or [], classes)
+        return scala_math.prior_from_counts(defences.prior_counts(agent) or [], classes)
     except ValueError as exc:
         log.warning("agent %s: unusable label histogram (%s); uniform prior", agent, exc)
         return torch.full((classes,), 1.0 / classes)
@@ -36,9 +35,10 @@ class _RegisteredPriors:
     """The logit-adjusted methods' P_k, one per agent, from its registration."""
 
     trainer: Trainer
+    num_classes: int
 
     def label_prior(self, agent: str) -> torch.Tensor:
-        return registered_prior(self.trainer, agent)
+        return registered_prior(self.trainer.defences, agent, self.num_classes)
 
 
 class LLASFL(_RegisteredPriors, SplitFedV1):
@@ -65,19 +65,26 @@ class _ScalaFamily(_RegisteredPriors, SplitMethod):
     """SCALA and its ablations: concatenated activations, logit adjustment (the SCALA
     paper (ICML) §3)."""
 
-    step_fn: ClassVar[Any]
-
     adjusted: ClassVar[bool] = True  # takes client priors P_k (eq. 15)
-    concatenated: ClassVar[bool] = True  # one forward over every device's activations
 
     def server_update(self, agents, acts, labels):  # noqa: ANN001, ANN201
-        t = self.trainer
-        extra = {"client_priors": [self.label_prior(a) for a in agents]} if self.adjusted else {}
-        if self.concatenated:  # one shared step over every device's slice: bound each one
-            extra["weigh"] = t.loss_weights(agents)
-            extra["shares"] = t.measured_gradient_weights(agents)
-        loss, grads = type(self).step_fn(t.server, acts, labels, self.num_classes, t.optimizer,
-                                         **extra)
+        """One forward over every device's activations, each slice bounded by the
+        defences (given the slices' losses, and under `gradient_shares = "all"` their
+        shares of the server gradient), then the two backwards (scala_math)."""
+        t, d = self.trainer, self.trainer.defences
+        priors = [self.label_prior(a) for a in agents] if self.adjusted else None
+        step = scala_math.concatenated_forward(t.server, acts, labels, self.num_classes,
+                                               adjust=self.adjusted,
+                                               tau=1.0 if self.adjusted else 0.0,
+                                               client_priors=priors)
+        weights = d.loss_weights(agents, step.slice_losses()) if d.weighs_losses else None
+        terms = clipped = None
+        if d.measures_shares:  # each device's share of ∇w_s, after the loss bound
+            terms = step.terms(weights)
+            norms = share_norms(terms, scala_math.server_params(t.server))
+            clipped = d.share_weights(agents, norms)
+        loss, grads = scala_math.concatenated_update(t.server, t.optimizer, step, weights,
+                                                     clipped, terms)
         return loss, dict(zip(agents, grads, strict=True))
 
 
@@ -86,21 +93,24 @@ class SCALA(_ScalaFamily):
     k's local label distribution as it registered it (eq. 15)."""
 
     name = "scala"
-    step_fn = staticmethod(scala_math.scala_server_step)
 
 
 class CASFL(_ScalaFamily):
     name = "ca-sfl"
     adjusted = False
-    step_fn = staticmethod(scala_math.ca_sfl_server_step)
 
 
-class LLASFLShared(_ScalaFamily):
+class LLASFLShared(_RegisteredPriors, SplitMethod):
     """Variant: LLA-SFL's loss on ONE shared server block stepped every iteration on
     Σ_k (B_k/B)·L_k, i.e. SplitFed V1 averaged every iteration (see
     `scala_math.lla_sfl_server_step`); compare it with `splitfed-v1` only knowing that
     the aggregation period differs too."""
 
     name = "lla-sfl-shared"
-    concatenated = False
-    step_fn = staticmethod(scala_math.lla_sfl_server_step)
+
+    def server_update(self, agents, acts, labels):  # noqa: ANN001, ANN201
+        t = self.trainer
+        loss, grads = scala_math.lla_sfl_server_step(
+            t.server, acts, labels, self.num_classes, t.optimizer,
+            client_priors=[self.label_prior(a) for a in agents])
+        return loss, dict(zip(agents, grads, strict=True))

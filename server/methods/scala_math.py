@@ -27,12 +27,11 @@ Conventions shared by every step function here (where the paper leaves a choice 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.nn import functional as F
-
-from jetsplit.server.defences.step_bounds import slice_weighted
 
 #: Floor for a class absent from the batch, added to P(y) before the log. This is what the
 #: reference implementation of logit adjustment (Menon et al., ICLR 2021,
@@ -124,7 +123,7 @@ def _client_priors(labels: Sequence[torch.Tensor], num_classes: int, logits: tor
     return list(given)
 
 
-def _server_params(server: nn.Module) -> list[nn.Parameter]:
+def server_params(server: nn.Module) -> list[nn.Parameter]:
     return [p for p in server.parameters() if p.requires_grad]
 
 
@@ -135,38 +134,89 @@ def _finish(server: nn.Module, optimizer: torch.optim.Optimizer, server_loss: to
     grads = torch.autograd.grad(torch.stack(list(client_losses)).sum(), list(leaves),
                                 retain_graph=True)
     optimizer.zero_grad(set_to_none=True)
-    params = _server_params(server)
+    params = server_params(server)
     if params:
         torch.autograd.backward(server_loss, inputs=params)
     optimizer.step()
     return float(server_loss.detach()), [g.detach() for g in grads]
 
 
-Weigh = Callable[[list[float]], list[float] | None]  # devices' losses (norms) → weights
+Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (scores, targets) → mean loss
 
 
-def _concatenated_step(server: nn.Module, activations: Sequence[torch.Tensor],
-                       labels: Sequence[torch.Tensor], num_classes: int,
-                       optimizer: torch.optim.Optimizer, *, adjust: bool, tau: float,
-                       client_priors: Sequence[torch.Tensor] | None,
-                       weigh: Weigh | None = None, shares: Weigh | None = None,
-                       ) -> tuple[float, list[torch.Tensor]]:
-    """One forward of the server block on the concatenation, two backward passes.
+def slice_losses(loss_fn: Loss, scores: torch.Tensor, targets: torch.Tensor,
+                 sizes: list[int]) -> list[float]:
+    """Each slice's mean loss, measured without a graph, in one host read: what the loss
+    bound is shown (server/defences/step_bounds.LossBound)."""
+    with torch.no_grad():
+        seen = [loss_fn(s, t) for s, t in zip(scores.detach().split(sizes),
+                                              targets.split(sizes), strict=True)]
+    return torch.stack(seen).tolist()
 
-    Backward 1 (client part, retain_graph): ∇_{A_k} Σ_j L_j, L_j client j's mean loss on its
-    slice of the logits. Without batch-coupling layers L_j depends on A_k only for j = k,
-    so this is exactly ∇_{A_k} L_k (eq 8); with BatchNorm in train mode it also carries the
-    cross-client terms through the batch statistics, as a backward through any
-    concatenated loss does. Backward 2 (server part): ∇_{w_s} of the server loss. Both are
-    taken at the forward's weights; only then does the optimizer step (eq 7).
 
-    `weigh` (bounded influence, server/influence.LossBound) sees each client's server loss
-    on its slice; weights it returns scale each slice's term of the server loss
-    (Σ_k w_k·B_k·L_k / B, the unweighted loss when every w_k = 1), so a down-weighted
-    client steers w_s less. `shares` (the gradient bound) sees the norm of ∇_{w_s}(w_k·L_k)
-    per slice, one extra backward per client, and clips a share far over the others' the
-    same way. Both None, or nobody over a bound: the unweighted loss above, bit
-    for bit. The clients' own gradients G_k are not weighted.
+def slice_terms(loss_fn: Loss, scores: torch.Tensor, targets: torch.Tensor, sizes: list[int],
+                weights: Sequence[float] | None) -> list[torch.Tensor]:
+    """Each slice's weighted mean loss w_k·L_k (w_k = 1 without weights), with its graph:
+    the terms whose gradients are each device's share of the server gradient
+    (step_bounds.share_norms), per sample, since a slice's batch share already follows its
+    capped size."""
+    return [w * loss_fn(s, t) for w, s, t in zip(
+        weights or [1.0] * len(sizes), scores.split(sizes), targets.split(sizes), strict=True)]
+
+
+def weighted_loss(loss_fn: Loss, scores: torch.Tensor, targets: torch.Tensor,
+                  sizes: list[int], weights: Sequence[float] | None,
+                  clipped: Sequence[float] | None = None,
+                  terms: Sequence[torch.Tensor] | None = None) -> torch.Tensor | None:
+    """A concatenated batch's loss with each device's slice weighted: Σ_k w_k·B_k·L_k / B
+    (the plain mean loss when every w_k = 1); with the gradient bound's `clipped` c_k,
+    measured on the `terms` w_k·L_k (`slice_terms`), Σ_k c_k·B_k·(w_k·L_k) / B (so too
+    wherever `terms` were measured). None when neither weighs anybody: the caller keeps
+    its unweighted loss, bit for bit. The one weighted concatenated loss: SCALA's family
+    and SHeRL-FL's cloud head step on it."""
+    if clipped is None and weights is None:
+        return None
+    if terms is None and clipped is not None:
+        terms = slice_terms(loss_fn, scores, targets, sizes, weights)
+    if terms is None:
+        slices = zip(weights or (), sizes, scores.split(sizes), targets.split(sizes),
+                     strict=True)
+        return sum(w * n * loss_fn(s, t) for w, n, s, t in slices) / sum(sizes)
+    return sum(c * n * m for c, n, m in zip(clipped or [1.0] * len(sizes), sizes, terms,
+                                             strict=True)) / sum(sizes)
+
+
+@dataclass
+class ConcatenatedForward:
+    """One forward of the server block on the concatenation (eqs 5–6): the per-slice
+    client losses (eqs 8, 15), the server loss (eqs 7, 14) and what a bound is shown."""
+
+    leaves: list[torch.Tensor]
+    sizes: list[int]
+    logits: torch.Tensor
+    labels: torch.Tensor
+    server_ce: Loss  # the server's loss on any slice (adjusted by P_s, or plain CE)
+    server_loss: torch.Tensor
+    client_losses: list[torch.Tensor]
+
+    def slice_losses(self) -> list[float]:
+        """Each device's server loss on its slice, L^s_k (the loss bound's input)."""
+        return slice_losses(self.server_ce, self.logits, self.labels, self.sizes)
+
+    def terms(self, weights: Sequence[float] | None) -> list[torch.Tensor]:
+        """w_k·L^s_k with its graph (the gradient bound measures each one's share)."""
+        return slice_terms(self.server_ce, self.logits, self.labels, self.sizes, weights)
+
+
+def concatenated_forward(server: nn.Module, activations: Sequence[torch.Tensor],
+                         labels: Sequence[torch.Tensor], num_classes: int, *, adjust: bool,
+                         tau: float = 1.0,
+                         client_priors: Sequence[torch.Tensor] | None = None
+                         ) -> ConcatenatedForward:
+    """The forward of SCALA's step (CA-SFL's with `adjust` False: plain CE in both places).
+
+    L_k, client k's mean loss on its slice of the logits, under P_k (`client_priors`, else
+    the labels it sent); the server loss under P_s, the concatenation's label distribution.
     """
     leaves = _leaves(activations, labels)
     sizes = [a.shape[0] for a in leaves]
@@ -190,46 +240,63 @@ def _concatenated_step(server: nn.Module, activations: Sequence[torch.Tensor],
     else:
         client_losses = [F.cross_entropy(s, t) for s, t in
                          zip(logits.split(sizes), y.split(sizes), strict=True)]
-    # bounded influence (server/defences/step_bounds.py)
-    if weigh is not None or shares is not None:
-        weighted = slice_weighted(server_ce, logits, y, sizes, weigh, shares,
-                                  _server_params(server))
-        if weighted is not None:  # rare: a device over a bound
-            server_loss = weighted
-    return _finish(server, optimizer, server_loss, client_losses, leaves)
+    return ConcatenatedForward(leaves, sizes, logits, y, server_ce, server_loss, client_losses)
+
+
+def concatenated_update(server: nn.Module, optimizer: torch.optim.Optimizer,
+                        forward: ConcatenatedForward, weights: Sequence[float] | None = None,
+                        clipped: Sequence[float] | None = None,
+                        terms: Sequence[torch.Tensor] | None = None
+                        ) -> tuple[float, list[torch.Tensor]]:
+    """The two backward passes of the step `forward` began, and the server update.
+
+    Backward 1 (client part, retain_graph): ∇_{A_k} Σ_j L_j. Without batch-coupling layers
+    L_j depends on A_k only for j = k, so this is exactly ∇_{A_k} L_k (eq 8); with
+    BatchNorm in train mode it also carries the cross-client terms through the batch
+    statistics, as a backward through any concatenated loss does. Backward 2 (server
+    part): ∇_{w_s} of the server loss. Both are taken at the forward's weights; only then
+    does the optimizer step (eq 7).
+
+    `weights` (the loss bound's w_k, given the slices' losses) and `clipped` (the
+    gradient bound's c_k, given the norms of the `terms` w_k·L^s_k) make the server loss
+    `weighted_loss`: a down-weighted client steers w_s less. Both None: the unweighted
+    loss, bit for bit. The clients' own gradients G_k are not weighted.
+    """
+    f = forward
+    weighted = weighted_loss(f.server_ce, f.logits, f.labels, f.sizes, weights, clipped, terms)
+    server_loss = f.server_loss if weighted is None else weighted  # rare: over a bound
+    return _finish(server, optimizer, server_loss, f.client_losses, f.leaves)
 
 
 def scala_server_step(server: nn.Module, activations: list[torch.Tensor],
                       labels: list[torch.Tensor], num_classes: int,
                       optimizer: torch.optim.Optimizer, *, tau: float = 1.0,
                       client_priors: Sequence[torch.Tensor] | None = None,
-                      weigh: Weigh | None = None, shares: Weigh | None = None,
                       ) -> tuple[float, list[torch.Tensor]]:
-    """SCALA's server iteration (Algorithm 2, lines 14–16; eqs 5–8, 14, 15).
+    """SCALA's server iteration (Algorithm 2, lines 14–16; eqs 5–8, 14, 15), unweighted.
 
     Concatenate, forward once, update w_s on CE(s + τ·log P_s, Y) (eq 14, P_s from the
     concatenated labels) and return, per client in input order, G_k = ∇_{A_k} of client
     k's mean CE(s_k + τ·log P_k, Y_k) (eq 15, P_k from Y_k unless `client_priors` is given),
     computed at the pre-update weights. Returns (server loss, [G_k]).
     """
-    return _concatenated_step(server, activations, labels, num_classes, optimizer,
-                              adjust=True, tau=tau, client_priors=client_priors, weigh=weigh,
-                              shares=shares)
+    forward = concatenated_forward(server, activations, labels, num_classes, adjust=True,
+                                   tau=tau, client_priors=client_priors)
+    return concatenated_update(server, optimizer, forward)
 
 
 def ca_sfl_server_step(server: nn.Module, activations: list[torch.Tensor],
                        labels: list[torch.Tensor], num_classes: int,
-                       optimizer: torch.optim.Optimizer, *, weigh: Weigh | None = None,
-                       shares: Weigh | None = None) -> tuple[float, list[torch.Tensor]]:
+                       optimizer: torch.optim.Optimizer) -> tuple[float, list[torch.Tensor]]:
     """CA-SFL ablation (journal §5.2, "SFL enabled only with Concatenated Activations").
 
     Same as `scala_server_step` with plain CE in both places: w_s is updated on the mean CE
     over the concatenation, and G_k = ∇_{A_k} of client k's mean plain CE (eq 8 scaling,
     i.e. B / B_k times the slice of the concatenated-mean gradient).
     """
-    return _concatenated_step(server, activations, labels, num_classes, optimizer,
-                              adjust=False, tau=0.0, client_priors=None, weigh=weigh,
-                              shares=shares)
+    forward = concatenated_forward(server, activations, labels, num_classes, adjust=False,
+                                   tau=0.0)
+    return concatenated_update(server, optimizer, forward)
 
 
 def lla_sfl_server_step(server: nn.Module, activations: list[torch.Tensor],

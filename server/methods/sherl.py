@@ -55,10 +55,11 @@ from jetsplit.models.split import eval_mode
 from jetsplit.models.weights import from_arrays, load_strict, to_arrays
 from jetsplit.protocol import Kind
 from jetsplit.server.defences.aggregators import fedavg
-from jetsplit.server.defences.step_bounds import ActivationBound, slice_weighted
+from jetsplit.server.defences.step_bounds import ActivationBound
 from jetsplit.server.engines.seam import Command, Outcome, Reply
 from jetsplit.server.fleet.topology import Topology, resolve
 from jetsplit.server.methods.base import Method
+from jetsplit.server.methods.scala_math import slice_losses, weighted_loss
 from jetsplit.server.training.checkpoints import CheckpointError
 from jetsplit.server.training.optimisers import tier_optimizer
 from jetsplit.server.training.placement import autocast, to_device
@@ -289,7 +290,7 @@ class SHeRL(Method):
         clients = t.live([c for e in sorted(self.ready) for c in self.groups.get(e, [])])
         if not clients:
             return None
-        samples = self._forward(t.batches(clients), step)
+        samples = self._forward(t.defences.batches(clients), step)
         stepped = self._edge_step(self._by_edge(samples), samples, step)
         served = {e: list(r.meta["clients"]) for e, r in stepped.replies.items()}
         backward = self._backward([c for e in stepped.agents for c in served[e]], samples,
@@ -370,8 +371,8 @@ class SHeRL(Method):
                     ) -> float | None:
         """One cross-entropy step of the head on every edge's detached embeddings, each
         edge's bounded against the others' and each edge's share of the loss down-weighted
-        where it sits far above the others' (server/defences/step_bounds.py); returns the unweighted
-        loss."""
+        where it sits far above the others' (server/defences/step_bounds.py); returns the
+        unweighted loss."""
         if not embeddings:
             return None
         t = self.trainer
@@ -387,10 +388,11 @@ class SHeRL(Method):
             t.optimizer.zero_grad(set_to_none=True)
             logits = self.head(x)
             loss = nn.functional.cross_entropy(logits, y)
-            weigh, step_loss = t.loss_weights(order), None
-            if weigh is not None:
-                step_loss = slice_weighted(nn.functional.cross_entropy, logits, y,
-                                           [len(embeddings[e]) for e in order], weigh)
+            ce, d = nn.functional.cross_entropy, t.defences
+            sizes = [len(embeddings[e]) for e in order]
+            weights = (d.loss_weights(order, slice_losses(ce, logits, y, sizes))
+                       if d.weighs_losses else None)
+            step_loss = weighted_loss(ce, logits, y, sizes, weights)
             (loss if step_loss is None else step_loss).backward()  # x is detached: nothing
             t.optimizer.step()  # reaches the edge block
         return float(loss.detach())
@@ -409,9 +411,9 @@ class SHeRL(Method):
             mine = {c: states[c] for c in sorted(clients) if c in states}
             if not mine:
                 continue
-            sizes = t.sizes(sorted(mine))
+            sizes = t.defences.sizes(sorted(mine))
             with t.books.timed("aggregate"):
-                period.edge_clients[edge] = t.aggregate(
+                period.edge_clients[edge] = t.defences.aggregate(
                     mine, sizes, reference=period.edge_clients.get(edge, t.global_client))
             period.edge_weight[edge] = sum(sizes.values())
             if push:
@@ -427,12 +429,12 @@ class SHeRL(Method):
         if not served:
             return
         states = self._pull_edges(sorted(served))
-        weights = {e: sum(t.sizes(cs).values()) for e, cs in served.items()}
+        weights = {e: sum(t.defences.sizes(cs).values()) for e, cs in served.items()}
         with t.books.timed("aggregate"):
             if states:
-                merged = t.aggregate(states, {e: weights[e] for e in states},
-                                     reference=to_arrays(self.edge_view, "edge"),
-                                     block="edge block")
+                merged = t.defences.aggregate(states, {e: weights[e] for e in states},
+                                              reference=to_arrays(self.edge_view, "edge"),
+                                              block="edge block")
                 load_strict(self.edge_view, from_arrays(merged, "edge"), "edge average")
             if period.edge_clients:
                 t.global_client = fedavg(period.edge_clients, period.edge_weight)
@@ -469,8 +471,13 @@ class SHeRL(Method):
             return f"sizes {sizes!r} differ from what the clients sent"
         if not isinstance(loss, float) or not np.isfinite(loss):
             return f"loss {loss!r}"
+        return self._embeddings_problem(reply, sum(sizes))
+
+    def _embeddings_problem(self, reply: Reply, count: int) -> str | None:
+        """Why an edge step's tensors are not finite embeddings and in-range labels of
+        `count` samples, or None."""
         emb, labels = reply.tensors.get("embeddings"), reply.tensors.get("labels")
-        want = (sum(sizes), *self.embedding_shape)
+        want = (count, *self.embedding_shape)
         if emb is None or emb.dtype != np.float32 or tuple(emb.shape) != want:
             shape = None if emb is None else f"{emb.dtype} {list(emb.shape)}"
             return f"embeddings are {shape}, expected float32 {list(want)}"

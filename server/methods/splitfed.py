@@ -44,9 +44,9 @@ class SplitFedV1(SplitMethod):
         if participants:
             states = {a: to_arrays(self.copies[a], "server") for a in participants}
             with t.books.timed("aggregate"):  # under [train] aggregator, like client blocks
-                merged = t.aggregate(states, t.sizes(participants),
-                                     reference=to_arrays(t.server, "server"), block="server copy",
-                                     uploaded=False)
+                merged = t.defences.aggregate(
+                    states, t.defences.sizes(participants),
+                    reference=to_arrays(t.server, "server"), block="server copy", uploaded=False)
             load_strict(t.server, from_arrays(merged, "server"), "server average")
         self.copies, self.optimizers = {}, {}
 
@@ -62,7 +62,7 @@ class SplitFedV2(SplitMethod):
 
     def local_pass(self, selected: list[str], participants: set[str]) -> list[float]:
         t, losses = self.trainer, []
-        batches = t.batches(t.live(selected))  # B_k over the round's clients, as V1
+        batches = t.defences.batches(t.live(selected))  # B_k over the round's clients, as V1
         for agent in [str(a) for a in t.rng.permutation(sorted(batches))]:
             for step in range(t.settings.local_steps):
                 if not t.live([agent]):
@@ -86,13 +86,13 @@ class SplitFedV2(SplitMethod):
         loss = nn.functional.cross_entropy(t.server(leaf), labels[0])
         loss.backward()
         value = float(loss.detach())
-        weigh = t.loss_weights(agents)  # bounded influence against the recent devices' losses
-        weights = None if weigh is None else weigh([value])
+        d = t.defences  # bounded influence against the recent devices' losses
+        weights = d.loss_weights(agents, [value]) if d.weighs_losses else None
         grads = [p.grad for p in t.server.parameters() if p.grad is not None]
         if weights is not None:  # the server's step only; the client's gradient stays
             for g in grads:
                 g.mul_(weights[0])
-        share = t.step_gradient_weight(agents[0], grads)  # its whole share, bounded
+        share = d.step_gradient_weight(agents[0], grads)  # its whole share, bounded
         if share is not None:
             for g in grads:
                 g.mul_(share)
@@ -113,7 +113,7 @@ class SplitFedV2Interleaved(SplitFedV2):
     def iterate(self, live: list[str], step: int) -> float | None:
         t = self.trainer
         losses = []
-        batches = t.batches(live)
+        batches = t.defences.batches(live)
         for agent in [str(a) for a in t.rng.permutation(live)]:
             loss = self._serve(agent, batches[agent], step)
             if loss is not None:

@@ -236,7 +236,7 @@ def _save(directory: Path, round_: int, settings: Settings, trainer: Trainer,
     from jetsplit.server.training.checkpoints import save_checkpoint
 
     arrays, method_meta = method.checkpoint()
-    defences, defence_arrays = defence_memory.snapshot(trainer)
+    defences, defence_arrays = defence_memory.snapshot(trainer.defences)
     arrays = {**arrays, **defence_arrays, "trainer/torch_rng": torch.get_rng_state().numpy()}
     engine = trainer.engine
     meta = {
@@ -279,7 +279,7 @@ def _restore(saved: Any, settings: Settings, trainer: Trainer, method: Any) -> N
         for agent, cut in (meta.get("cuts") or {}).items():  # a re-planned run's cuts
             if trainer.cut(str(agent)) != cut:
                 trainer.set_cut(str(agent), cut)
-        defence_memory.restore(trainer, meta, saved.arrays)
+        defence_memory.restore(trainer.defences, meta, saved.arrays, trainer.device)
     except (KeyError, TypeError, ValueError, RuntimeError, ConfigError) as exc:
         raise CheckpointError(f"checkpoint state is damaged: {exc}") from None
     method.restore({k: v for k, v in saved.arrays.items() if not k.startswith("trainer/")},

@@ -3,15 +3,15 @@
 Exchanges with the fleet (forward, backward, push and pull of weights, release), the books
 (bytes, phases, samples and FLOPs per agent), public checks on untrusted replies
 (`activation_problem`, `weights_problem`, `checked`), per-device cuts and their
-completions, seeded selection and size-proportional batches. The round loop
-(server/run/round_loop.py) drives it; the methods (server/methods/) call it.
+completions, seeded selection. It holds the run's `Defences` (server/defences/defences.py:
+screening, weights, aggregation, size caps), which the methods call directly. The round
+loop (server/run/round_loop.py) drives it; the methods (server/methods/) call it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import math
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -31,18 +31,10 @@ from jetsplit.models.split import eval_mode
 from jetsplit.models.weights import from_arrays, load_strict, to_arrays
 from jetsplit.protocol import Kind
 from jetsplit.server.cuts.shipping import BundleShipper
-from jetsplit.server.defences.aggregators import aggregate
-from jetsplit.server.defences.label_check import PROBE_BATCH, LabelConsistency
+from jetsplit.server.defences.defences import Defences
+from jetsplit.server.defences.label_check import LabelConsistency
 from jetsplit.server.defences.sitting_out import Bench
-from jetsplit.server.defences.size_claims import ClaimBooks, LabelTally, registered_size
-from jetsplit.server.defences.step_bounds import (
-    LOSS_FLOOR,
-    ActivationBound,
-    LossBound,
-    StepGradientBound,
-    gradient_norm,
-    gradient_shares,
-)
+from jetsplit.server.defences.size_claims import ClaimBooks, LabelTally
 from jetsplit.server.defences.update_direction import UpdateDirection
 from jetsplit.server.engines.seam import Command, Engine, Outcome, Reply
 from jetsplit.server.training.divergence import DivergenceGuard
@@ -55,7 +47,6 @@ from jetsplit.wire import accounted_bound
 log = logging.getLogger("jetsplit.coordinator")
 Arrays = dict[str, np.ndarray]
 REJOIN_GRACE_S = 3.0  # after an outage, how long to wait for the rest of the fleet
-MIN_CLIENT_BATCH = 2  # BatchNorm in training mode needs more than one value per channel
 
 
 class RoundFailed(JetsplitError):
@@ -85,7 +76,7 @@ class Trainer:
         self.bundle = bundle or load_bundle(archive)
         # Devices get only what they run: the client block (+ aux head), or for FedAvg
         # the whole model; per-device cuts (`cuts`, agent → k) get their cut's block.
-        from jetsplit.server.training.optimisers import tier_optimizer
+        from jetsplit.server.training.optimisers import client_batch, tier_optimizer
 
         self.client_optimizer = tier_optimizer(settings, "client")
         self.server_optimizer = tier_optimizer(settings, "server")
@@ -115,23 +106,11 @@ class Trainer:
             self.bundle.spec.input_shape, self.device)
         self._activation_shapes = {k: self.activation_shape}
         self.rng = np.random.default_rng(settings.seed)
-        self.bench = Bench(settings.max_misses)  # who keeps missing deadlines sits out
-        self.activation_bound = ActivationBound(settings.activation_bound)
-        self.loss_bound = LossBound(  # a fitted device is no outlier, however small the median
-            settings.loss_bound, floor=LOSS_FLOOR * math.log(self.bundle.spec.num_classes))
-        self.step_gradient_bound = StepGradientBound(settings.gradient_bound)  # SplitFed V2
-        self.books = RoundBooks(listener=self.bench.note)  # this round's phases, samples, misses
-        # |D_k| as weights; whose registered claim was capped, at what
-        self.claims = ClaimBooks(settings.provisioned_sizes)
-        # the labels each device sent, against the histogram it registered
-        self.labels = LabelTally(self.bundle.spec.num_classes, settings.histogram_check == "on")
-        # whose labels do not fit their activations (server/defences/label_check.py)
-        self.consistency = LabelConsistency(self.bundle.spec.num_classes,
-                                            settings.label_check == "on", settings.seed)
-        # whose uploads pull against the fleet's (server/defences/update_direction.py)
-        self.direction = UpdateDirection(settings.direction_check == "on")
-        # block → the devices the outlier bound left out of its latest average
-        self.outliers: dict[str, frozenset[str]] = {}
+        self.books = RoundBooks()  # this round's phases, samples, misses and verdicts
+        # every defence's state, on the data path (server/defences/defences.py)
+        self.defences = Defences(settings, self.bundle.spec.num_classes, engine.registry,
+                                 self.books, fixed_batch=client_batch(settings))
+        self.books.listener = self.defences.bench.note  # who keeps missing deadlines sits out
         self.guard = DivergenceGuard(settings, self.bundle.spec.num_classes)
         self.round = 0
         self.last_pool = 0
@@ -224,83 +203,32 @@ class Trainer:
         with self.books.timed("server"), autocast(self.device, self.settings.autocast):
             yield
 
-    def inputs(self, out: Outcome) -> tuple[list[str], list[torch.Tensor], list[torch.Tensor]]:
-        """The forward replies' activations and labels on the server's device, per agent in
-        id order: one transfer each for all agents' activations and labels, then views;
-        each sample's activation norm bounded against the fleet's
-        (server/defences/step_bounds.py)."""
-        agents = out.agents
-        acts = to_device([out[a].tensors["activations"] for a in agents], np.float32,
-                         self.device)
-        acts = self.activation_bound.apply(agents, acts, self.books.bounded,
-                                           self.books.activation_scale)
-        labels = to_device([out[a].tensors["labels"] for a in agents], np.int64, self.device)
-        self.consistency.observe(agents, acts, labels)
-        return agents, acts, labels
+    # ------------------------------------------------------------------ defences
 
-    def trusted(self, agents: list[str], acts: list[torch.Tensor], labels: list[torch.Tensor]
-                ) -> tuple[list[str], list[torch.Tensor], list[torch.Tensor]]:
-        """This step's inputs without the devices whose labels do not fit their activations
-        (server/defences/label_check.py): they sit out the server update and get no gradient
-        (their forwards still come, so they are judged again each step); noted per round."""
-        excluded = self.consistency.excluded(agents)
-        if not excluded:
-            return agents, acts, labels
-        books = self.books
-        for agent in excluded:
-            books.excluded_steps[agent] = books.excluded_steps.get(agent, 0) + 1
-            books.excluded[agent] = (f"{books.excluded_steps[agent]} steps left out of the "
-                                     f"server update, last: {self.consistency.inconsistent[agent]}")
-        kept = [i for i, a in enumerate(agents) if a not in excluded]
-        return [agents[i] for i in kept], [acts[i] for i in kept], [labels[i] for i in kept]
+    # The round loop's view of the defences' state (server/defences/defences.py owns it).
+    @property
+    def bench(self) -> Bench:
+        return self.defences.bench
 
-    def gradient_weights(self, agents: list[str], norms: torch.Tensor | list[float]
-                         ) -> list[float] | None:
-        """Per device, the weight that keeps its share of the server gradient (`norms`, its
-        own term's gradient norm) within `gradient_bound` × the step's median; None: all 1
-        (server/influence.gradient_shares). One host read of the norms."""
-        if self.settings.gradient_bound <= 0:
-            return None
-        books = self.books
-        values = norms if isinstance(norms, list) else norms.detach().tolist()
-        return gradient_shares(agents, values, self.settings.gradient_bound,
-                               books.gradient_clipped, books.gradient_clipped_steps)
+    @property
+    def consistency(self) -> LabelConsistency:
+        return self.defences.consistency
 
-    def measured_gradient_weights(self, agents: list[str]
-                                  ) -> Callable[[list[float]], list[float] | None] | None:
-        """For a shared step whose per-device gradients are not otherwise computed (SCALA's
-        family, PSL): given each device's share norm, its weight (`gradient_weights`);
-        None unless `[train] gradient_shares = "all"`, since measuring the shares
-        costs one backward per device per step."""
-        if self.settings.gradient_bound <= 0 or self.settings.gradient_shares != "all":
-            return None
-        return lambda norms: self.gradient_weights(agents, norms)
+    @property
+    def direction(self) -> UpdateDirection:
+        return self.defences.direction
 
-    def step_gradient_weight(self, agent: str, grads: list[torch.Tensor]) -> float | None:
-        """SplitFed V2 (one device per step): the weight that keeps this step's server
-        gradient norm (over `grads`) within `gradient_bound` × the recent steps' median
-        (server/influence.StepGradientBound); None: 1. One host read. Only under
-        `[train] gradient_shares = "all"`: in a clean 30-round run it clipped 7 to 10 honest
-        devices a round (each device's first steps after the block fitted the last one)."""
-        if (self.step_gradient_bound.factor <= 0 or not grads
-                or self.settings.gradient_shares != "all"):
-            return None
-        books = self.books
-        weights = self.step_gradient_bound.weights(
-            [agent], [gradient_norm(grads)], books.gradient_clipped, books.gradient_clipped_steps)
-        return None if weights is None else weights[0]
+    @property
+    def claims(self) -> ClaimBooks:
+        return self.defences.claims
 
-    def loss_weights(self, agents: list[str]
-                     ) -> Callable[[list[float]], list[float] | None] | None:
-        """For a shared server block's step over `agents`: given each device's loss, the
-        weights of their terms (None: all 1, the unweighted step), a device far above the
-        fleet's loss down-weighted and noted (server/influence.LossBound); None when the
-        bound is off (`loss_bound = 0`: nothing is even measured)."""
-        if self.loss_bound.factor <= 0:
-            return None
-        books = self.books
-        return lambda losses: self.loss_bound.weights(agents, losses, books.down_weighted,
-                                                      books.down_weighted_steps)
+    @property
+    def labels(self) -> LabelTally:
+        return self.defences.labels
+
+    def batches(self, agents: list[str]) -> dict[str, int]:
+        """The round loop's re-planning reads each agent's batch share here."""
+        return self.defences.batches(agents)
 
     def require_update(self, selected: list[str], got: Mapping[str, Any]) -> None:
         """Fail the round, in one line naming who missed what and why, when agents were
@@ -315,95 +243,11 @@ class Trainer:
 
     # ------------------------------------------------------------------ selection
 
-    def aggregate(self, states: Mapping[str, Arrays], weights: Mapping[str, float], *,
-                  reference: Arrays | None = None, block: str = "client",
-                  uploaded: bool = True) -> Arrays:
-        """The blocks devices uploaded, combined by `[train] aggregator`
-        (server/defences/aggregators.py)
-        layer by layer; `reference` is the block they started from. What the rule did to a
-        device (clipped, left out) goes into this round's books, named by `block` (a round
-        may combine several: client blocks, server copies, aux heads). `uploaded` False: the
-        coordinator trained these blocks itself (SplitFed V1's and Ampere's server copies), so
-        no device can have reversed them, and the direction check skips them (a label-skewed
-        device's copy honestly points away from the median:
-        docs/results-robustness.md#reversed-updates-the-direction-check)."""
-        s = self.settings
-        notes: dict[str, str] = {}
-        excluded = self.consistency.excluded(sorted(states))
-        for agent in excluded:  # labels that do not fit its activations: so may its upload
-            notes[agent] = f"left out: {self.consistency.inconsistent[agent]}"
-        if uploaded:
-            self.direction.observe(block, states, reference)
-        opposed = self.direction.excluded(block, sorted(set(states) - excluded))
-        for agent in opposed:  # an update reversed against the fleet's
-            notes[agent] = f"left out: {self.direction.opposed[block, agent]}"
-        excluded |= opposed
-        for agent in excluded:  # a share of 0 over every float parameter it uploaded
-            self.books.influence.add({agent: 0.0}, sum(
-                int(v.size) for v in states[agent].values() if v.dtype.kind == "f"))
-        states = {a: v for a, v in states.items() if a not in excluded}
-        outliers: set[str] = set()
-        merged = aggregate(states, weights, s.aggregator, reference=reference, notes=notes,
-                           shares=self.books.influence, clip_factor=s.clip_factor,
-                           robust_fraction=s.robust_fraction, outlier_bound=s.outlier_bound,
-                           outliers=outliers)
-        self.outliers[block] = frozenset(outliers)
-        books = self.books.aggregation
-        for agent, note in sorted(notes.items()):
-            books[agent] = "; ".join(filter(None, (books.get(agent), f"{block}: {note}")))
-        return merged
-
-    def left_out(self, block: str, agents: list[str]) -> set[str]:
-        """Those of `agents` whose next upload of `block` is not expected to count: opposed
-        by the direction check, or left out of the block's latest average by the outlier
-        bound (a verdict each upload renews: one back under the bound counts again)."""
-        return self.direction.excluded(block, agents) | (
-            set(self.outliers.get(block, ())) & set(agents))
-
-    def claimed_sizes(self, agents: list[str]) -> dict[str, int]:
-        """|D_k| as each agent registered it, uncapped: for its own work only (an Ampere
-        epoch's steps, the rows of its upload), where a lie costs nobody but the liar."""
-        registry = self.engine.registry
-        return {a: registered_size(registry.registration(a)) or 0 for a in agents}
-
-    def sizes(self, agents: list[str]) -> dict[str, int]:
-        """|D_k| as weights (every average, batch shares): each registered claim at most
-        its provisioned size and at most `size_cap` × the median claim of the fleet's
-        clients (server/defences/size_claims.py)."""
-        return self.claims.weights(self.claimed_sizes(agents),
-                                   self.engine.registry.client_claims(), self.settings.size_cap)
-
-    def batches(self, agents: list[str], left_out: set[str] | frozenset[str] = frozenset()
-                ) -> dict[str, int]:
-        """B_k = B·|D_k| / Σ_j |D_j| (at least 2: BatchNorm in training mode needs more
-        than one value per channel, and SplitFed V2 serves one client's batch alone): SCALA's
-        size-proportional batches; or the fixed per-client batch where one is set
-        (server/optim.client_batch). A device whose labels do not fit its activations takes
-        no share of B, only a probe of PROBE_BATCH samples (server/defences/label_check.py):
-        its share goes to the devices whose work counts, and it is judged again. So does a
-        device in `left_out`: one whose work this round cannot count (FedAvg: its model
-        uploads are left out by the direction check or the outlier bound, `left_out()`, and
-        its upload is all it contributes;
-        in a split method its activations still train the server block)."""
-        from jetsplit.server.training.optimisers import client_batch
-
-        fixed = client_batch(self.settings)
-        if fixed is not None:
-            return dict.fromkeys(agents, fixed)
-        sizes = self.sizes(agents)
-        probing = self.consistency.excluded(agents) | (set(left_out) & set(agents))
-        if len(probing) == len(agents):  # never all of them
-            probing = set()
-        total = sum(n for a, n in sizes.items() if a not in probing) or 1
-        return {a: PROBE_BATCH if a in probing
-                else max(MIN_CLIENT_BATCH, round(self.settings.batch * sizes[a] / total))
-                for a in agents}
-
     def live(self, agents: list[str]) -> list[str]:
         """The selected agents not known to be offline nor benched for missing deadlines,
         with the bundle installed."""
         registry = self.engine.registry
-        online = [a for a in self.bench.playing(agents) if registry.state(a) != "offline"]
+        online = [a for a in self.defences.bench.playing(agents) if registry.state(a) != "offline"]
         return self.shipper.ensure(online, self.round, self.cuts)
 
     def select(self) -> list[str]:
@@ -419,7 +263,7 @@ class Trainer:
             registry.wait_for(self.last_pool, REJOIN_GRACE_S)
             pool = registry.eligible(zoo_version=ZOO_VERSION)
         self.last_pool = len(pool)
-        pool = self.bench.playing(pool) or pool  # all benched: better slow than nothing
+        pool = self.defences.bench.playing(pool) or pool  # all benched: better slow than nothing
         if not pool:
             return []
         count = max(1, min(len(pool), round(self.settings.fraction * len(pool))))
@@ -427,7 +271,11 @@ class Trainer:
 
     # ------------------------------------------------------------------ exchanges
 
-    def forward(self, batches: dict[str, int], step: int) -> Outcome:
+    def forward(self, batches: dict[str, int], step: int
+                ) -> tuple[list[str], list[torch.Tensor], list[torch.Tensor]]:
+        """The agents' forwards: the replies that pass `activation_problem`, their
+        activations and labels on the server's device per agent in id order (one transfer
+        each for all agents' activations and labels, then views)."""
         s = self.settings
         commands = {a: Command(Kind.FORWARD.value, {"batch": b, "codec": s.codec,
                                                     "compression": s.compression})
@@ -438,8 +286,12 @@ class Trainer:
                 lambda agent, r: self.activation_problem(r.tensors, batches[agent], agent)))
         for agent, reply in out.replies.items():
             self.books.fwd_samples[agent] += int(len(reply.tensors["labels"]))
-            self.labels.add(agent, reply.tensors["labels"])
-        return out
+            self.defences.labels.add(agent, reply.tensors["labels"])
+        agents = out.agents
+        acts = to_device([out[a].tensors["activations"] for a in agents], np.float32,
+                         self.device)
+        labels = to_device([out[a].tensors["labels"] for a in agents], np.int64, self.device)
+        return agents, acts, labels
 
     def activation_problem(self, tensors: Arrays, batch: int, agent: str = "") -> str | None:
         """Why a forward reply cannot be trained on, or None (replies are untrusted)."""

@@ -1,6 +1,7 @@
 """The project's import graph, read from the source (imports inside functions included):
 no circle among its own modules, and the rooms import one way: the core (`jetsplit/`) and
-the export tool never import the coordinator (`server/`). Only the command-line root,
+the export tool never import the coordinator (`server/`), and the coordinator's
+subpackages import down their order (`SERVER_ROOMS`). Only the command-line root,
 `jetsplit/cli.py`, mounts every room's commands and so imports them all."""
 
 from __future__ import annotations
@@ -12,6 +13,11 @@ from jetsplit.config_io import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSITION_ROOT = "jetsplit.cli"  # mounts the coordinator's commands beside the rest
+# The coordinator's subpackages, top to bottom (docs/architecture.md): a module may import
+# its own room and the rooms below it; report and ops stand side by side.
+SERVER_ROOMS = (("run",), ("report", "ops"), ("methods",), ("training",), ("cuts",),
+                ("fleet",), ("engines",), ("defences",))
+SERVER = "jetsplit.server"
 
 
 def _package_dirs() -> dict[str, Path]:
@@ -137,3 +143,47 @@ def test_the_device_side_never_imports_the_coordinator() -> None:
     offenders = {m: sorted(d for d in deps if d.startswith("jetsplit.server"))
                  for m, deps in graph.items() if m.startswith("jetsplit.edge_agent")}
     assert {m: d for m, d in offenders.items() if d} == {}
+
+
+def _rank(module: str) -> int | None:
+    """How far down `SERVER_ROOMS` a coordinator module's room stands (None: no room)."""
+    room = module.split(".")[2] if module.startswith(SERVER + ".") else None
+    return next((rank for rank, rooms in enumerate(SERVER_ROOMS) if room in rooms), None)
+
+
+def upward_imports(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Coordinator module → what it imports against the order: a coordinator module of a
+    higher room, or any coordinator module from outside every room; `server/__init__.py`
+    imports nothing of the project."""
+    out: dict[str, list[str]] = {}
+    for module, deps in graph.items():
+        if module == SERVER:
+            wrong = sorted(deps)
+        elif module.startswith(SERVER + "."):
+            rank = _rank(module)
+            wrong = sorted(d for d in deps if d.startswith(SERVER) and (
+                rank is None or d == SERVER or (_rank(d) or 0) < rank))
+        else:
+            continue
+        if wrong:
+            out[module] = wrong
+    return out
+
+
+def test_the_coordinators_rooms_import_one_way_down_their_order() -> None:
+    graph = import_graph(_modules())
+    rooms = {m.split(".")[2] for m in graph if m.startswith(SERVER + ".")}
+    assert rooms == {room for rank in SERVER_ROOMS for room in rank}
+    assert upward_imports(graph) == {}
+
+
+def test_the_order_check_catches_a_planted_upward_import() -> None:
+    graph = import_graph(_modules())
+    planted = {k: set(v) for k, v in graph.items()}
+    planted["jetsplit.server.defences.memory"].add("jetsplit.server.training.trainer")
+    planted["jetsplit.server.cuts.planning"].add("jetsplit.server.methods.base")
+    planted[SERVER].add("jetsplit.server.engines.seam")
+    assert upward_imports(planted) == {
+        "jetsplit.server.defences.memory": ["jetsplit.server.training.trainer"],
+        "jetsplit.server.cuts.planning": ["jetsplit.server.methods.base"],
+        SERVER: ["jetsplit.server.engines.seam"]}

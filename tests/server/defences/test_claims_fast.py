@@ -15,9 +15,8 @@ import pytest
 
 from jetsplit.server.cuts.planning import mean_dataset_size
 from jetsplit.server.defences.aggregators import fedavg
-from jetsplit.server.defences.label_check import LabelConsistency
+from jetsplit.server.defences.defences import Defences
 from jetsplit.server.defences.size_claims import (
-    ClaimBooks,
     LabelTally,
     capped,
     registered_size,
@@ -59,19 +58,15 @@ def test_registered_size_takes_positive_ints_only() -> None:
 
 
 def _trainer(size_cap_factor: float, batch: int = 60, claims: dict[str, int] | None = None,
-             provisioned: dict[str, int] | None = None) -> Trainer:
-    """The trainer's size and batch books over a registry (no bundle needed for them)."""
+             provisioned: dict[str, int] | None = None) -> Defences:
+    """The defences' size and batch books over a registry (no bundle needed for them)."""
     registry = FleetRegistry()
     for agent, size in (claims or {**HONEST, "a3": LIAR}).items():
         registry.register(agent, _registration(agent, size))
     registry.register("e0", _registration("e0", 50_000, role="edge"))  # not a client claim
-    trainer = object.__new__(Trainer)
-    trainer.engine = SimpleNamespace(registry=registry)  # type: ignore[assignment]
-    trainer.settings = Settings(size_cap=size_cap_factor, batch=batch,
-                                provisioned_sizes=provisioned or {})
-    trainer.claims = ClaimBooks(trainer.settings.provisioned_sizes)
-    trainer.consistency = LabelConsistency(2)
-    return trainer
+    settings = Settings(size_cap=size_cap_factor, batch=batch,
+                        provisioned_sizes=provisioned or {})
+    return Defences(settings, 2, registry, RoundBooks())
 
 
 def test_a_lying_claim_weighs_as_the_cap_everywhere_the_trainer_reads_sizes(
@@ -97,7 +92,7 @@ def test_a_lying_claim_weighs_as_the_cap_everywhere_the_trainer_reads_sizes(
     assert merged == pytest.approx(np.full(2, (0 * 100 + 1 * 200 + 2 * 300 + 3 * 1000) / 1600))
     # a registration changes the fleet: the cap is taken again (median of 100, 200, 300,
     # 10^9, 10^9 is 300 → 1200), not kept from the fleet before
-    trainer.engine.registry.register("a4", _registration("a4", LIAR))
+    trainer.registry.register("a4", _registration("a4", LIAR))
     assert trainer.sizes(agents)["a3"] == 1200
 
 
@@ -230,17 +225,20 @@ def test_the_histogram_bound_edge_and_unusable_claims() -> None:
 def test_the_coordinator_counts_what_each_reply_carries() -> None:
     """The trainer's forward exchange feeds every accepted reply's labels to the tally
     (the labels it trains on, not the registration's)."""
-    trainer = _trainer(4.0)
-    trainer.labels = LabelTally(3)
+    import torch
+
+    trainer = object.__new__(Trainer)
+    trainer.defences = _trainer(4.0)
+    trainer.defences.labels = LabelTally(3)
     trainer.books = RoundBooks()
     trainer.settings = Settings(codec="fp32")
-    trainer.round = 0
+    trainer.round, trainer.device = 0, torch.device("cpu")
     trainer.activation_problem = lambda tensors, batch, agent="": None  # type: ignore[method-assign]
     replies = {"a0": [0, 2, 2], "a1": [1, 1]}
     trainer.engine = SimpleNamespace(  # type: ignore[assignment]
-        registry=trainer.engine.registry,
         send_and_receive=lambda commands, **kw: Outcome(
-            {a: Reply(a, "forward", {}, {"labels": np.array(replies[a])})
+            {a: Reply(a, "forward", {}, {"labels": np.array(replies[a]), "activations":
+                                         np.zeros((len(replies[a]), 2), np.float32)})
              for a in commands}, kind="forward"))
     trainer.checked = lambda outcome, problem: outcome  # type: ignore[method-assign]
     trainer.forward({"a0": 3, "a1": 2}, step=0)

@@ -1,5 +1,5 @@
-"""A resumed run judges the fleet as the run it continues would have (server/
-defence_memory.py): the defences' evidence and verdicts travel in the checkpoint, are read
+"""A resumed run judges the fleet as the run it continues would have
+(server/defences/memory.py): the defences' evidence and verdicts travel in the checkpoint, are read
 back as untrusted input, and a run stopped after round 0 and resumed ends with the bits of
 the uninterrupted one, attacker and all."""
 
@@ -17,28 +17,20 @@ from safetensors.numpy import load_file
 
 from jetsplit.edge_agent.attacks import ALLOW_ENV
 from jetsplit.server.defences import memory as defence_memory
-from jetsplit.server.defences.label_check import DIMS, LabelConsistency
-from jetsplit.server.defences.sitting_out import Bench
-from jetsplit.server.defences.step_bounds import ActivationBound, LossBound, StepGradientBound
-from jetsplit.server.defences.update_direction import UpdateDirection
+from jetsplit.server.defences.defences import Defences
+from jetsplit.server.defences.label_check import DIMS
 from jetsplit.server.run.simulate import simulate
+from jetsplit.server.training.round_books import RoundBooks
 from jetsplit.server.training.settings import Settings
-from jetsplit.server.training.trainer import Trainer
 
 
-def _fresh() -> Trainer:
-    trainer = object.__new__(Trainer)
-    trainer.device = torch.device("cpu")
-    trainer.bench = Bench(3)
-    trainer.direction = UpdateDirection()
-    trainer.outliers = {}
-    trainer.loss_bound, trainer.step_gradient_bound = LossBound(3.0), StepGradientBound(5.0)
-    trainer.activation_bound = ActivationBound(5.0)
-    trainer.consistency = LabelConsistency(3)
-    return trainer
+def _fresh() -> Defences:
+    """A run's defences as they start (bench after 3 misses, bounds 3× and 5×)."""
+    settings = Settings(max_misses=3, loss_bound=3.0, gradient_bound=5.0, activation_bound=5.0)
+    return Defences(settings, 3, None, RoundBooks())  # type: ignore[arg-type]
 
 
-def _remembering() -> Trainer:
+def _remembering() -> Defences:
     trainer = _fresh()
     trainer.bench.misses, trainer.bench.strikes, trainer.bench.until = (
         {"a1": 2}, {"a2": 1}, {"a2": 7})
@@ -61,7 +53,7 @@ def _remembering() -> Trainer:
     return trainer
 
 
-def _state(trainer: Trainer) -> dict[str, Any]:
+def _state(trainer: Defences) -> dict[str, Any]:
     c = trainer.consistency
     return {
         "bench": (trainer.bench.misses, trainer.bench.strikes, trainer.bench.until),
@@ -76,7 +68,7 @@ def _state(trainer: Trainer) -> dict[str, Any]:
     }
 
 
-def _round_trip(trainer: Trainer) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+def _round_trip(trainer: Defences) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     meta, arrays = defence_memory.snapshot(trainer)
     return json.loads(json.dumps(meta)), arrays  # as the checkpoint's state.json holds it
 

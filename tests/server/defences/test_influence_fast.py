@@ -20,8 +20,8 @@ from jetsplit.server.defences.step_bounds import (
     gradient_norm,
     gradient_norms,
     gradient_shares,
-    slice_weighted,
 )
+from jetsplit.server.methods.scala_math import slice_losses, weighted_loss
 
 pytestmark = pytest.mark.fast
 
@@ -77,23 +77,23 @@ def _edge_batches() -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     return embeddings, labels
 
 
-def test_slice_weighted_is_the_size_weighted_sum_of_the_slices_losses() -> None:
-    """Σ_k w_k·B_k·L_k / B over slices of sizes (2, 1, 3) with weights (1, 0.25, 1); `weigh`
-    sees each slice's own mean loss; None from `weigh` gives None (the caller's plain loss)."""
+def test_weighted_loss_is_the_size_weighted_sum_of_the_slices_losses() -> None:
+    """Σ_k w_k·B_k·L_k / B over slices of sizes (2, 1, 3) with weights (1, 0.25, 1); the
+    bound is shown each slice's own mean loss; no weights give None (the caller's plain
+    loss)."""
     embeddings, labels = _edge_batches()
     scores = torch.from_numpy(np.concatenate(list(embeddings.values()))[:, :3])
     targets = torch.from_numpy(np.concatenate(list(labels.values())))
     ce = torch.nn.functional.cross_entropy
     per = [ce(scores[:2], targets[:2]), ce(scores[2:3], targets[2:3]), ce(scores[3:], targets[3:])]
-    seen: list[list[float]] = []
-    got = slice_weighted(ce, scores, targets, [2, 1, 3],
-                         lambda losses: seen.append(losses) or [1.0, 0.25, 1.0])
+    seen: list[list[float]] = [slice_losses(ce, scores, targets, [2, 1, 3])]
+    got = weighted_loss(ce, scores, targets, [2, 1, 3], [1.0, 0.25, 1.0])
     assert seen == [pytest.approx([float(x) for x in per], abs=1e-7)]
     assert got is not None
     want = (2 * per[0] + 0.25 * 1 * per[1] + 3 * per[2]) / 6
     assert float(got) == pytest.approx(float(want), abs=1e-7)
     assert float(got) != pytest.approx(float(ce(scores, targets)), abs=1e-3)
-    assert slice_weighted(ce, scores, targets, [2, 1, 3], lambda losses: None) is None
+    assert weighted_loss(ce, scores, targets, [2, 1, 3], None) is None
 
 
 def test_sherl_cloud_head_steps_on_the_down_weighted_edge_loss() -> None:
@@ -109,13 +109,14 @@ def test_sherl_cloud_head_steps_on_the_down_weighted_edge_loss() -> None:
     asked: list[list[str]] = []
     weights = {"e0": 1.0, "e1": 0.25, "e2": 1.0}
 
-    def loss_weights(order: list[str]) -> Any:
+    def loss_weights(order: list[str], losses: list[float]) -> Any:
         asked.append(order)
-        return lambda losses: [weights[e] for e in order]
+        return [weights[e] for e in order]
 
     trainer = SimpleNamespace(
         device=torch.device("cpu"), settings=SimpleNamespace(autocast="off"),
-        optimizer=torch.optim.SGD(head.parameters(), lr=0.5), loss_weights=loss_weights,
+        optimizer=torch.optim.SGD(head.parameters(), lr=0.5),
+        defences=SimpleNamespace(weighs_losses=True, loss_weights=loss_weights),
         books=SimpleNamespace(bounded={}, activation_scale={}))
     method = SimpleNamespace(trainer=trainer, head=head, embedding_bound=ActivationBound(0.0))
     reported = SHeRL._cloud_step(method, embeddings, labels)  # type: ignore[arg-type]

@@ -12,11 +12,10 @@ import numpy as np
 import pytest
 import torch
 
+from jetsplit.server.defences.defences import Defences
 from jetsplit.server.defences.label_check import CONFIRM, MIN_SAMPLES, LabelConsistency
-from jetsplit.server.defences.update_direction import UpdateDirection
 from jetsplit.server.training.round_books import RoundBooks
 from jetsplit.server.training.settings import Settings
-from jetsplit.server.training.trainer import Trainer
 
 pytestmark = pytest.mark.fast
 
@@ -137,12 +136,9 @@ def test_off_judges_nothing_and_the_projection_is_seeded() -> None:
                            LabelConsistency(3, seed=6)._projection((2, 3), x))
 
 
-def _trainer() -> Trainer:
-    trainer = object.__new__(Trainer)
-    trainer.books = RoundBooks()
-    trainer.consistency = LabelConsistency(3, seed=0)
-    trainer.direction = UpdateDirection()
-    trainer.outliers = {}
+def _trainer() -> Defences:
+    """The defences, their label check having seen a3's labels shifted."""
+    trainer = Defences(Settings(), 3, None, RoundBooks())  # type: ignore[arg-type]
     _observe(trainer.consistency, {"a0": ([10, 12, 9], 0), "a1": ([20, 8, 8], 0),
                                    "a2": ([8, 30, 10], 0), "a3": ([40, 40, 40], 1)}, times=2)
     return trainer
@@ -181,8 +177,6 @@ def test_an_inconsistent_device_only_probes_and_the_others_share_the_batch() -> 
     """B = 60 over sizes 100, 200, 300 and the shifter's 1000: the shifter sends a probe of
     PROBE_BATCH samples, the others split all of B by their sizes (10, 20, 30), not
     60·n/1600."""
-    from types import SimpleNamespace
-
     from jetsplit.server.defences.label_check import PROBE_BATCH
     from jetsplit.server.defences.size_claims import ClaimBooks
     from jetsplit.server.engines.registry import FleetRegistry
@@ -191,7 +185,7 @@ def test_an_inconsistent_device_only_probes_and_the_others_share_the_batch() -> 
     registry = FleetRegistry()
     for agent, size in {"a0": 100, "a1": 200, "a2": 300, "a3": 1000}.items():
         registry.register(agent, {"agent": agent, "role": "client", "dataset": {"size": size}})
-    trainer.engine = SimpleNamespace(registry=registry)  # type: ignore[assignment]
+    trainer.registry = registry
     trainer.settings = Settings(batch=60)
     trainer.claims = ClaimBooks()
     assert trainer.batches(["a0", "a1", "a2", "a3"]) == {"a0": 10, "a1": 20, "a2": 30,

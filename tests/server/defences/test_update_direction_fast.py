@@ -13,11 +13,10 @@ import math
 import numpy as np
 import pytest
 
-from jetsplit.server.defences.label_check import LabelConsistency
+from jetsplit.server.defences.defences import Defences
 from jetsplit.server.defences.update_direction import UpdateDirection, update_cosines
 from jetsplit.server.training.round_books import RoundBooks
 from jetsplit.server.training.settings import Settings
-from jetsplit.server.training.trainer import Trainer
 
 pytestmark = pytest.mark.fast
 
@@ -121,14 +120,10 @@ def test_off_judges_nothing() -> None:
     assert check.opposed == {} and check.counts == {}
 
 
-def _trainer(direction: str = "on") -> Trainer:
-    trainer = object.__new__(Trainer)
-    trainer.books = RoundBooks()
-    trainer.consistency = LabelConsistency(3)
-    trainer.direction = UpdateDirection(direction == "on")
-    trainer.outliers = {}
-    trainer.settings = Settings(aggregator="mean", outlier_bound=0.0)
-    return trainer
+def _trainer(direction: str = "on") -> Defences:
+    """The defences that combine uploads (no registry needed for that)."""
+    settings = Settings(aggregator="mean", outlier_bound=0.0, direction_check=direction)
+    return Defences(settings, 3, None, RoundBooks())  # type: ignore[arg-type]
 
 
 def test_the_reversers_upload_is_left_out_of_the_average() -> None:

@@ -24,6 +24,7 @@ from jetsplit.models import ModelSpec
 from jetsplit.models.weights import to_arrays
 from jetsplit.server.defences import aggregators
 from jetsplit.server.defences.aggregators import fedavg
+from jetsplit.server.defences.step_bounds import share_norms
 from jetsplit.server.engines.seam import InProcessEngine
 from jetsplit.server.methods import build_method, gapsl_math, sherl
 from jetsplit.server.methods.ampere import Ampere
@@ -341,15 +342,22 @@ def _by_hand(server: nn.Linear, acts: list[torch.Tensor], labels: list[torch.Ten
     return after, grads
 
 
-def _psl_like(cls: type, server: nn.Module, lr: float, reduction: str, **extra: Any) -> Any:
+def _psl_like(cls: type, server: nn.Module, lr: float, reduction: str, *,
+              loss_weights: Any = None, share_weights: Any = None,
+              measures_shares: bool = False) -> Any:
+    """A PSL-like method over a fake trainer whose defences answer as the test says: the
+    loss bound off unless `loss_weights` (agents, losses → weights), the gradient bound off
+    unless `share_weights` (agents, norms → weights), shares measured ("all") only with
+    `measures_shares`."""
     method = cls.__new__(cls)
-    extra.setdefault("loss_weights", lambda agents: None)  # the loss bound off
-    extra.setdefault("gradient_weights", lambda agents, norms: None)  # the gradient bound off
-    extra.setdefault("measured_gradient_weights", lambda agents: None)  # "free"
+    defences = SimpleNamespace(
+        weighs_losses=loss_weights is not None, loss_weights=loss_weights,
+        measures_shares=measures_shares,
+        share_weights=share_weights or (lambda agents, norms: None))
     method.trainer = SimpleNamespace(
         server=server, optimizer=torch.optim.SGD(server.parameters(), lr=lr), round=0,
         settings=SimpleNamespace(psl_reduction=reduction, local_steps=1, rounds=1,
-                                 k_min=0.2, k_max=0.8, eta=1.0, lam=5e-4), **extra)
+                                 k_min=0.2, k_max=0.8, eta=1.0, lam=5e-4), defences=defences)
     return method
 
 
@@ -400,9 +408,9 @@ def test_psl_server_step_down_weights_a_client_by_the_loss_bound(reduction: str)
         losses = [float(ce(server(x), y)) for x, y in zip(acts, labels, strict=True)]
     seen: list[list[float]] = []
 
-    def weigh(agents: list[str]) -> Any:
+    def weigh(agents: list[str], got: list[float]) -> Any:
         assert agents == ["a0", "a1", "a2"]
-        return lambda got: seen.append(got) or weights
+        return seen.append(got) or weights
 
     method = _psl_like(PSL, server, 0.1, reduction, loss_weights=weigh)
     loss, got = method.server_update(["a0", "a1", "a2"], acts, labels)
@@ -434,10 +442,10 @@ def test_scala_concatenated_step_down_weights_a_slice_by_the_loss_bound() -> Non
     with torch.no_grad():
         slices = [float(scala_math.logit_adjusted_ce(server(x), t, prior, 1.0))
                   for x, t in zip(acts, labels, strict=True)]
-    seen: list[list[float]] = []
-    _, grads = scala_math.scala_server_step(
-        server, acts, labels, 3, torch.optim.SGD(server.parameters(), lr=0.1),
-        weigh=lambda got: seen.append(got) or weights)
+    step = scala_math.concatenated_forward(server, acts, labels, 3, adjust=True)
+    seen: list[list[float]] = [step.slice_losses()]
+    _, grads = scala_math.concatenated_update(
+        server, torch.optim.SGD(server.parameters(), lr=0.1), step, weights)
     assert seen[0] == pytest.approx(slices, abs=1e-6)
     _check(server, after, dict(enumerate(grads)), dict(enumerate(want_grads)))
 
@@ -536,7 +544,7 @@ def test_gapsl_clips_each_clients_share_of_the_server_gradient(
         seen.append(got.tolist())
         return weights
 
-    method = _psl_like(GAPSL, server, 0.1, reduction, gradient_weights=gradient_weights)
+    method = _psl_like(GAPSL, server, 0.1, reduction, share_weights=gradient_weights)
     method.tracker, method.step = gapsl_math.NuTracker(), 0
     _, got = method.server_update(["a0", "a1", "a2"], acts, labels)
     assert seen[0] == pytest.approx(norms, rel=1e-5)
@@ -570,12 +578,12 @@ def test_psl_under_all_shares_clips_each_clients_share_after_the_loss_bound(redu
         lambda i, lg: ce(lg, labels[i]), lr=0.1)
     seen: list[list[float]] = []
 
-    def measured(agents: list[str]) -> Any:
+    def measured(agents: list[str], got: list[float]) -> Any:
         assert agents == ["a0", "a1", "a2"]
-        return lambda got: seen.append(got) or clip_w
+        return seen.append(got) or clip_w
 
-    method = _psl_like(PSL, server, 0.1, reduction, loss_weights=lambda agents: lambda _: loss_w,
-                       measured_gradient_weights=measured)
+    method = _psl_like(PSL, server, 0.1, reduction, loss_weights=lambda agents, _: loss_w,
+                       share_weights=measured, measures_shares=True)
     _, got = method.server_update(["a0", "a1", "a2"], acts, labels)
     assert seen[0] == pytest.approx(norms, rel=1e-5)
     _check(server, after, got, dict(zip(["a0", "a1", "a2"], grads, strict=True)))
@@ -606,18 +614,19 @@ def test_scala_under_all_shares_clips_a_slices_share_of_the_server_gradient() ->
     _, want_grads = scala_math.scala_server_step(
         plain, acts, labels, 3, torch.optim.SGD(plain.parameters(), lr=0.1))
     unclipped = copy.deepcopy(server)
-    scala_math.scala_server_step(unclipped, acts, labels, 3,
-                                 torch.optim.SGD(unclipped.parameters(), lr=0.1),
-                                 shares=lambda got: None)
+    step = scala_math.concatenated_forward(unclipped, acts, labels, 3, adjust=True)
+    scala_math.concatenated_update(unclipped, torch.optim.SGD(unclipped.parameters(), lr=0.1),
+                                   step, None, None, step.terms(None))  # nobody clipped
     for p, q in zip(plain.parameters(), unclipped.parameters(), strict=True):
         assert torch.equal(p, q)
     after, _ = _by_hand(server, acts, labels,
                         lambda lg: sum(term(k, lg[k], clip[k]) for k in range(3)),
                         lambda i, lg: lg.sum(), lr=0.1)
-    seen: list[list[float]] = []
-    _, grads = scala_math.scala_server_step(
-        server, acts, labels, 3, torch.optim.SGD(server.parameters(), lr=0.1),
-        shares=lambda got: seen.append(got) or clip)
+    step = scala_math.concatenated_forward(server, acts, labels, 3, adjust=True)
+    terms = step.terms(None)
+    seen: list[list[float]] = [share_norms(terms, list(server.parameters()))]
+    _, grads = scala_math.concatenated_update(
+        server, torch.optim.SGD(server.parameters(), lr=0.1), step, None, clip, terms)
     assert seen[0] == pytest.approx(norms, rel=1e-5)
     _check(server, after, dict(enumerate(grads)), dict(enumerate(want_grads)))
 
@@ -629,21 +638,21 @@ def test_splitfed_v2_bounds_a_steps_gradient_against_the_recent_steps() -> None:
     (worked out by hand), so the server steps on its gradient scaled to that bound, the
     books say so, and a3 still gets its unweighted ∂L/∂A; the honest steps are plain SGD.
     Under the default `free` nothing is bounded."""
-    import functools
-
+    from jetsplit.server.defences.defences import Defences
     from jetsplit.server.defences.step_bounds import StepGradientBound
     from jetsplit.server.methods.splitfed import SplitFedV2
-    from jetsplit.server.training.trainer import Trainer
+    from jetsplit.server.training.settings import Settings
 
     server, acts, labels = _toy((4, 4, 4, 4))
     acts[3] = acts[3] * 50
     ce = nn.functional.cross_entropy
     books = SimpleNamespace(gradient_clipped={}, gradient_clipped_steps={})
+    defences = Defences(Settings(loss_bound=0.0), 3, None, books)  # type: ignore[arg-type]
+    defences.step_gradient_bound = StepGradientBound(5.0, window=8)
+    defences.settings = SimpleNamespace(gradient_shares="all")  # type: ignore[assignment]
     trainer = SimpleNamespace(server=server, optimizer=torch.optim.SGD(server.parameters(), lr=0.1),
-                              loss_weights=lambda agents: None, books=books,
-                              settings=SimpleNamespace(gradient_shares="all"),
-                              step_gradient_bound=StepGradientBound(5.0, window=8))
-    trainer.step_gradient_weight = functools.partial(Trainer.step_gradient_weight, trainer)
+                              defences=defences, books=books, settings=defences.settings,
+                              step_gradient_weight=defences.step_gradient_weight)
     method = SplitFedV2.__new__(SplitFedV2)
     method.trainer = trainer
     ref = copy.deepcopy(server)

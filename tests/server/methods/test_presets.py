@@ -16,21 +16,23 @@ from jetsplit.server.training.optimisers import client_batch, reduction, tier_op
 from jetsplit.server.training.settings import Settings
 
 
+class _Defences:
+    """The defences a PSL or GAPSL server update asks, every bound off."""
+
+    weighs_losses = False  # the loss bound off: the reduction's step alone
+    measures_shares = False  # gradient_shares = "free", the default
+
+    def share_weights(self, agents: list[str], norms: torch.Tensor) -> None:
+        return None  # GAPSL's gradient bound off too
+
+
 class _Trainer:
     """What PSL's and GAPSL's server update reads from the trainer."""
 
     def __init__(self, settings: Settings, server: nn.Module) -> None:
         self.settings, self.server, self.round = settings, server, 0
         self.optimizer = tier_optimizer(settings, "server").for_module(server)
-
-    def loss_weights(self, agents: list[str]) -> None:
-        return None  # the loss bound off: the reduction's step alone
-
-    def gradient_weights(self, agents: list[str], norms: torch.Tensor) -> None:
-        return None  # GAPSL's gradient bound off too
-
-    def measured_gradient_weights(self, agents: list[str]) -> None:
-        return None  # gradient_shares = "free", the default
+        self.defences = _Defences()
 
 
 def _server_step(method: type[PSL], clients: int, **settings: object) -> torch.Tensor:

@@ -104,7 +104,7 @@ def close(a: dict[str, np.ndarray], b: dict[str, np.ndarray], tol: float = 1e-6)
 
 
 def assert_size_weighted(trainer: Trainer, states: dict[str, dict[str, np.ndarray]]) -> None:
-    sizes = trainer.sizes(sorted(states))
+    sizes = trainer.defences.sizes(sorted(states))
     assert close(trainer.global_client, fedavg(states, sizes))
     uniform = fedavg(states, dict.fromkeys(states, 1))
     assert not close(uniform, fedavg(states, sizes))  # the check can tell them apart
@@ -140,7 +140,7 @@ def test_splitfed_v1_averages_client_blocks_and_server_copies_by_size(archive: P
     method.end_round = keep_copies  # type: ignore[method-assign]
     method.run_round(engine.online())
     assert_size_weighted(trainer, weights_of(record))
-    sizes = trainer.sizes(sorted(copies))
+    sizes = trainer.defences.sizes(sorted(copies))
     assert close(to_arrays(trainer.server, "server"), fedavg(copies, sizes))
 
 
@@ -227,7 +227,7 @@ def test_lla_sfl_is_splitfed_v1_with_local_adjustment_averaged_every_t(
         results[name] = (to_arrays(trainer.server, "server"), copies, trainer)
     server, copies, trainer = results["lla-sfl"]
     assert len(copies) == 3
-    assert close(server, fedavg(copies, trainer.sizes(sorted(copies))))
+    assert close(server, fedavg(copies, trainer.defences.sizes(sorted(copies))))
     assert not close(server, results["splitfed-v1"][0], 1e-5)
     assert not close(server, results["lla-sfl-shared"][0], 1e-5)
 
@@ -324,7 +324,7 @@ def test_ampere_device_epoch_is_one_pass_over_each_agents_data(archive: Path,
     trainer = trainer_for(engine, archive, digits[1], algorithm="ampere", rounds=3)
     build_method("ampere", trainer).run_round(engine.online())
     train = record.of(Kind.TRAIN.value)[0][3]
-    sizes = trainer.sizes(sorted(train))
+    sizes = trainer.defences.sizes(sorted(train))
     for agent, command in train.items():
         steps, batch = command.meta["steps"], command.meta["batch"]
         assert (steps - 1) * batch < sizes[agent] <= steps * batch
