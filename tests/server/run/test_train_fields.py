@@ -53,3 +53,21 @@ def test_method_options_default_as_declared() -> None:
                        else option.default_factory())
             assert Settings.model_fields[option.name].get_default(
                 call_default_factory=True) == default, (entry.name, option.name)
+
+
+def test_trial_spec_keeps_only_what_is_trial_specific(tmp_path: Path) -> None:
+    """A trial's [train] keys live in `train` (its own default: re-planning on); a
+    trial.json written with them flat still resumes."""
+    import json
+    from dataclasses import asdict
+
+    from jetsplit.server.run.trial import load_spec
+    from jetsplit.server.run.trial_fleet import TrialSpec
+
+    from_spec = {f.name for f in fields(TrialSpec)}
+    assert not from_spec & set(TrainFields.model_fields)
+    spec = TrialSpec(train={"algorithm": "psl", "lr": 0.05}, agents=2)
+    assert spec.training().replan == "on" and spec.training().lr == 0.05
+    flat = {k: v for k, v in asdict(spec).items() if k != "train"}
+    (tmp_path / "trial.json").write_text(json.dumps({**flat, "algorithm": "psl", "lr": 0.05}))
+    assert load_spec(tmp_path) == spec
