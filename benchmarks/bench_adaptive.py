@@ -38,7 +38,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from jetsplit.server.run.trial import TrialSpec, run_trial
+from jetsplit.server.run.trial import run_trial
+from jetsplit.server.run.trial_fleet import TrialSpec
 
 PROFILES = ["jetson-nano-4gb", "orin-nx-16gb"]  # cycled over 4 agents
 CHANGE = 5  # the first round under the new conditions (0-based: "after round 4")
@@ -65,11 +66,11 @@ def one_trial(seed: int, args: argparse.Namespace, replan: str, root: Path,
     and a busier machine dilates compute more, which can plan other cuts)."""
     out = root / f"seed{seed}-replan-{replan}"
     out.mkdir(parents=True)
-    spec = TrialSpec(algorithm=args.method, agents=args.agents, rounds=args.rounds,
-                     profiles=PROFILES, model=args.model, dataset=args.dataset,
-                     partition="dirichlet:0.5", local_steps=args.local_steps,
-                     batch=args.batch, seed=seed, replan=replan, cuts=cuts,
-                     replan_clock=args.replan_clock,
+    spec = TrialSpec(train={"algorithm": args.method, "rounds": args.rounds,
+                            "local_steps": args.local_steps, "batch": args.batch,
+                            "replan": replan, "replan_clock": args.replan_clock},
+                     agents=args.agents, profiles=PROFILES, model=args.model,
+                     dataset=args.dataset, partition="dirichlet:0.5", seed=seed, cuts=cuts,
                      traces=traces(out, args.change, args.recover))
     summary = run_trial(spec, out / "run", live=False)
     rows = [json.loads(x) for x in (out / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -23,9 +23,8 @@ from pathlib import Path
 from jetsplit.data import load_dataset_split
 from jetsplit.server.engines.mqtt import MqttEngine
 from jetsplit.server.ops.brokers import MosquittoProcess
-from jetsplit.server.run.assembly import prepare_bundle
+from jetsplit.server.run.assembly import RunSpec, execute, prepare_bundle
 from jetsplit.server.run.config import ModelSection, ServerConfig
-from jetsplit.server.run.round_loop import run_training
 from jetsplit.server.training.settings import Settings
 
 MB = 1 << 20
@@ -141,8 +140,8 @@ def main() -> None:
             settings = Settings(algorithm="psl", rounds=2, local_steps=args.steps, batch=32)
             sampler = Sampler(agent.pid)
             sampler.start()
-            summary = run_training(engine, archive, settings, test, root / "run",
-                                   checkpoint=False)
+            summary = execute(engine, RunSpec(settings, archive, test, root / "run",
+                                                      checkpoint=False))
             sampler.halt.set()
             sampler.join()
             training, peak = sampler.top, peak_mb(agent.pid)

@@ -19,7 +19,8 @@ import tempfile
 from pathlib import Path
 
 from jetsplit.profiles import resolve_profile
-from jetsplit.server.run.trial import TrialSpec, run_trial
+from jetsplit.server.run.trial import run_trial
+from jetsplit.server.run.trial_fleet import TrialSpec
 
 NANO, ORIN = "jetson-nano-4gb", "orin-nx-16gb"
 
@@ -37,9 +38,10 @@ def main() -> None:
         args.rounds, args.local_steps = 2, 1
         args.model, args.dataset = "mobilenetv3-small", "digits"
     expected = resolve_profile(ORIN).effective_gflops() / resolve_profile(NANO).effective_gflops()
-    spec = TrialSpec(algorithm="splitfed-v2", agents=2, rounds=args.rounds,
-                     profiles=[NANO, ORIN], model=args.model, dataset=args.dataset,
-                     partition="iid", local_steps=args.local_steps, batch=64)
+    spec = TrialSpec(train={"algorithm": "splitfed-v2", "rounds": args.rounds,
+                            "local_steps": args.local_steps, "batch": 64},
+                     agents=2, profiles=[NANO, ORIN], model=args.model, dataset=args.dataset,
+                     partition="iid")
     with tempfile.TemporaryDirectory(prefix="bench-emulation-") as tmp:
         out = Path(tmp) / "trial"
         run_trial(spec, out, live=False)

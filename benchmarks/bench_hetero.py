@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from jetsplit.server.run.trial import TrialSpec, run_trial
+from jetsplit.server.run.trial import run_trial
+from jetsplit.server.run.trial_fleet import TrialSpec
 
 FLEETS = {
     "demo": ["jetson-nano-4gb", "orin-nx-16gb"],  # cycled over 4 agents: 2 + 2
@@ -34,10 +35,10 @@ AGENTS = {"demo": 4, "nano-clocks": 3}
 
 def one_trial(fleet: str, seed: int, rounds: int, local_steps: int, common: bool,
               root: Path, model: str = "alexnet", dataset: str = "mnist") -> dict[str, Any]:
-    spec = TrialSpec(algorithm="scala", agents=AGENTS[fleet], rounds=rounds,
-                     profiles=FLEETS[fleet], model=model, dataset=dataset,
-                     partition="dirichlet:0.5", local_steps=local_steps, batch=64, seed=seed,
-                     common_split=common)
+    spec = TrialSpec(train={"algorithm": "scala", "rounds": rounds,
+                            "local_steps": local_steps, "batch": 64},
+                     agents=AGENTS[fleet], profiles=FLEETS[fleet], model=model, dataset=dataset,
+                     partition="dirichlet:0.5", seed=seed, common_split=common)
     out = root / f"{fleet}-{seed}-{'common' if common else 'per-device'}"
     summary = run_trial(spec, out, live=False)
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]

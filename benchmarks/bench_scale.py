@@ -45,9 +45,8 @@ from jetsplit.data import load_dataset_split
 from jetsplit.server.engines.mqtt import MqttEngine
 from jetsplit.server.engines.seam import Command
 from jetsplit.server.ops.brokers import MosquittoProcess
-from jetsplit.server.run.assembly import prepare_bundle
+from jetsplit.server.run.assembly import RunSpec, execute, prepare_bundle
 from jetsplit.server.run.config import load_server_config
-from jetsplit.server.run.round_loop import run_training
 
 FIXED_SELECTED = 5
 AGENTS_PER_HOST = 100
@@ -186,7 +185,7 @@ def measure(size: int, steps: int, rounds: int, archive: Path | None, root: Path
             torch.set_num_threads(1)
             round_from = time.time()
             try:
-                run_training(engine, archive, cfg.settings(), test, root / "runs" / fleet)
+                execute(engine, RunSpec(cfg.settings(), archive, test, root / "runs" / fleet))
             finally:
                 torch.set_num_threads(threads)
             round_to = time.time()

@@ -161,7 +161,6 @@ def run_in_process(fleet: AgentFleet, config: Path, out: Path, *, threads: int =
     settings (e.g. a private activation_dir); `cuts` and `server_cut` are what the MQTT run
     planned (the same run assembly as `jetsplit server run`, server/run/assembly.py), and
     with `[train] replan = "on"` the same re-planner reads the same fleet books."""
-    from dataclasses import replace
 
     import torch
 
@@ -191,7 +190,7 @@ def run_in_process(fleet: AgentFleet, config: Path, out: Path, *, threads: int =
             replanner = fleet_replanner(cfg, registrations, int(cfg.model.split))
             extras = [FleetBooks(engine).collect]
         execute(engine, RunSpec(
-            replace(cfg.settings(), **(settings or {})), archive, test, out,
+            cfg.settings().model_copy(update=settings or {}), archive, test, out,
             server_cut=int(cfg.model.split), cuts=cuts or {}, row_extras=extras,
             replanner=replanner))
     finally:

@@ -6,15 +6,18 @@ it into rounds, a summary and a report.
 comes from (registered agents over MQTT, in-process workers, emulated agent processes) and
 how they read their options (a server.toml, flags, a trial spec). Each builds a `RunSpec`
 and an engine, and calls `execute`: the bundle on resume, the per-device cuts, the
-callbacks and the report are decided here once.
+callbacks and the report are decided here once. The two that drive a fleet over MQTT
+(`server run`, `trial`) run inside a `LiveFleet`, which closes the engine and wires the
+fleet books, the Prometheus endpoint and the trackers into every row. Tests and
+benchmarks train the same way: `execute(engine, RunSpec(settings, archive, test, out))`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jetsplit.bundle import load_bundle
 from jetsplit.data import ArrayDataset
@@ -24,6 +27,9 @@ from jetsplit.server.engines.seam import Engine
 from jetsplit.server.run.config import ServerConfig
 from jetsplit.server.training.checkpoints import BUNDLE_FILE
 from jetsplit.server.training.settings import Settings
+
+if TYPE_CHECKING:
+    from jetsplit.server.ops.tracking import Trackers
 
 Row = dict[str, Any]
 OnRound = Callable[[Row], None]
@@ -57,7 +63,8 @@ def bundle_for(out_dir: Path, resume: bool, prepare: Callable[[], Path]) -> Path
     return checkpointed_bundle(out_dir) if resume else prepare()
 
 
-def device_cuts(cuts: Mapping[str, int] | None, server_cut: int) -> dict[str, int] | None:
+def device_cuts(cuts: Mapping[str, int] | None, server_cut: int | None
+                ) -> dict[str, int] | None:
     """Per-device cuts for the trainer, or None when every device trains at the server cut
     (the common-cut code then runs exactly as without a plan)."""
     cuts = dict(cuts or {})
@@ -72,7 +79,7 @@ class RunSpec:
     archive: Path  # the whole model split at the server cut (the bundle archive)
     test: ArrayDataset  # the held-out split the coordinator evaluates on
     out_dir: Path
-    server_cut: int  # the bundle's split, c*
+    server_cut: int | None = None  # the bundle's split, c* (None: every cut given is used)
     cuts: Mapping[str, int] = field(default_factory=dict)  # agent → its cut (empty: c*)
     resume: bool = False
     checkpoint: bool = True
@@ -126,6 +133,51 @@ def execute(engine: Engine, spec: RunSpec) -> dict[str, Any]:
 
         summary["report"] = str(write_report(spec.out_dir, title=spec.report_title))
     return summary
+
+
+class LiveFleet:
+    """A run over MQTT around `execute` (`server run`, `trial`): the engine closed at the end,
+    the Prometheus endpoint when a port is given, and every metrics row fed to the fleet
+    books (per-agent time split and telemetry, first among the row extras), the exporter
+    and the trackers (after the spec's own per-round callbacks)."""
+
+    def __init__(self, engine: Engine, *, metrics_port: int | None = None,
+                 metrics_host: str = "127.0.0.1", trackers: Trackers | None = None) -> None:
+        from jetsplit.server.fleet.books import FleetBooks
+
+        self.engine, self.trackers = engine, trackers
+        self.metrics_port, self.metrics_host = metrics_port, metrics_host
+        self.books = FleetBooks(engine)
+        self.exporter: Any = None
+
+    def __enter__(self) -> LiveFleet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.engine.close()
+        if self.exporter is not None:
+            self.exporter.close()
+
+    def serve_metrics(self) -> str | None:
+        """Start the Prometheus endpoint if a port was given; its address."""
+        if self.metrics_port is None:
+            return None
+        from jetsplit.server.ops.prometheus import MetricsExporter
+
+        self.exporter = MetricsExporter(self.metrics_port, self.metrics_host).start()
+        return f"http://{self.metrics_host}:{self.exporter.port}/metrics"
+
+    def execute(self, spec: RunSpec) -> dict[str, Any]:
+        """Train `spec` over the fleet, its rows fed to the books, exporter and trackers."""
+        from jetsplit.server.ops.prometheus import round_callback
+
+        exporter = (None if self.exporter is None
+                    else round_callback(self.exporter, self.engine, self.books))
+        tracker = (self.trackers.log_round if self.trackers is not None and self.trackers.active
+                   else None)
+        return execute(self.engine, replace(
+            spec, row_extras=[self.books.collect, *spec.row_extras],
+            on_round=[*spec.on_round, exporter, tracker]))
 
 
 def prepare_bundle(cfg: ServerConfig, workdir: Path) -> Path:

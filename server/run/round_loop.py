@@ -16,7 +16,6 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping
-from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
@@ -98,48 +97,7 @@ def _train(engine: Engine, archive: Path, settings: Settings, test: ArrayDataset
     with (out_dir / "metrics.jsonl").open("w") as metrics:
         metrics.writelines(json.dumps(r) + "\n" for r in rows)
         for round_ in range(first, settings.rounds):
-            trainer.round = trainer.bench.round = round_
-            trainer.books.reset()
-            trainer.consistency.new_round()
-            trainer.direction.new_round()
-            round_started = time.perf_counter()
-            before = engine.counters.by_kind()
-            selected = trainer.select()
-            loss = method.run_round(selected)
-            trainer.guard.check(loss, round_, method.loss_tier)
-            train_bytes = _delta(engine.counters.by_kind(), before)
-            # Installing the bundle is setup, not training: reported apart.
-            setup_bytes = sum(train_bytes[d].pop(kind, 0) for d in ("up", "down")
-                              for kind in (Kind.BUNDLE.value, Kind.BUNDLE_PART.value))
-            with trainer.books.timed("evaluate"):
-                before_eval = engine.counters.by_kind()
-                scores = method.evaluate()
-                eval_bytes = _delta(engine.counters.by_kind(), before_eval)
-            row = {
-                "round": round_, "algorithm": settings.algorithm, "selected": selected,
-                "missed": dict(sorted(trainer.books.missed.items())),
-                "benched": trainer.bench.sitting_out(),
-                "aggregation": dict(sorted(trainer.books.aggregation.items())),
-                "bounded": dict(sorted(trainer.books.bounded.items())),
-                "down_weighted": dict(sorted(trainer.books.down_weighted.items())),
-                "excluded": dict(sorted(trainer.books.excluded.items())),
-                "gradient_clipped": dict(sorted(trainer.books.gradient_clipped.items())),
-                "activation_scale": dict(sorted(trainer.books.activation_scale.items())),
-                "influence": trainer.books.influence.result(),
-                "train_loss": loss,
-                **scores,
-                "bytes_up": sum(train_bytes["up"].values()),
-                "bytes_down": sum(train_bytes["down"].values()),
-                "bytes_by_kind": train_bytes, "eval_bytes": eval_bytes,
-                "bundle_bytes": setup_bytes,
-                "bytes_up_total": engine.counters.total("up"),
-                "bytes_down_total": engine.counters.total("down"),
-                "device_gflops": trainer.device_gflops(),
-                "phases_s": {k: round(v, 4) for k, v in sorted(trainer.books.phases.items())},
-                "seconds": time.perf_counter() - round_started,
-                "cuts": trainer.cuts_of(selected),
-                **getattr(method, "extra_metrics", {}),  # a method's own (sherl: tier_bytes)
-            }
+            row = _round(round_, engine, settings, trainer, method)
             if row_extras is not None:  # e.g. a trial's per-agent time and telemetry
                 row.update(row_extras(row))
             if replanner is not None and round_ + 1 < settings.rounds:
@@ -149,11 +107,12 @@ def _train(engine: Engine, archive: Path, settings: Settings, test: ArrayDataset
             rows.append(row)
             metrics.write(json.dumps(row) + "\n")
             metrics.flush()
+            loss = row["train_loss"]
             log.info("round %d/%d %s: accuracy %.4f (balanced %.4f), train loss %.4f, "
                      "%d agents, up %.2f MB, down %.2f MB", round_ + 1, settings.rounds,
                      settings.algorithm, _or_nan(row["accuracy"]),
                      _or_nan(row["balanced_accuracy"]),
-                     float("nan") if loss is None else loss, len(selected),
+                     float("nan") if loss is None else loss, len(row["selected"]),
                      row["bytes_up"] / 1e6, row["bytes_down"] / 1e6)
             if checkpoint:
                 with trainer.books.timed("checkpoint"):
@@ -163,12 +122,69 @@ def _train(engine: Engine, archive: Path, settings: Settings, test: ArrayDataset
     if not rows:
         raise JetsplitError(f"nothing to train: the checkpoint already covers all "
                             f"{settings.rounds} rounds")
+    summary = _summary(rows, engine, settings, trainer, time.perf_counter() - started)
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    method.save(out_dir)
+    return summary
+
+
+def _round(round_: int, engine: Engine, settings: Settings, trainer: Trainer, method: Any
+           ) -> dict[str, Any]:
+    """One round: select, train, evaluate; its metrics row (before any row extras)."""
+    trainer.round = trainer.bench.round = round_
+    trainer.books.reset()
+    trainer.consistency.new_round()
+    trainer.direction.new_round()
+    round_started = time.perf_counter()
+    before = engine.counters.by_kind()
+    selected = trainer.select()
+    loss = method.run_round(selected)
+    trainer.guard.check(loss, round_, method.loss_tier)
+    train_bytes = _delta(engine.counters.by_kind(), before)
+    # Installing the bundle is setup, not training: reported apart.
+    setup_bytes = sum(train_bytes[d].pop(kind, 0) for d in ("up", "down")
+                      for kind in (Kind.BUNDLE.value, Kind.BUNDLE_PART.value))
+    with trainer.books.timed("evaluate"):
+        before_eval = engine.counters.by_kind()
+        scores = method.evaluate()
+        eval_bytes = _delta(engine.counters.by_kind(), before_eval)
+    books = trainer.books
+    return {
+        "round": round_, "algorithm": settings.algorithm, "selected": selected,
+        "missed": dict(sorted(books.missed.items())),
+        "benched": trainer.bench.sitting_out(),
+        "aggregation": dict(sorted(books.aggregation.items())),
+        "bounded": dict(sorted(books.bounded.items())),
+        "down_weighted": dict(sorted(books.down_weighted.items())),
+        "excluded": dict(sorted(books.excluded.items())),
+        "gradient_clipped": dict(sorted(books.gradient_clipped.items())),
+        "activation_scale": dict(sorted(books.activation_scale.items())),
+        "influence": books.influence.result(),
+        "train_loss": loss,
+        **scores,
+        "bytes_up": sum(train_bytes["up"].values()),
+        "bytes_down": sum(train_bytes["down"].values()),
+        "bytes_by_kind": train_bytes, "eval_bytes": eval_bytes,
+        "bundle_bytes": setup_bytes,
+        "bytes_up_total": engine.counters.total("up"),
+        "bytes_down_total": engine.counters.total("down"),
+        "device_gflops": trainer.device_gflops(),
+        "phases_s": {k: round(v, 4) for k, v in sorted(books.phases.items())},
+        "seconds": time.perf_counter() - round_started,
+        "cuts": trainer.cuts_of(selected),
+        **getattr(method, "extra_metrics", {}),  # a method's own (sherl: tier_bytes)
+    }
+
+
+def _summary(rows: list[dict[str, Any]], engine: Engine, settings: Settings,
+             trainer: Trainer, seconds: float) -> dict[str, Any]:
+    """summary.json: the last round's accuracy, the run's totals and the fleet's books."""
     last = rows[-1]
     gflops: dict[str, float] = defaultdict(float)
     for row in rows:
         for agent, value in row["device_gflops"].items():
             gflops[agent] += value
-    summary = {
+    return {
         "algorithm": settings.algorithm, "rounds": settings.rounds, "run": engine.run_id,
         "final_accuracy": last["accuracy"], "balanced_accuracy": last["balanced_accuracy"],
         "final_accuracy_std": last.get("accuracy_std"),
@@ -177,9 +193,9 @@ def _train(engine: Engine, archive: Path, settings: Settings, test: ArrayDataset
         "bundle_bytes": sum(r["bundle_bytes"] for r in rows),
         "device_gflops": float(sum(gflops.values())),
         "device_gflops_per_agent": dict(sorted(gflops.items())),
-        "seconds": time.perf_counter() - started,
+        "seconds": seconds,
         "bundle_sha256": trainer.shipper.sha256,
-        "settings": settings.__dict__,
+        "settings": settings.model_dump(),
         "agents": engine.registry.snapshot(),
         "missed": [m.__dict__ for m in engine.registry.missed],
         "capped_claims": dict(sorted(trainer.claims.capped.items())),
@@ -187,9 +203,6 @@ def _train(engine: Engine, archive: Path, settings: Settings, test: ArrayDataset
         "benched": dict(sorted(trainer.bench.strikes.items())),  # times each sat out
         "bytes": engine.counters.snapshot(),
     }
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    method.save(out_dir)
-    return summary
 
 
 def _replan(replanner: Replanner, row: dict[str, Any], trainer: Trainer, method: Any
@@ -240,7 +253,7 @@ def _save(directory: Path, round_: int, settings: Settings, trainer: Trainer,
     arrays = {**arrays, **defence_arrays, "trainer/torch_rng": torch.get_rng_state().numpy()}
     engine = trainer.engine
     meta = {
-        "settings": settings.__dict__, "bundle_sha256": trainer.shipper.sha256,
+        "settings": settings.model_dump(), "bundle_sha256": trainer.shipper.sha256,
         "numpy_rng": trainer.rng.bit_generator.state, "last_pool": trainer.last_pool,
         "method": method_meta, "bytes": engine.counters.snapshot(),
         "missed": [m.__dict__ for m in engine.registry.missed],
@@ -257,9 +270,9 @@ def _restore(saved: Any, settings: Settings, trainer: Trainer, method: Any) -> N
 
     meta = saved.meta
     before = meta.get("settings") or {}
-    defaults = {f.name: f.default if f.default_factory is MISSING else f.default_factory()
-                for f in fields(Settings)}  # keys older runs lack
-    changed = sorted(k for k, v in settings.__dict__.items()
+    defaults = {name: info.get_default(call_default_factory=True)
+                for name, info in Settings.model_fields.items()}  # keys older runs lack
+    changed = sorted(k for k, v in settings.model_dump().items()
                      if k not in RESUMABLE_CHANGES and before.get(k, defaults[k]) != v)
     if changed:
         name = changed[0]

@@ -7,11 +7,17 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from jetsplit.server.run.flags import train_flags
+
+if TYPE_CHECKING:
+    from jetsplit.data import ArrayDataset
+    from jetsplit.server.cuts.replanning import Replanner
+    from jetsplit.server.engines.mqtt import MqttEngine
+    from jetsplit.server.run.config import ServerConfig
 
 app = typer.Typer(no_args_is_help=True, help="The coordinator.")
 
@@ -54,34 +60,59 @@ def run(
 ) -> None:
     """Wait for the fleet, ship the bundle, train, write metrics, summary and weights."""
     from jetsplit.cli_types import check_port
-    from jetsplit.config_io import model_from_dict
-    from jetsplit.data import load_dataset_split
-    from jetsplit.data.checks import check_data_options
-    from jetsplit.devices import resolve_device
     from jetsplit.errors import ConfigError
     from jetsplit.server.engines.mqtt import MqttEngine
-    from jetsplit.server.fleet.books import FleetBooks
-    from jetsplit.server.ops.prometheus import round_callback
     from jetsplit.server.ops.tracking import Trackers
-    from jetsplit.server.run.assembly import (
-        RunSpec,
-        bundle_for,
-        execute,
-        folder_run_id,
-        prepare_bundle,
-    )
-    from jetsplit.server.run.config import ServerConfig, TrainSection, load_server_config
-    from jetsplit.server.run.preflight import (
-        check_split,
-        validate_options,
-    )
+    from jetsplit.server.run.assembly import LiveFleet, RunSpec, bundle_for, prepare_bundle
 
     check_port(metrics_port, "--metrics-port")
     if resume is not None and auto_resume:
         raise ConfigError("--resume and --auto-resume: give one of them")
-    cfg = load_server_config(config)
-    data = cfg.model_dump()
-    overrides = {"fleet": fleet, "agents": agents, "out": out, "run": run_id}
+    cfg = _config(config, train, broker, device,
+                  {"fleet": fleet, "agents": agents, "out": out, "run": run_id})
+    if auto_resume:
+        resume = _auto_resume(cfg)
+    logging.basicConfig(level=cfg.log_level.upper(),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    out_dir, run_name = _run_folder(cfg, config, resume)
+    test = _held_out(cfg)
+    trackers = Trackers(tensorboard, mlflow, run_name=run_name, params=cfg.train.model_dump())
+    engine = MqttEngine(cfg.mqtt.address(), cfg.fleet, run_id=run_name,
+                        options=cfg.mqtt.endpoint_options(),
+                        retry_s=cfg.train.retry_s).start(cfg.mqtt.connect_wait_s)
+    try:
+        with LiveFleet(engine, metrics_port=metrics_port, metrics_host=metrics_host,
+                       trackers=trackers) as live:
+            address = live.serve_metrics()
+            if address is not None:
+                typer.echo(f"metrics on {address}")
+            online = _wait(engine, cfg)
+            cfg, cuts, replanner = _plan(cfg, engine, online)
+            with tempfile.TemporaryDirectory(prefix="jetsplit-server-") as tmp:
+                summary = live.execute(RunSpec(
+                    cfg.settings(), bundle_for(out_dir, resume is not None,
+                                               lambda: prepare_bundle(cfg, Path(tmp))),
+                    test, out_dir, server_cut=int(cfg.model.split), cuts=cuts,
+                    resume=resume is not None,
+                    report_title=f"jetsplit run {run_name}: {cfg.train.algorithm}",
+                    replanner=replanner))
+    finally:
+        trackers.close()
+    _tell(summary, len(online), out_dir, sorted(engine.endpoint.rejected.items()))
+
+
+def _config(path: Path, train: dict[str, Any], broker: str | None, device: str | None,
+            overrides: dict[str, Any]) -> ServerConfig:
+    """server.toml with the flags given laid over it, checked as a whole (one line naming
+    the field or flag at fault)."""
+    from jetsplit.config_io import model_from_dict
+    from jetsplit.data.checks import check_data_options
+    from jetsplit.devices import resolve_device
+    from jetsplit.errors import ConfigError
+    from jetsplit.server.run.config import ServerConfig, TrainSection, load_server_config
+    from jetsplit.server.run.preflight import validate_options
+
+    data = load_server_config(path).model_dump()
     data.update({k: v for k, v in overrides.items() if v is not None})
     if train:
         data["train"] = validate_options(TrainSection, {**data["train"], **train}, {}
@@ -90,21 +121,32 @@ def run(
         data["mqtt"]["broker"] = broker
     if device is not None:
         data["server"]["device"] = device
-    cfg = model_from_dict(ServerConfig, data, "server config", str(config))
+    cfg = model_from_dict(ServerConfig, data, "server config", str(path))
     resolve_device(cfg.server.device, "--device" if device is not None else "server.device")
     check_data_options(cfg.data.dataset)
     if cfg.train.replan == "on" and (cfg.model.split != "auto" or cfg.model.cuts):
         raise ConfigError('[train] replan = "on" re-plans the planner\'s cuts: it needs '
                           '[model] split = "auto" and no [model.cuts] by hand')
-    if auto_resume:
-        if cfg.run is None:
-            raise ConfigError("--auto-resume needs a fixed run name (--run NAME or `run`)")
-        candidate = Path(cfg.out) / cfg.run
-        if (candidate / "checkpoint" / "state.json").is_file():
-            resume = candidate
-            typer.echo(f"resuming {candidate} from its checkpoint")
-    logging.basicConfig(level=cfg.log_level.upper(),
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    return cfg
+
+
+def _auto_resume(cfg: ServerConfig) -> Path | None:
+    """`--auto-resume`: OUT/RUN when it holds a checkpoint, else None (start it)."""
+    from jetsplit.errors import ConfigError
+
+    if cfg.run is None:
+        raise ConfigError("--auto-resume needs a fixed run name (--run NAME or `run`)")
+    candidate = Path(cfg.out) / cfg.run
+    if not (candidate / "checkpoint" / "state.json").is_file():
+        return None
+    typer.echo(f"resuming {candidate} from its checkpoint")
+    return candidate
+
+
+def _run_folder(cfg: ServerConfig, config: Path, resume: Path | None) -> tuple[Path, str]:
+    """The run folder and run id (a resumed run's own); a new run keeps its config.toml."""
+    from jetsplit.server.run.assembly import folder_run_id
+
     run_name = cfg.run or time.strftime("run-%Y%m%d-%H%M%S", time.gmtime())
     out_dir = Path(cfg.out) / run_name
     if resume is not None:
@@ -112,76 +154,71 @@ def run(
     out_dir.mkdir(parents=True, exist_ok=True)
     if resume is None:
         shutil.copyfile(config, out_dir / "config.toml")  # what this run used, for its report
+    return out_dir, run_name
+
+
+def _held_out(cfg: ServerConfig) -> ArrayDataset:
+    """The test split the coordinator evaluates on; the configured cuts checked first."""
+    from jetsplit.data import load_dataset_split
+    from jetsplit.server.run.preflight import check_split
+
     _, test = load_dataset_split(cfg.data.dataset, cfg.data.test_fraction, cfg.data.seed)
-    if cfg.model.bundle is None and cfg.model.split != "auto":
-        check_split(cfg.model.name, tuple(cfg.model.input_shape), cfg.model.classes,
-                    cfg.model.split, flag="model.split")
-    for who, cut in sorted(cfg.model.cuts.items()):  # agent id or profile name
-        check_split(cfg.model.name, tuple(cfg.model.input_shape), cfg.model.classes, cut,
-                    flag=f"model.cuts.{who} (device {who})")
-    trackers = Trackers(tensorboard, mlflow, run_name=run_name,
-                        params=cfg.train.model_dump())
-    engine = MqttEngine(cfg.mqtt.address(), cfg.fleet, run_id=run_name,
-                        options=cfg.mqtt.endpoint_options(),
-                        retry_s=cfg.train.retry_s).start(cfg.mqtt.connect_wait_s)
-    exporter = None
-    try:
-        if metrics_port is not None:
-            from jetsplit.server.ops.prometheus import MetricsExporter
+    shape, m = tuple(cfg.model.input_shape), cfg.model
+    if m.bundle is None and m.split != "auto":
+        check_split(m.name, shape, m.classes, m.split, flag="model.split")
+    for who, cut in sorted(m.cuts.items()):  # agent id or profile name
+        check_split(m.name, shape, m.classes, cut, flag=f"model.cuts.{who} (device {who})")
+    return test
 
-            exporter = MetricsExporter(metrics_port, metrics_host).start()
-            typer.echo(f"metrics on http://{metrics_host}:{exporter.port}/metrics")
-        online = engine.wait_for_agents(cfg.agents, cfg.wait_s)
-        if len(online) < cfg.agents:
-            raise ConfigError(f"only {len(online)} of {cfg.agents} agents registered within "
-                              f"{cfg.wait_s:.0f}s ({', '.join(online) or 'none'})")
-        cuts: dict[str, int] = {}
-        replanner = None
-        if cfg.model.split == "auto" or cfg.model.cuts:
-            from jetsplit.server.cuts.planning import fleet_cuts, fleet_replanner
 
-            t = cfg.train
-            server_cut, cuts = fleet_cuts(
-                cfg, {a: engine.registry.registration(a) for a in online},
-                batch=max(1, t.batch // max(1, len(online))), local_steps=t.local_steps,
-                rounds=t.rounds, codec=t.codec)
-            if cfg.model.bundle:  # its split is the server cut; devices get shallower blocks
-                from jetsplit.bundle import load_bundle
+def _wait(engine: MqttEngine, cfg: ServerConfig) -> list[str]:
+    """The agents online once `cfg.agents` registered; one line when too few did in time."""
+    from jetsplit.errors import ConfigError
 
-                server_cut = load_bundle(Path(cfg.model.bundle)).split
-                deeper = sorted(a for a, c in cuts.items() if c > server_cut)
-                if deeper:
-                    raise ConfigError(f"agent {deeper[0]}: cut {cuts[deeper[0]]} is deeper "
-                                      f"than the bundle's split {server_cut}")
-            replanner = fleet_replanner(cfg, {a: engine.registry.registration(a)
-                                              for a in online}, server_cut) \
-                if t.replan == "on" else None
-            cfg = cfg.model_copy(update={"model": cfg.model.model_copy(
-                update={"split": server_cut})})
-            typer.echo(f"cuts: {cuts} (server cut {server_cut})")
-        with tempfile.TemporaryDirectory(prefix="jetsplit-server-") as tmp:
-            books = FleetBooks(engine)  # per-agent time split and telemetry per round
-            spec = RunSpec(
-                cfg.settings(), bundle_for(out_dir, resume is not None,
-                                           lambda: prepare_bundle(cfg, Path(tmp))),
-                test, out_dir, server_cut=int(cfg.model.split), cuts=cuts,
-                resume=resume is not None, row_extras=[books.collect],
-                on_round=[None if exporter is None else round_callback(exporter, engine, books),
-                          trackers.log_round if trackers.active else None],
-                report_title=f"jetsplit run {run_name}: {cfg.train.algorithm}",
-                replanner=replanner)
-            summary = execute(engine, spec)
-    finally:
-        engine.close()
-        if exporter is not None:
-            exporter.close()
-        trackers.close()
-    report = summary["report"]
+    online = engine.wait_for_agents(cfg.agents, cfg.wait_s)
+    if len(online) < cfg.agents:
+        raise ConfigError(f"only {len(online)} of {cfg.agents} agents registered within "
+                          f"{cfg.wait_s:.0f}s ({', '.join(online) or 'none'})")
+    return online
+
+
+def _plan(cfg: ServerConfig, engine: MqttEngine, online: list[str]
+          ) -> tuple[ServerConfig, dict[str, int], Replanner | None]:
+    """The cuts for the registered fleet ([model] split "auto" or [model.cuts]; none: every
+    device at the config's split) and the live re-planner; the config's split becomes the
+    server cut."""
+    if cfg.model.split != "auto" and not cfg.model.cuts:
+        return cfg, {}, None
+    from jetsplit.errors import ConfigError
+    from jetsplit.server.cuts.planning import fleet_cuts, fleet_replanner
+
+    t = cfg.train
+    registrations = {a: engine.registry.registration(a) for a in online}
+    server_cut, cuts = fleet_cuts(cfg, registrations,
+                                  batch=max(1, t.batch // max(1, len(online))),
+                                  local_steps=t.local_steps, rounds=t.rounds, codec=t.codec)
+    if cfg.model.bundle:  # its split is the server cut; devices get shallower blocks
+        from jetsplit.bundle import load_bundle
+
+        server_cut = load_bundle(Path(cfg.model.bundle)).split
+        deeper = sorted(a for a, c in cuts.items() if c > server_cut)
+        if deeper:
+            raise ConfigError(f"agent {deeper[0]}: cut {cuts[deeper[0]]} is deeper "
+                              f"than the bundle's split {server_cut}")
+    replanner = (fleet_replanner(cfg, registrations, server_cut) if t.replan == "on"
+                 else None)
+    typer.echo(f"cuts: {cuts} (server cut {server_cut})")
+    return cfg.model_copy(update={"model": cfg.model.model_copy(
+        update={"split": server_cut})}), cuts, replanner
+
+
+def _tell(summary: dict[str, Any], agents: int, out_dir: Path,
+          rejected: list[tuple[str, int]]) -> None:
+    """The run's last lines: what it trained, where its results are, what was dropped."""
     accuracy = summary["final_accuracy"]
-    typer.echo(f"{summary['algorithm']}: {summary['rounds']} rounds with {len(online)} agents "
+    typer.echo(f"{summary['algorithm']}: {summary['rounds']} rounds with {agents} agents "
                f"in {summary['seconds']:.1f}s, final accuracy "
                f"{'n/a' if accuracy is None else f'{accuracy:.4f}'}; "
-               f"metrics and summary in {out_dir}; report: {report}")
-    rejected = sorted(engine.endpoint.rejected.items())
+               f"metrics and summary in {out_dir}; report: {summary['report']}")
     if rejected:  # forged, replayed, malformed or flooding messages that were dropped
         typer.echo("rejected messages: " + ", ".join(f"{k} {n}" for k, n in rejected))

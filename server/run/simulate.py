@@ -13,7 +13,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -69,28 +68,68 @@ def simulate(
     their data (a benchmark's floor, what the fleet learns without an attacker at all).
     `provision_sizes` provisions each client's shard size, as `jetsplit provision --size`
     would (`settings.provisioned_sizes`): a claim then weighs at most the truth."""
-    from jetsplit.bundle import Bundle
     from jetsplit.data import client_shards
     from jetsplit.devices import resolve_device
-    from jetsplit.edge_agent.edge import no_data
-    from jetsplit.edge_agent.worker import AgentWorker
-    from jetsplit.errors import ConfigError
-    from jetsplit.export.bundle_writer import write_bundle
-    from jetsplit.models import ModelSpec
     from jetsplit.server.engines.seam import InProcessEngine
     from jetsplit.server.run.assembly import RunSpec, bundle_for, execute, folder_run_id
 
     device = resolve_device(settings.device, "--device")
     run_name = folder_run_id(out_dir, "simulation", "--resume" if resume else "--out")
     attackers = simulated_attacks(attacks or {}, clients, settings.seed)
+    _check_absent(absent, clients)
+    train, test = simulation_data(dataset, test_fraction, validation, settings.seed)
+    shards = client_shards(train.y, clients, partition_scheme, settings.seed, train.num_classes)
+    if provision_sizes:
+        settings = settings.model_copy(update={"provisioned_sizes": shard_sizes(shards)})
+    workers = simulated_fleet(settings, train, shards, device, attackers, absent)
+    mean_shard = max(1, round(sum(len(s) for s in shards) / max(1, len(shards))))
+    del train, shards  # from here on each client's shard is the only copy of its data
+    cuts: dict[str, int] | None = None
+    if profiles:
+        split, cuts = _profiled_cuts(settings, workers, model, test, clients, profiles,
+                                     common_split, mean_shard)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if not resume:
+        (out_dir / RUN_FILE).write_text(json.dumps({
+            "settings": settings.model_dump(), "model": model, "split": split,
+            "dataset": dataset, "clients": clients, "partition_scheme": partition_scheme,
+            "test_fraction": test_fraction, "aux_ratio": aux_ratio, "profiles": profiles,
+            "common_split": common_split, "attacks": attacks, "validation": validation,
+            "absent": list(absent), "provision_sizes": provision_sizes},
+            indent=2))
+    with tempfile.TemporaryDirectory(prefix="jetsplit-sim-") as tmp:
+        archive = bundle_for(out_dir, resume, lambda: bundle or fresh_bundle(
+            model, test, split, Path(tmp), aux_ratio=aux_ratio, seed=settings.seed))
+        engine = InProcessEngine(workers, run_id=run_name)
+        summary = execute(engine, RunSpec(settings, archive, test, out_dir, server_cut=split,
+                                          cuts=cuts or {}, resume=resume,
+                                          checkpoint=checkpoint))
+    summary["peak_rss_mb"] = peak_rss_mb()
+    summary["peak_agents_holding_blocks"] = engine.peak_agents_holding_blocks
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def _check_absent(absent: Sequence[str], clients: int) -> None:
+    """`absent` names some of the clients, not all (before any data loads)."""
+    from jetsplit.errors import ConfigError
+
     names = [agent_name(i) for i in range(clients)]
     if not set(absent) <= set(names) or len(set(absent)) >= clients:
         raise ConfigError(f"absent clients {sorted(absent)}: name some of a0..a{clients - 1}, "
                           "not all")
-    train, test = simulation_data(dataset, test_fraction, validation, settings.seed)
-    shards = client_shards(train.y, clients, partition_scheme, settings.seed, train.num_classes)
-    if provision_sizes:
-        settings = replace(settings, provisioned_sizes=shard_sizes(shards))
+
+
+def simulated_fleet(settings: Settings, train: ArrayDataset, shards: Sequence[Sequence[int]],
+                    device: Any, attackers: dict[str, Attack], absent: Sequence[str]
+                    ) -> dict[str, Any]:
+    """The in-process agents: client aN on shard N (but the `absent` ones), seeded
+    seed + N and running its attack if any, and SHeRL-FL's data-less edges; all share one
+    verified bundle."""
+    from jetsplit.bundle import Bundle
+    from jetsplit.edge_agent.edge import no_data
+    from jetsplit.edge_agent.worker import AgentWorker
+
     cache: dict[str, Bundle] = {}
     workers = {agent_name(i): AgentWorker(agent_name(i), train.subset(shard),
                                           seed=settings.seed + i, bundle_cache=cache,
@@ -99,50 +138,41 @@ def simulate(
     workers.update({edge: AgentWorker(edge, no_data(), role="edge", seed=settings.seed,
                                       bundle_cache=cache, device=device)
                     for edge in sorted(settings.edges)})
-    mean_shard = max(1, round(sum(len(s) for s in shards) / max(1, len(shards))))
-    del train, shards  # from here on each client's shard is the only copy of its data
+    return workers
+
+
+def _profiled_cuts(settings: Settings, workers: dict[str, Any], model: str,
+                   test: ArrayDataset, clients: int, profiles: list[str], common_split: bool,
+                   mean_shard: int) -> tuple[int, dict[str, int]]:
+    """The planner's (server cut, cut per client) for clients of these profiles (cycled);
+    each worker registers its profile."""
+    from jetsplit.profiles import resolve_profile
+    from jetsplit.server.cuts.planning import plan_cuts
+
+    by_agent = {agent_name(i): profiles[i % len(profiles)] for i in range(clients)}
+    for agent, name in by_agent.items():
+        if agent in workers:
+            workers[agent].profile = resolve_profile(name).model_dump(mode="json")
+    split, cuts, _ = plan_cuts(
+        settings.algorithm, model, test.input_shape, test.num_classes, by_agent,
+        batch=max(1, settings.batch // clients), local_steps=settings.local_steps,
+        rounds=settings.rounds, dataset_size=mean_shard, codec=settings.codec,
+        server_profile="x86-cpu", common_split=common_split)
+    return split, cuts
+
+
+def fresh_bundle(model: str, test: ArrayDataset, split: int, workdir: Path, *,
+                 aux_ratio: float | None, seed: int) -> Path:
+    """A bundle archive of `model` (shaped for `test`) split at `split`, written in
+    `workdir`."""
+    from jetsplit.export.bundle_writer import write_bundle
+    from jetsplit.models import ModelSpec
+
     spec = ModelSpec(model, test.input_shape, test.num_classes)
-    cuts: dict[str, int] | None = None
-    if profiles:
-        from jetsplit.profiles import resolve_profile
-        from jetsplit.server.cuts.planning import plan_cuts
-
-        by_agent = {agent_name(i): profiles[i % len(profiles)] for i in range(clients)}
-        for agent, name in by_agent.items():
-            if agent in workers:
-                workers[agent].profile = resolve_profile(name).model_dump(mode="json")
-        split, cuts, _ = plan_cuts(
-            settings.algorithm, model, test.input_shape, test.num_classes, by_agent,
-            batch=max(1, settings.batch // clients), local_steps=settings.local_steps,
-            rounds=settings.rounds, dataset_size=mean_shard, codec=settings.codec,
-            server_profile="x86-cpu", common_split=common_split)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if not resume:
-        (out_dir / RUN_FILE).write_text(json.dumps({
-            "settings": settings.__dict__, "model": model, "split": split, "dataset": dataset,
-            "clients": clients, "partition_scheme": partition_scheme,
-            "test_fraction": test_fraction, "aux_ratio": aux_ratio, "profiles": profiles,
-            "common_split": common_split, "attacks": attacks, "validation": validation,
-            "absent": list(absent), "provision_sizes": provision_sizes},
-            indent=2))
-    with tempfile.TemporaryDirectory(prefix="jetsplit-sim-") as tmp:
-
-        def prepare() -> Path:
-            if bundle is not None:
-                return bundle
-            report = write_bundle(spec, split, Path(tmp) / "bundle", aux_ratio=aux_ratio,
-                                  seed=settings.seed, tar=True)
-            assert report.tar_path is not None
-            return report.tar_path
-
-        engine = InProcessEngine(workers, run_id=run_name)
-        summary = execute(engine, RunSpec(
-            settings, bundle_for(out_dir, resume, prepare), test, out_dir, server_cut=split,
-            cuts=cuts or {}, resume=resume, checkpoint=checkpoint))
-    summary["peak_rss_mb"] = peak_rss_mb()
-    summary["peak_agents_holding_blocks"] = engine.peak_agents_holding_blocks
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    return summary
+    report = write_bundle(spec, split, workdir / "bundle", aux_ratio=aux_ratio, seed=seed,
+                          tar=True)
+    assert report.tar_path is not None
+    return report.tar_path
 
 
 RUN_FILE = "simulation.json"
@@ -172,7 +202,7 @@ def resume_simulation(run_dir: Path) -> dict[str, Any]:
     except FileNotFoundError:
         raise ConfigError(f"--resume {run_dir}: no {RUN_FILE} there (not a simulation run "
                           f"folder)") from None
-    except (json.JSONDecodeError, TypeError, KeyError, AttributeError) as exc:
+    except (json.JSONDecodeError, TypeError, KeyError, AttributeError, ValueError) as exc:
         raise ConfigError(f"--resume {run_dir}: {RUN_FILE} is damaged ({exc})") from None
 
 
@@ -326,6 +356,11 @@ def simulate_command(
                            partition_scheme=partition, out_dir=out_dir, profiles=profiles,
                            common_split=common_split, attacks=attacks,
                            provision_sizes=provision_sizes)
+    _tell(summary, out_dir, algorithm, as_json)
+
+
+def _tell(summary: dict[str, Any], out_dir: Path, algorithm: str, as_json: bool) -> None:
+    """The run's last line: its summary as JSON (`--json`), or in words."""
     short = {k: summary[k] for k in ("algorithm", "rounds", "final_accuracy",
                                      "balanced_accuracy", "final_accuracy_std", "bytes_up",
                                      "bytes_down", "device_gflops", "seconds", "peak_rss_mb")}

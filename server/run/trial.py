@@ -16,26 +16,23 @@ this machine's cores). Links run at the profiles' own bandwidths.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-import os
 import shutil
-import signal
-import subprocess
-import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from jetsplit import catalog
 from jetsplit.cli_types import check_port, parse_agent_options
 from jetsplit.data.checks import check_data_options
 from jetsplit.edge_agent.emulation import EmulationSection
 from jetsplit.edge_agent.traces import Trace
 from jetsplit.errors import ConfigError, JetsplitError
+from jetsplit.server.run.config import TrainSection
 from jetsplit.server.run.flags import train_flags
 from jetsplit.server.run.preflight import (
     check_split,
@@ -43,96 +40,27 @@ from jetsplit.server.run.preflight import (
     wait_for_fleet,
 )
 from jetsplit.server.run.simulate import (
-    agent_name,
-    edge_name,
     parse_attack_options,
-    shard_sizes,
     sherl_topology,
     simulated_attacks,
+)
+from jetsplit.server.run.trial_fleet import (
+    DEFAULT_PROFILES,
+    AgentProcesses,
+    TrialSpec,
+    trial_shard_sizes,
+    trial_traces,
+    write_agent_configs,
 )
 
 if TYPE_CHECKING:
     from jetsplit.data import ArrayDataset
+    from jetsplit.server.run.config import ServerConfig, ServerSection
 
 log = logging.getLogger("jetsplit.trial")
 
-DEFAULT_PROFILES = ["jetson-nano-4gb", "orin-nx-16gb"]
 EMULATION_HEADROOM = 2.0  # the fastest emulated device runs at half this machine's speed
 SPEC_FILE = "trial.json"
-
-
-@dataclass
-class TrialSpec:
-    """Everything a trial depends on; saved as trial.json so `--resume` needs nothing else."""
-
-    algorithm: str = catalog.DEFAULT_METHOD
-    agents: int = 4
-    rounds: int = 10
-    profiles: list[str] = field(default_factory=lambda: list(DEFAULT_PROFILES))
-    model: str = "alexnet"
-    dataset: str = "mnist"
-    partition: str = "dirichlet:0.5"
-    local_steps: int = 10
-    batch: int = 64
-    lr: float | None = None  # None: the method's default rate
-    fraction: float = 1.0
-    seed: int = 0
-    codec: str = "fp32"
-    aggregator: str = "mean"  # how device uploads are combined (server/defences/aggregators.py)
-    replan: str = "on"  # live re-planning of the cuts (server/cuts/replanning.py)
-    replan_threshold: float = 0.2
-    replan_clock: str = "measured"  # or "model" (server/cuts/replanning.py)
-    test_fraction: float = 0.2
-    broker: str | None = None
-    emulate: bool = True
-    server_profile: str = "x86-cpu"
-    split: int | None = None  # None: the planner's choice (a cut per device where it can)
-    common_split: bool = False  # the planner's best one cut for every device
-    cuts: dict[str, int] | None = None  # per-agent cuts by hand (checked against memory)
-    edges: int = 0  # SHeRL-FL: edge agents e0… (clients dealt to them round-robin)
-    edge_profile: str = "orin-nx-16gb"
-    device: str = "auto"  # the coordinator's: auto | cpu | cuda (agents emulate on the CPU)
-    agents_per_process: int = 1  # >1: clients run in `jetsplit agent host` processes
-    # {agent: attack spec}: tests and benchmarks only (JETSPLIT_ALLOW_ATTACKS=1), written
-    # into those agents' [attack] (edge_agent/attacks.py)
-    attacks: dict[str, str] = field(default_factory=dict)
-    # provision each client's shard size into the coordinator's config, as `jetsplit
-    # provision --size` would: a registered size weighs at most that
-    # (server/defences/size_claims.py)
-    provision_sizes: bool = False
-    # {agent: trace name or file}: how that agent's device changes during the run
-    # (edge_agent/traces.py), replayed by its emulation
-    traces: dict[str, str] = field(default_factory=dict)
-
-    def host_groups(self) -> list[tuple[str, int, int, int]]:
-        """(profile, first, stride, count) per fleet-host process: clients of one profile
-        (a profile's agents are `stride` = len(profiles) apart), at most
-        `agents_per_process` each."""
-        stride = len(self.profiles)
-        groups = []
-        for p in range(min(stride, self.agents)):
-            numbers = list(range(p, self.agents, stride))
-            for k in range(0, len(numbers), self.agents_per_process):
-                chunk = numbers[k:k + self.agents_per_process]
-                groups.append((self.profiles[p], chunk[0], stride, len(chunk)))
-        return groups
-
-    def device_profiles(self) -> dict[str, str]:
-        """Profile of each agent: clients cycle through `profiles`, edges use
-        `edge_profile`."""
-        out = {agent_name(i): self.profiles[i % len(self.profiles)] for i in range(self.agents)}
-        out.update({edge_name(j): self.edge_profile for j in range(self.edges)})
-        return out
-
-
-def trial_shard_sizes(spec: TrialSpec, train: ArrayDataset) -> dict[str, int]:
-    """The samples each trial client holds of the training split `train`: its shard as its
-    agent cuts it (`client_shards`, from the `[data]` that `agent_config` writes), what
-    `provision_sizes` provisions."""
-    from jetsplit.data import client_shards
-
-    return shard_sizes(client_shards(train.y, spec.agents, spec.partition, spec.seed,
-                                     train.num_classes))
 
 
 # --------------------------------------------------------------------------- planning
@@ -181,8 +109,8 @@ def emulations(profiles: dict[str, Any], host: float, enabled: bool,
     return out, dilation
 
 
-def plan_split(spec: TrialSpec, input_shape: tuple[int, int, int], classes: int,
-               per_agent_batch: int, dataset_size: int, dilation: float = 1.0
+def plan_split(spec: TrialSpec, train: TrainSection, input_shape: tuple[int, int, int],
+               classes: int, per_agent_batch: int, dataset_size: int, dilation: float = 1.0
                ) -> tuple[int, dict[str, int], dict[str, Any]]:
     """The planner's cuts for this fleet: (server cut, cut per agent, plan). The split
     methods get a cut per device unless `--split` or `--common-split`; `cuts` by hand are
@@ -191,9 +119,9 @@ def plan_split(spec: TrialSpec, input_shape: tuple[int, int, int], classes: int,
 
     agent_profiles = {a: p for a, p in spec.device_profiles().items() if a.startswith("a")}
     server_cut, cuts, plan = plan_cuts(
-        spec.algorithm, spec.model, input_shape, classes, agent_profiles,
-        batch=per_agent_batch, local_steps=spec.local_steps, rounds=spec.rounds,
-        dataset_size=dataset_size, codec=spec.codec, server_profile=spec.server_profile,
+        train.algorithm, spec.model, input_shape, classes, agent_profiles,
+        batch=per_agent_batch, local_steps=train.local_steps, rounds=train.rounds,
+        dataset_size=dataset_size, codec=train.codec, server_profile=spec.server_profile,
         common_split=spec.common_split, split=spec.split, compute_dilation=dilation)
     if spec.cuts:
         unknown = sorted(set(spec.cuts) - set(agent_profiles))
@@ -214,23 +142,23 @@ def plan_split(spec: TrialSpec, input_shape: tuple[int, int, int], classes: int,
     return server_cut, cuts, plan
 
 
-def trial_replanner(spec: TrialSpec, input_shape: tuple[int, int, int], classes: int,
-                    per_agent_batch: int, dataset_size: int, dilation: float, server_cut: int,
-                    deadline_s: float) -> Any:
+def trial_replanner(spec: TrialSpec, train: TrainSection, input_shape: tuple[int, int, int],
+                    classes: int, per_agent_batch: int, dataset_size: int, dilation: float,
+                    server_cut: int) -> Any:
     """The live re-planner for this fleet, planned as `plan_split` plans it; None when
     `replan` is off, the cuts were fixed by hand (`--split`, `--cut`, `--common-split`),
     or the method keeps one cut."""
-    if spec.replan != "on" or spec.split is not None or spec.cuts or spec.common_split:
+    if train.replan != "on" or spec.split is not None or spec.cuts or spec.common_split:
         return None
     from jetsplit.server.cuts.planning import replanner_for
 
     agent_profiles = {a: p for a, p in spec.device_profiles().items() if a.startswith("a")}
     return replanner_for(
-        spec.algorithm, spec.model, input_shape, classes, agent_profiles,
-        batch=per_agent_batch, local_steps=spec.local_steps, rounds=spec.rounds,
-        dataset_size=dataset_size, codec=spec.codec, server_profile=spec.server_profile,
-        server_cut=server_cut, threshold=spec.replan_threshold,
-        deadline_s=deadline_s, compute_dilation=dilation, clock=spec.replan_clock)
+        train.algorithm, spec.model, input_shape, classes, agent_profiles,
+        batch=per_agent_batch, local_steps=train.local_steps, rounds=train.rounds,
+        dataset_size=dataset_size, codec=train.codec, server_profile=spec.server_profile,
+        server_cut=server_cut, threshold=train.replan_threshold,
+        deadline_s=train.deadline_s, compute_dilation=dilation, clock=train.replan_clock)
 
 
 def predicted_row(plan: dict[str, Any]) -> Any:
@@ -248,89 +176,6 @@ def predicted_row(plan: dict[str, Any]) -> Any:
 # --------------------------------------------------------------------------- agents
 
 
-def trial_traces(spec: TrialSpec) -> dict[str, Trace]:
-    """Each traced agent's trace, loaded and checked: agents of this trial only, one per
-    process (a fleet host's agents share one config)."""
-    from jetsplit.edge_agent.traces import load_trace
-
-    if spec.traces and spec.agents_per_process > 1:
-        raise ConfigError("--trace needs one agent per process (--agents-per-process 1)")
-    known = spec.device_profiles()
-    for agent in spec.traces:
-        if agent not in known:
-            raise ConfigError(f"--trace {agent}={spec.traces[agent]}: no trial agent "
-                              f"{agent!r} (they are {', '.join(known)})")
-    return {agent: load_trace(name) for agent, name in spec.traces.items()}
-
-
-def agent_config(spec: TrialSpec, agent: str, broker_url: str, state_dir: Path,
-                 emulation: EmulationSection, *, index: int | None = None) -> str:
-    """agent.toml for a trial agent: client aN keeps shard N of the dataset; edge eN has
-    no data; each emulates its device. A fleet host's base config is agent `a`, index 0:
-    the host makes agent n of it `a<n>` with shard n and seed + n."""
-    import tomli_w
-
-    protocol = "3.1.1" if spec.broker is None else "auto"  # amqtt speaks 3.1.1 only
-    edge = agent.startswith("e")
-    index = int(agent[1:]) if index is None else index
-    doc: dict[str, Any] = {
-        "fleet": "trial", "agent": agent, "role": "edge" if edge else "client",
-        "profile": emulation.profile, "state_dir": str(state_dir), "device": "cpu",
-        "threads": 1, "seed": spec.seed + index, "log_level": "info",
-        "mqtt": {"broker": broker_url, "protocol": protocol},
-        "data": {"dataset": spec.dataset, "partition": spec.partition,
-                 "clients": spec.agents, "index": 0 if edge else index, "seed": spec.seed,
-                 "test_fraction": spec.test_fraction},
-        "emulation": emulation.model_dump(exclude_none=True),
-    }
-    if agent in spec.attacks:
-        doc["attack"] = {"kind": spec.attacks[agent]}
-    return tomli_w.dumps(doc)
-
-
-class AgentProcesses:
-    """The trial's agent daemons: `jetsplit agent run` processes (or `jetsplit agent host`
-    ones, given the host's arguments per config), logs in DIR/agents."""
-
-    def __init__(self, configs: list[Path], host_args: dict[Path, list[str]] | None = None
-                 ) -> None:
-        self.configs = configs
-        self.host_args = host_args or {}
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def start(self) -> AgentProcesses:
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        for path in self.configs:
-            extra = self.host_args.get(path)
-            command = ["run"] if extra is None else ["host", *extra]
-            path = path.resolve()
-            log_file = path.with_suffix(".log").open("ab")
-            # `python -m` puts the working directory first on sys.path: run in the trial's own
-            # agents folder so a user's jetsplit.py (or any stray module) cannot shadow ours.
-            self.procs.append(subprocess.Popen(
-                [sys.executable, "-m", "jetsplit.cli", "agent", *command, "--config",
-                 str(path)],
-                stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=path.parent))
-            log_file.close()
-        return self
-
-    def dead(self) -> list[str]:
-        return [p.stem for p, proc in zip(self.configs, self.procs, strict=False)
-                if proc.poll() is not None]
-
-    def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 15
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
 # --------------------------------------------------------------------------- the trial
 
 
@@ -340,38 +185,49 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
     """Run (or resume) a whole trial; returns the training summary plus the report path."""
     from jetsplit.broker_url import parse_broker_url
     from jetsplit.data import load_dataset_split
-    from jetsplit.devices import resolve_device
     from jetsplit.profiles import resolve_profile
-    from jetsplit.server.engines.mqtt import MqttEngine
-    from jetsplit.server.fleet.books import FleetBooks
-    from jetsplit.server.ops.brokers import EmbeddedBroker
-    from jetsplit.server.ops.progress import TrialProgress
-    from jetsplit.server.ops.prometheus import MetricsExporter, round_callback
     from jetsplit.server.report.document import write_report
-    from jetsplit.server.run.assembly import (
-        RunSpec,
-        bundle_for,
-        execute,
-        folder_run_id,
-        prepare_bundle,
-    )
-    from jetsplit.server.run.config import (
-        ModelSection,
-        ServerConfig,
-        ServerSection,
-        TopologySection,
-        TrainSection,
-    )
-    from jetsplit.server.training.settings import Settings
-    from jetsplit.transport.mqtt import EndpointOptions
+    from jetsplit.server.run.assembly import folder_run_id
+    from jetsplit.server.run.config import ModelSection, ServerConfig, TopologySection
 
-    # Every option is checked before anything expensive (benchmark, broker, agents).
-    train = validate_options(TrainSection, {
-        "algorithm": spec.algorithm, "rounds": spec.rounds, "local_steps": spec.local_steps,
-        "batch": spec.batch, "lr": spec.lr, "fraction": spec.fraction, "codec": spec.codec,
-        "aggregator": spec.aggregator, "replan": spec.replan,
-        "replan_threshold": spec.replan_threshold, "replan_clock": spec.replan_clock},
-        {})
+    train, server, traces = check_trial(spec, metrics_port)
+    run_name = folder_run_id(out_dir, "trial", "--resume" if resume else "--out")
+    if spec.broker is not None:
+        parse_broker_url(spec.broker)
+    topology = sherl_topology(train.algorithm, spec.edges, spec.agents)
+    profiles = {name: resolve_profile(name)
+                for name in sorted(set(spec.device_profiles().values()))}
+    resolve_profile(spec.server_profile)
+    training, test = load_dataset_split(spec.dataset, spec.test_fraction, spec.seed)
+    check_split(spec.model, test.input_shape, test.num_classes, spec.split)
+    if spec.provision_sizes:
+        train = train.model_copy(update={"provisioned_sizes": trial_shard_sizes(spec, training)})
+    del training  # the agents hold their shards; the coordinator keeps the test split only
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / SPEC_FILE).write_text(json.dumps(asdict(spec), indent=2))
+    planned = plan_trial(spec, train, test, profiles, out_dir)
+    cfg = ServerConfig(fleet="trial", agents=len(spec.device_profiles()), seed=spec.seed,
+                       model=ModelSection(name=spec.model, input_shape=list(test.input_shape),
+                                          classes=test.num_classes, split=planned.split),
+                       train=train, topology=TopologySection(edges=topology), server=server)
+    try:
+        summary = _drive(spec, cfg, planned, traces, test, out_dir, run_name=run_name,
+                         resume=resume, metrics_port=metrics_port, live=live,
+                         trackers=trackers)
+    finally:
+        shutil.rmtree(out_dir / "build", ignore_errors=True)  # the checkpoint keeps the bundle
+    summary["report"] = str(write_report(out_dir, title=f"jetsplit trial: {train.algorithm}"))
+    return summary
+
+
+def check_trial(spec: TrialSpec, metrics_port: int | None
+                ) -> tuple[TrainSection, ServerSection, dict[str, Trace]]:
+    """Every option checked before anything expensive (benchmark, broker, agents): the
+    [train] and [server] sections and the traces, or one line naming the flag at fault."""
+    from jetsplit.devices import resolve_device
+    from jetsplit.server.run.config import ServerSection
+
+    train = spec.training()
     if spec.agents < 1:
         raise ConfigError(f"--agents must be at least 1, got {spec.agents}")
     if spec.attacks:
@@ -387,31 +243,33 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
     resolve_device(server.device, "--device")
     check_port(metrics_port, "--metrics-port")
     check_data_options(spec.dataset, spec.partition)
-    run_name = folder_run_id(out_dir, "trial", "--resume" if resume else "--out")
-    if spec.broker is not None:
-        parse_broker_url(spec.broker)
-    device_profiles = spec.device_profiles()
-    topology = sherl_topology(spec.algorithm, spec.edges, spec.agents)
-    profiles = {name: resolve_profile(name) for name in sorted(set(device_profiles.values()))}
-    resolve_profile(spec.server_profile)
-    training, test = load_dataset_split(spec.dataset, spec.test_fraction, spec.seed)
-    check_split(spec.model, test.input_shape, test.num_classes, spec.split)
-    if spec.provision_sizes:
-        train = train.model_copy(update={"provisioned_sizes": trial_shard_sizes(spec, training)})
-    del training  # the agents hold their shards; the coordinator keeps the test split only
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / SPEC_FILE).write_text(json.dumps(asdict(spec), indent=2))
+    return train, server, traces
 
-    per_agent = max(1, spec.batch // max(1, round(spec.agents * spec.fraction)))
+
+@dataclass
+class TrialPlan:
+    """What the planner decided for the emulated fleet (plan.json), before it starts."""
+
+    split: int  # the server cut
+    cuts: dict[str, int]
+    plan: dict[str, Any]
+    sections: dict[str, EmulationSection]  # per profile
+    replanner: Any
+
+
+def plan_trial(spec: TrialSpec, train: TrainSection, test: ArrayDataset,
+               profiles: dict[str, Any], out_dir: Path) -> TrialPlan:
+    """Measure this machine, emulate the profiles on it and plan the fleet as emulated
+    (compute dilated, links as the profiles say); writes plan.json."""
+    per_agent = max(1, train.batch // max(1, round(spec.agents * train.fraction)))
     dataset_size = int(len(test) / spec.test_fraction * (1 - spec.test_fraction)) // spec.agents
     host = host_gflops(spec.model, test.input_shape, test.num_classes, per_agent)
     sections, dilation = emulations(profiles, host, spec.emulate)
-    # The planner plans the fleet as emulated: compute dilated, links as the profiles say.
-    split, cuts, plan = plan_split(spec, test.input_shape, test.num_classes, per_agent,
-                                   dataset_size, dilation if spec.emulate else 1.0)
-    replanner = trial_replanner(spec, test.input_shape, test.num_classes, per_agent,
-                                dataset_size, dilation if spec.emulate else 1.0, split,
-                                train.deadline_s)
+    planned = dilation if spec.emulate else 1.0
+    split, cuts, plan = plan_split(spec, train, test.input_shape, test.num_classes, per_agent,
+                                   dataset_size, planned)
+    replanner = trial_replanner(spec, train, test.input_shape, test.num_classes, per_agent,
+                                dataset_size, planned, split)
     plan["emulation"] = {"host_gflops_1_thread": round(host, 2),
                          "compute_dilation": round(dilation, 3),
                          "profiles": {n: s.model_dump() for n, s in sections.items()},
@@ -420,79 +278,54 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
     log.info("cuts %s, server cut %d (planner); this machine %.1f GFLOPS on one thread; "
              "emulated compute runs %.2f× slower than the profiles say (the fastest at half "
              "this machine's speed)", cuts, split, host, dilation)
+    return TrialPlan(split, cuts, plan, sections, replanner)
 
-    broker = None
-    if spec.broker is None:
-        broker = EmbeddedBroker().start()
-        address = broker.address
-    else:
-        address = parse_broker_url(spec.broker)
-    agent_dir = (out_dir / "agents").resolve()
-    agent_dir.mkdir(exist_ok=True)
-    configs = []
-    host_args: dict[Path, list[str]] = {}
-    hosted = spec.agents_per_process > 1
-    if hosted:  # clients in fleet-host processes, one base config per process
-        for profile, first, stride, count in spec.host_groups():
-            path = agent_dir / f"host-a{first}.toml"
-            path.write_text(agent_config(spec, "a", address.url(), agent_dir / "state",
-                                         sections[profile], index=0))
-            configs.append(path)
-            host_args[path] = ["--count", str(count), "--first", str(first),
-                               "--stride", str(stride)]
-    for agent, name in device_profiles.items():
-        if hosted and not agent.startswith("e"):
-            continue
-        path = agent_dir / f"{agent}.toml"
-        section = sections[name]
-        if agent in traces:
-            section = section.model_copy(update={"trace": traces[agent]})
-        path.write_text(agent_config(spec, agent, address.url(), agent_dir / "state",
-                                     section))
-        configs.append(path)
-    cfg = ServerConfig(fleet="trial", agents=len(device_profiles), seed=spec.seed,
-                       model=ModelSection(name=spec.model, input_shape=list(test.input_shape),
-                                          classes=test.num_classes, split=split),
-                       train=train, topology=TopologySection(edges=topology), server=server)
-    (out_dir / "config.toml").write_text(_server_toml(cfg, address.url()))
-    agents = AgentProcesses(configs, host_args).start()
-    engine = MqttEngine(address, "trial", run_id=run_name,
-                        options=EndpointOptions(protocol="3.1.1" if broker else "auto"),
-                        retry_s=train.retry_s)
-    exporter = None
-    try:
+
+def _drive(spec: TrialSpec, cfg: ServerConfig, planned: TrialPlan, traces: dict[str, Trace],
+           test: ArrayDataset, out_dir: Path, *, run_name: str, resume: bool,
+           metrics_port: int | None, live: bool | None, trackers: Any) -> dict[str, Any]:
+    """Broker, agent processes and coordinator up; train over MQTT; all of them down."""
+    from jetsplit.broker_url import parse_broker_url
+    from jetsplit.server.engines.mqtt import MqttEngine
+    from jetsplit.server.ops.brokers import EmbeddedBroker
+    from jetsplit.server.ops.progress import TrialProgress
+    from jetsplit.server.run.assembly import LiveFleet, RunSpec, bundle_for, prepare_bundle
+    from jetsplit.transport.mqtt import EndpointOptions
+
+    with contextlib.ExitStack() as stack:
+        broker = None
+        if spec.broker is None:
+            broker = EmbeddedBroker().start()
+            stack.callback(broker.stop)
+            address = broker.address
+        else:
+            address = parse_broker_url(spec.broker)
+        agent_dir = (out_dir / "agents").resolve()
+        configs, host_args = write_agent_configs(spec, address.url(), agent_dir,
+                                                 planned.sections, traces)
+        (out_dir / "config.toml").write_text(_server_toml(cfg, address.url()))
+        agents = AgentProcesses(configs, host_args).start()
+        stack.callback(agents.stop)
+        engine = MqttEngine(address, "trial", run_id=run_name,
+                            options=EndpointOptions(protocol="3.1.1" if broker else "auto"),
+                            retry_s=cfg.train.retry_s)
+        fleet = stack.enter_context(LiveFleet(engine, metrics_port=metrics_port,
+                                              trackers=trackers))
         engine.start(10.0)
-        fleet = len(device_profiles)
-        online = wait_for_fleet(engine.wait_for_agents, fleet, 60.0 + 10.0 * fleet,
+        count = cfg.agents
+        online = wait_for_fleet(engine.wait_for_agents, count, 60.0 + 10.0 * count,
                                 agents.dead, lambda name: agent_dir / f"{name}.log")
-        if len(online) < fleet:
-            raise JetsplitError(f"only {len(online)} of {fleet} agents registered "
+        if len(online) < count:
+            raise JetsplitError(f"only {len(online)} of {count} agents registered "
                                 f"(dead: {', '.join(agents.dead()) or 'none'}; logs in "
                                 f"{agent_dir})")
-        books = FleetBooks(engine)
-        if metrics_port is not None:
-            exporter = MetricsExporter(metrics_port).start()
-        settings = Settings(seed=spec.seed, edges=topology, **server.model_dump(),
-                            **train.model_dump())
-        with TrialProgress(spec.rounds, title="jetsplit trial", live=live) as progress:
+        fleet.serve_metrics()
+        with TrialProgress(cfg.train.rounds, title="jetsplit trial", live=live) as progress:
             archive = bundle_for(out_dir, resume, lambda: prepare_bundle(cfg, out_dir / "build"))
-            run = RunSpec(
-                settings, archive, test, out_dir, server_cut=split, cuts=cuts, resume=resume,
-                on_round=[progress.update,
-                          None if exporter is None else round_callback(exporter, engine, books),
-                          None if trackers is None else trackers.log_round],
-                row_extras=[books.collect, predicted_row(plan)], replanner=replanner)
-            summary = execute(engine, run)
-    finally:
-        if exporter is not None:
-            exporter.close()
-        engine.close()
-        agents.stop()
-        if broker is not None:
-            broker.stop()
-        shutil.rmtree(out_dir / "build", ignore_errors=True)  # the checkpoint keeps the bundle
-    summary["report"] = str(write_report(out_dir, title=f"jetsplit trial: {spec.algorithm}"))
-    return summary
+            return fleet.execute(RunSpec(
+                cfg.settings(), archive, test, out_dir, server_cut=planned.split,
+                cuts=planned.cuts, resume=resume, on_round=[progress.update],
+                row_extras=[predicted_row(planned.plan)], replanner=planned.replanner))
 
 
 def _server_toml(cfg: Any, broker_url: str) -> str:
@@ -531,12 +364,68 @@ def load_spec(run_dir: Path) -> TrialSpec:
     """The spec a trial in `run_dir` started with (for --resume)."""
     path = run_dir / SPEC_FILE
     try:
-        return TrialSpec(**json.loads(path.read_text()))
+        saved = json.loads(path.read_text())
+        train = saved.pop("train", {})
+        # A trial.json written before `train` held its [train] keys flat.
+        flat = {k: saved.pop(k) for k in list(saved) if k in TrainSection.model_fields}
+        return TrialSpec(**saved, train={**flat, **train})
     except FileNotFoundError:
         raise ConfigError(f"--resume {run_dir}: no {SPEC_FILE} there (not a trial folder)"
                           ) from None
-    except (json.JSONDecodeError, TypeError) as exc:
+    except (json.JSONDecodeError, TypeError, AttributeError) as exc:
         raise ConfigError(f"--resume {run_dir}: {SPEC_FILE} is damaged ({exc})") from None
+
+
+# The trial's own options (its [train] flags come from the one declaration).
+_AgentsPerProcess = Annotated[int, typer.Option(
+    "--agents-per-process", help="Clients per process (>1: `jetsplit agent host` "
+    "processes; one torch and dataset for many agents).")]
+_Broker = Annotated[str | None, typer.Option(
+    "--broker", help="mqtt[s]://host:port; default: start the embedded broker.")]
+_Profiles = Annotated[list[str] | None, typer.Option(
+    "--profile", "--profiles", help="Device profile per agent (repeat; cycled over the agents).")]
+_Out = Annotated[Path | None, typer.Option(
+    "--out", help="Run folder (default runs/trial-<UTC time>).")]
+_Dataset = Annotated[str, typer.Option(
+    "--dataset", help="mnist | digits | npz:PATH | cifar10:DIR | folder:DIR")]
+_Partition = Annotated[str, typer.Option(
+    "--partition", help="iid | quantity:A | dirichlet:B | ampere:A (label skew by "
+    "default)")]
+_Split = Annotated[int | None, typer.Option(
+    "--split", help="One cut for every device, overriding the planner.")]
+_CommonSplit = Annotated[bool, typer.Option(
+    "--common-split", help="The planner's best one cut for every device (default: a "
+    "cut per device for the split methods).")]
+_Cut = Annotated[list[str] | None, typer.Option(
+    "--cut", help="AGENT=K: train agent AGENT at cut K (repeat); checked against its "
+    "profile's memory.")]
+_Edges = Annotated[int, typer.Option(
+    "--edges", help="sherl: edge agents (emulating --edge-profile) serving the clients.")]
+_EdgeProfile = Annotated[str, typer.Option(
+    "--edge-profile", help="sherl: device profile of the edge agents.")]
+_NoEmulation = Annotated[bool, typer.Option(
+    "--no-emulation", help="Run agents at this machine's speed, links unlimited.")]
+_MetricsPort = Annotated[int | None, typer.Option(
+    "--metrics-port", help="Serve Prometheus metrics on 127.0.0.1:PORT.")]
+_Resume = Annotated[Path | None, typer.Option(
+    "--resume", help="Continue the trial in DIR from its last checkpoint.")]
+_Device = Annotated[str, typer.Option(
+    "--device", help="auto | cpu | cuda: where the coordinator's server blocks and "
+    "evaluation run.")]
+_Tensorboard = Annotated[str | None, typer.Option(
+    "--tensorboard", help="Also write per-round scalars for TensorBoard into DIR.")]
+_Mlflow = Annotated[str | None, typer.Option(
+    "--mlflow", help="Also log per-round metrics to this MLflow tracking URI.")]
+_Attack = Annotated[list[str] | None, typer.Option(
+    "--attack", help="Tests and benchmarks only (JETSPLIT_ALLOW_ATTACKS=1): AGENT=SPEC "
+    "makes that agent process misbehave (repeat), e.g. a3=scale:1000.")]
+_Trace = Annotated[list[str] | None, typer.Option(
+    "--trace", help="AGENT=TRACE: that agent's device changes during the run as the "
+    "trace says (a file, or a name in profiles/traces/, e.g. a0=link-drop-recover); "
+    "repeat per agent.")]
+_ProvisionSizes = Annotated[bool, typer.Option(
+    "--provision-sizes", help="Provision each agent's shard size, as `jetsplit "
+    "provision --size` would: a registered size weighs at most that.")]
 
 
 @train_flags("algorithm", "rounds", "local_steps", "batch", "lr", "fraction", "codec",
@@ -544,62 +433,28 @@ def load_spec(run_dir: Path) -> TrialSpec:
 def trial_command(
     train: dict[str, Any],
     agents: Annotated[int, typer.Option("--agents", help="Agents to start.")] = 4,
-    agents_per_process: Annotated[int, typer.Option(
-        "--agents-per-process", help="Clients per process (>1: `jetsplit agent host` "
-        "processes; one torch and dataset for many agents).")] = 1,
-    broker: Annotated[str | None, typer.Option(
-        "--broker", help="mqtt[s]://host:port; default: start the embedded broker.")] = None,
-    profiles: Annotated[list[str] | None, typer.Option(
-        "--profile", "--profiles",
-        help="Device profile per agent (repeat; cycled over the agents).")
-    ] = None,
-    out: Annotated[Path | None, typer.Option("--out", help="Run folder (default "
-                                             "runs/trial-<UTC time>).")] = None,
+    agents_per_process: _AgentsPerProcess = 1,
+    broker: _Broker = None,
+    profiles: _Profiles = None,
+    out: _Out = None,
     model: Annotated[str, typer.Option("--model", help="Zoo model id.")] = "alexnet",
-    dataset: Annotated[str, typer.Option("--dataset", help="mnist | digits | npz:PATH | "
-                                         "cifar10:DIR | folder:DIR")] = "mnist",
-    partition: Annotated[str, typer.Option(
-        "--partition", help="iid | quantity:A | dirichlet:B | ampere:A (label skew by "
-        "default)")] = "dirichlet:0.5",
+    dataset: _Dataset = "mnist",
+    partition: _Partition = "dirichlet:0.5",
     seed: Annotated[int, typer.Option("--seed", help="Seeds data, selection, weights.")] = 0,
-    split: Annotated[int | None, typer.Option(
-        "--split", help="One cut for every device, overriding the planner.")] = None,
-    common_split: Annotated[bool, typer.Option(
-        "--common-split", help="The planner's best one cut for every device (default: a "
-        "cut per device for the split methods).")] = False,
-    cut: Annotated[list[str] | None, typer.Option(
-        "--cut", help="AGENT=K: train agent AGENT at cut K (repeat); checked against its "
-        "profile's memory.")] = None,
-    edges: Annotated[int, typer.Option(
-        "--edges", help="sherl: edge agents (emulating --edge-profile) serving the clients.")
-    ] = 0,
-    edge_profile: Annotated[str, typer.Option(
-        "--edge-profile", help="sherl: device profile of the edge agents.")] = "orin-nx-16gb",
-    no_emulation: Annotated[bool, typer.Option(
-        "--no-emulation", help="Run agents at this machine's speed, links unlimited.")
-    ] = False,
-    metrics_port: Annotated[int | None, typer.Option(
-        "--metrics-port", help="Serve Prometheus metrics on 127.0.0.1:PORT.")] = None,
-    resume: Annotated[Path | None, typer.Option(
-        "--resume", help="Continue the trial in DIR from its last checkpoint.")] = None,
-    device: Annotated[str, typer.Option(
-        "--device", help="auto | cpu | cuda: where the coordinator's server blocks and "
-        "evaluation run.")] = "auto",
-    tensorboard: Annotated[str | None, typer.Option(
-        "--tensorboard", help="Also write per-round scalars for TensorBoard into DIR.")
-    ] = None,
-    mlflow: Annotated[str | None, typer.Option(
-        "--mlflow", help="Also log per-round metrics to this MLflow tracking URI.")] = None,
-    attack: Annotated[list[str] | None, typer.Option(
-        "--attack", help="Tests and benchmarks only (JETSPLIT_ALLOW_ATTACKS=1): AGENT=SPEC "
-        "makes that agent process misbehave (repeat), e.g. a3=scale:1000.")] = None,
-    trace: Annotated[list[str] | None, typer.Option(
-        "--trace", help="AGENT=TRACE: that agent's device changes during the run as the "
-        "trace says (a file, or a name in profiles/traces/, e.g. a0=link-drop-recover); "
-        "repeat per agent.")] = None,
-    provision_sizes: Annotated[bool, typer.Option(
-        "--provision-sizes", help="Provision each agent's shard size, as `jetsplit "
-        "provision --size` would: a registered size weighs at most that.")] = False,
+    split: _Split = None,
+    common_split: _CommonSplit = False,
+    cut: _Cut = None,
+    edges: _Edges = 0,
+    edge_profile: _EdgeProfile = "orin-nx-16gb",
+    no_emulation: _NoEmulation = False,
+    metrics_port: _MetricsPort = None,
+    resume: _Resume = None,
+    device: _Device = "auto",
+    tensorboard: _Tensorboard = None,
+    mlflow: _Mlflow = None,
+    attack: _Attack = None,
+    trace: _Trace = None,
+    provision_sizes: _ProvisionSizes = False,
 ) -> None:
     """Field trial on this machine: broker, coordinator and emulated agents; report."""
     logging.basicConfig(level=logging.WARNING,
@@ -608,7 +463,7 @@ def trial_command(
     if resume is not None:
         spec, out_dir = load_spec(resume), resume
     else:
-        spec = TrialSpec(**train, agents=agents,
+        spec = TrialSpec(train=train, agents=agents,
                          profiles=profiles or list(DEFAULT_PROFILES), model=model,
                          dataset=dataset, partition=partition, seed=seed, broker=broker,
                          emulate=not no_emulation, split=split, edges=edges,
@@ -622,14 +477,16 @@ def trial_command(
         out_dir = out or Path("runs") / time.strftime("trial-%Y%m%d-%H%M%S", time.gmtime())
     from jetsplit.server.ops.tracking import Trackers
 
-    trackers = Trackers(tensorboard, mlflow, run_name=out_dir.name, params=asdict(spec))
+    params = {k: v for k, v in asdict(spec).items() if k != "train"}
+    trackers = Trackers(tensorboard, mlflow, run_name=out_dir.name,
+                        params={**params, **spec.training().model_dump()})
     try:
         summary = run_trial(spec, out_dir, resume=resume is not None,
                             metrics_port=metrics_port, trackers=trackers)
     finally:
         trackers.close()
     accuracy = summary["final_accuracy"]
-    typer.echo(f"{spec.algorithm}: {spec.rounds} rounds with {spec.agents} agents in "
+    typer.echo(f"{summary['algorithm']}: {summary['rounds']} rounds with {spec.agents} agents in "
                f"{summary['seconds']:.0f}s, final accuracy "
                f"{'n/a' if accuracy is None else f'{accuracy:.4f}'}, "
                f"up {summary['bytes_up'] / 1e6:.1f} MB, down {summary['bytes_down'] / 1e6:.1f}"

@@ -1,16 +1,26 @@
-"""How a run trains: one frozen record the round loop, the trainer and the methods read.
+"""How a run trains: the [train] fields, declared once, and the frozen record built from them.
 
-Built by every launcher (server.toml's [train] via `ServerConfig.settings()`, `jetsplit
-simulate`'s flags, a trial's spec); names as in docs/methods.md. The options that belong to
-one method alone are declared with that method in the catalog (jetsplit/catalog.py), which
-also rejects them in a config that trains another method.
+`TrainFields` is the one declaration of every [train] key: its type, bounds, default and
+the help line its command-line flag shows (`Field(description=...)`; the flag itself is
+spelled like the key, `local_steps` is `--local-steps`). Everything else derives from it:
+server.toml's `[train]` section (server/run/config.py `TrainSection`, which adds the
+checks across keys), the flags table (server/run/flags.py), a trial's spec (which keeps
+only the keys it was given) and `Settings`, the record the round loop, the trainer and the
+methods read. `ComputeFields` does the same for where the coordinator computes ([server]).
+
+Names as in docs/methods.md. The options that belong to one method alone are also named
+with that method in the catalog (jetsplit/catalog.py), which rejects them in a config that
+trains another method.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
 
-from jetsplit.catalog import DEFAULT_METHOD
+from pydantic import BaseModel, ConfigDict, Field
+
+from jetsplit.catalog import CHOICES, DEFAULT_METHOD
+from jetsplit.protocol import MAX_SAMPLES
 from jetsplit.server.defences.aggregators import (
     DEFAULT_CLIP_FACTOR,
     DEFAULT_OUTLIER_BOUND,
@@ -23,96 +33,185 @@ from jetsplit.server.defences.step_bounds import (
     DEFAULT_LOSS_BOUND,
 )
 
+#: An agent id, as the wire and the fleet books spell it.
+AgentId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
+_Rate = Annotated[float, Field(gt=0, le=10)]
+_Factor = Annotated[float, Field(ge=0, le=1e6)]  # × a fleet median; 0: off
+_Seconds = Annotated[float, Field(gt=0, le=86400)]
+_Epochs = Annotated[int, Field(ge=1, le=100_000)]
+_Switch = Literal["on", "off"]
 
-@dataclass(frozen=True)
-class Settings:
-    """How to train; names as in docs/methods.md (T local steps, fraction r, total batch B)."""
 
-    algorithm: str = DEFAULT_METHOD  # a name in the method catalog
-    rounds: int = 10
-    local_steps: int = 10
-    fraction: float = 1.0
-    batch: int = 64  # B: per iteration over all selected agents, B_k ∝ |D_k|
-    lr: float | None = None  # None: the method's preset rate (server/training/optimisers.py)
-    seed: int = 0
-    deadline_s: float = 60.0
-    bundle_deadline_s: float = 300.0
-    retry_s: float = 30.0  # MQTT: silence before a command is re-sent (then backs off)
-    # How device uploads are combined (server/defences/aggregators.py): mean | clipped | median |
-    # trimmed-mean | multi-krum; `clip_factor` (clipped), `robust_fraction` β (trimmed
-    # share at each end, multi-krum's assumed attackers).
-    aggregator: str = "mean"
-    clip_factor: float = DEFAULT_CLIP_FACTOR
-    robust_fraction: float = DEFAULT_ROBUST_FRACTION
-    outlier_bound: float = DEFAULT_OUTLIER_BOUND  # × the median update norm: left out; 0 off
-    activation_bound: float = DEFAULT_ACTIVATION_BOUND  # × the fleet's median norm; 0 off
-    loss_bound: float = DEFAULT_LOSS_BOUND  # × the fleet's median device loss; 0 off
-    gradient_bound: float = DEFAULT_GRADIENT_BOUND  # × the median gradient share; 0 off
-    gradient_shares: str = "free"  # all: SCALA/PSL (a backward per device), SplitFed V2
-    max_misses: int = 3  # deadline misses in a row before an agent sits out (0: never)
-    size_cap: float = DEFAULT_SIZE_CAP  # |D_k| weighs at most this × the median claim
-    # |D_k| weighs at most the size provisioned for that device (`jetsplit provision --size`)
-    provisioned_sizes: dict[str, int] = field(default_factory=dict)
-    histogram_check: str = "on"  # a label histogram the labels sent disprove is replaced
-    label_check: str = "on"  # a device whose labels do not fit its activations weighs 0
-    direction_check: str = "on"  # a device whose updates oppose the fleet's weighs 0
-    codec: str = "fp32"
-    compression: str = "none"
-    # GAPSL (the GAPSL paper §III): selection-ratio bounds, alignment weight λ, threshold width η.
-    k_min: float = 0.2
-    k_max: float = 0.8
-    lam: float = 5e-4
-    eta: float = 1.0
-    # PSL's L and GAPSL's L_g: "mean" over the clients or their "sum" (eq. 8); unset: the
-    # preset's (server/training/optimisers.py). `preset`: "default" (what trains the shipped
-    # models) or
-    # "paper" (the papers' own settings, for their models).
-    psl_reduction: str | None = None
-    preset: str = "default"
+def _help(default: Any, line: str) -> Any:
+    """A field's default and the one help line its flag (and the docs' table) shows."""
+    return Field(default, description=line)
+
+
+class TrainFields(BaseModel):
+    """Every [train] key: type, bounds, default and help (T local iterations, fraction r,
+    total batch B)."""
+
+    algorithm: str = _help(DEFAULT_METHOD, f"Training method: {CHOICES}.")
+    rounds: _Epochs = _help(10, "Training rounds.")
+    local_steps: Annotated[int, Field(ge=1, le=1_000_000)] = _help(
+        10, "T: iterations per round.")
+    batch: Annotated[int, Field(ge=1, le=1 << 20)] = _help(
+        64, "B: samples per iteration over all selected agents (B_k ∝ |D_k|).")
+    # unset: the method's rate in its preset, else 0.01 (server/training/optimisers.py)
+    lr: _Rate | None = _help(None, "Learning rate of every tier without its own (default: "
+                                   "the method's, 0.01 for most; docs/methods.md).")
+    fraction: Annotated[float, Field(gt=0, le=1)] = _help(
+        1.0, "Share of the eligible agents selected per round.")
+    deadline_s: _Seconds = _help(60.0, "Seconds an agent has to answer a step.")
+    bundle_deadline_s: _Seconds = _help(300.0, "Seconds an agent has to install a bundle.")
+    retry_s: _Seconds = _help(30.0, "Seconds of silence before a command is re-sent (then "
+                                    "backs off).")
+    # A device's registered |D_k| weighs at most size_cap × the fleet's median claim
+    # (server/defences/size_claims.py).
+    size_cap: _Factor = _help(DEFAULT_SIZE_CAP, "A device's registered sample count weighs at "
+                              "most this many times the fleet's median claim (0: no cap).")
+    # [train.provisioned_sizes] a3 = 265, as `jetsplit provision --size` writes it
+    # (server/defences/size_claims.py); a device not named keeps only the size cap.
+    provisioned_sizes: dict[AgentId, Annotated[int, Field(ge=1, le=MAX_SAMPLES)]] = Field(
+        default_factory=dict, description="The most samples each named device's claim "
+        "weighs as.")
+    # A disproved histogram is replaced by the tally of the labels sent (SCALA's P_k).
+    histogram_check: _Switch = _help(
+        "on", "on | off: a device whose registered label histogram the labels it sends "
+              "disprove gets its prior from those labels.")
+    # Judged against the fleet's per-class activations (server/defences/label_check.py).
+    label_check: _Switch = _help(
+        "on", "on | off: a device whose labels do not fit its activations (its samples "
+              "labelled c sit nearest the fleet's other classes) weighs 0.")
+    # Running mean cosine against the median update (server/defences/update_direction.py).
+    direction_check: _Switch = _help(
+        "on", "on | off: a device whose uploaded updates point away from the fleet's "
+              "median update (running mean cosine below 0) weighs 0 in the averages.")
+    # How device uploads are combined (server/defences/aggregators.py); `clip_factor` and
+    # `robust_fraction` β (multi-krum's f = ⌊β·n⌋) tune the rules.
+    aggregator: Literal["mean", "clipped", "median", "trimmed-mean", "multi-krum"] = _help(
+        "mean", "How device uploads are combined: mean (FedAvg's) | clipped | median | "
+                "trimmed-mean | multi-krum.")
+    # Live re-planning (server/cuts/replanning.py).
+    replan: Literal["off", "on"] = _help(
+        "off", "on | off: move devices' cuts between rounds when the live estimates predict "
+               "a shorter round (trials: on).")
+    replan_threshold: Annotated[float, Field(gt=0, lt=1)] = _help(
+        0.2, "Re-plan only for a predicted round at least this share shorter.")
+    replan_clock: Literal["measured", "model"] = _help(
+        "measured", "measured | model: re-plan on measured times, or on what emulated agents "
+                    "state of their conditions (same switches on a busy machine).")
+    clip_factor: Annotated[float, Field(gt=0, le=1000)] = _help(
+        DEFAULT_CLIP_FACTOR, "clipped: each update's norm bounded at this many times the "
+                             "median.")
+    robust_fraction: Annotated[float, Field(ge=0, lt=0.5)] = _help(
+        DEFAULT_ROBUST_FRACTION, "trimmed-mean: share trimmed at each end; multi-krum: "
+                                 "assumed attackers' share.")
+    # Whatever the aggregator (server/defences/aggregators.py).
+    outlier_bound: _Factor = _help(
+        DEFAULT_OUTLIER_BOUND, "A device whose update norm is over this many times the "
+                               "median is left out of that average (0: never).")
+    # Then 1, 2, 4 … rounds out (server/defences/sitting_out.py).
+    max_misses: Annotated[int, Field(ge=0, le=1_000_000)] = _help(
+        3, "Deadline misses in a row before an agent sits out 1, 2, 4 ... rounds (0: never).")
+    # Per-step bounds (server/defences/step_bounds.py).
+    activation_bound: _Factor = _help(
+        DEFAULT_ACTIVATION_BOUND, "Each sample's activation norm at most this many times the "
+                                  "fleet's median (0: no bound).")
+    loss_bound: _Factor = _help(
+        DEFAULT_LOSS_BOUND, "A device whose server loss is over this many times the fleet's "
+                            "median is down-weighted in that step's server update (0: never).")
+    gradient_bound: _Factor = _help(
+        DEFAULT_GRADIENT_BOUND, "Each device's share of the server gradient at most this many "
+        "times the median share (gapsl; the others under --gradient-shares; 0: no bound).")
+    # "all" costs one backward per device per step; SplitFed V2 bounds each step against
+    # the recent steps' (it clips honest devices' first steps under its schedule).
+    gradient_shares: Literal["free", "all"] = _help(
+        "free", "free | all: free bounds only gapsl's shares (computed anyway); all also "
+                "scala's family and psl (one extra backward per device per step) and "
+                "splitfed-v2 (each step against the recent steps').")
+    codec: Literal["fp32", "fp16", "bf16", "int8"] = _help(
+        "fp32", "Activation/gradient codec: fp32 | fp16 | bf16 | int8.")
+    compression: Literal["none", "lz4", "zstd"] = _help(
+        "none", "Payload compression: none | lz4 | zstd.")
+    # GAPSL (the GAPSL paper §III).
+    k_min: Annotated[float, Field(ge=0, le=1)] = _help(
+        0.2, "gapsl: lower bound of the selection ratio.")
+    k_max: Annotated[float, Field(ge=0, le=1)] = _help(
+        0.8, "gapsl: upper bound of the selection ratio.")
+    lam: Annotated[float, Field(ge=0)] = _help(5e-4, "gapsl: alignment weight λ.")
+    eta: Annotated[float, Field(ge=0)] = _help(1.0, "gapsl: threshold width η.")
+    # PSL's L and GAPSL's L_g (eq. 8); unset: the preset's (server/training/optimisers.py).
+    psl_reduction: Literal["sum", "mean"] | None = _help(
+        None, "psl/gapsl server loss over the clients: mean | sum (the papers').")
+    # "default" trains the shipped models; "paper": the papers' settings, for their models.
+    preset: Literal["default", "paper"] = _help(
+        "default", "Per-method defaults: default | paper (the papers' own settings).")
     # Ampere (the Ampere paper §3.3): phase 1 ends after `patience` epochs without a better
-    # validation accuracy of client+aux, or after N_d = `device_epochs`; the validation part
-    # is carved from the coordinator's held-out split. Phase 2 uploads activations in
-    # replies of at most `upload_mb` into a store bounded by `activation_gb`, kept in
-    # `activation_dir` (default: a folder per run in the system temp dir, removed at the end).
-    patience: int = 5
-    device_epochs: int | None = None  # None: half the rounds
-    validation_fraction: float = 0.2
-    upload_mb: float = 8.0
-    activation_dir: str | None = None
-    activation_gb: float = 64.0
-    # SHeRL-FL (the SHeRL-FL paper): edges FedAvg their clients every `tau1` iterations and the
-    # cloud FedAvg-s the edge tier every `tau2` (None: once per round, after iteration T);
-    # `margin` m of the edge's contrastive loss; `edges` maps edge → clients (empty:
-    # round-robin over the registered edges); `edge_split` k2 is the first cloud layer
-    # (None: the planner picks it from the agents' profiles).
-    tau1: int | None = None
-    tau2: int | None = None
-    margin: float = 0.5
-    cloud_lr: float | None = None  # SHeRL-FL's cloud head (paper: Adam, 1e-3)
-    # Per-tier training (server/training/optimisers.py): unset = the method's paper default, else
-    # the
-    # general `lr` / plain SGD. `client_batch` fixes every client's batch (GAPSL's 128,
-    # Ampere's B(d)) instead of B_k ∝ |D_k|; `server_batch` is Ampere's B(s) (default B);
-    # `server_epochs` is Ampere's N_s (default: every round left after phase 1).
-    optimizer: str | None = None
-    momentum: float | None = None
-    weight_decay: float = 0.0
-    client_lr: float | None = None
-    server_lr: float | None = None
-    edge_lr: float | None = None
-    client_batch: int | None = None
-    server_batch: int | None = None
-    server_epochs: int | None = None
-    edges: dict[str, list[str]] = field(default_factory=dict)
-    edge_split: int | None = None
-    # Live re-planning (server/cuts/replanning.py): "on" moves devices' cuts between rounds when
-    # the planner, fed the live estimates, predicts a round `replan_threshold` shorter.
-    replan: str = "off"
-    replan_threshold: float = 0.2
-    replan_clock: str = "measured"  # or "model": emulated agents' stated conditions
-    # Where the coordinator computes ([server] in server.toml): device auto|cpu|cuda for the
-    # server blocks and evaluation; autocast off|bf16|fp16 on the server block's steps;
-    # intra-op torch threads for the coordinator's compute (0: the process's setting).
-    device: str = "auto"
-    autocast: str = "off"
-    threads: int = 0
+    # validation accuracy of client+aux (carved from the coordinator's held-out split), or
+    # after N_d; phase 2 uploads activations into a bounded store (default folder: one per
+    # run in the system temp dir, removed at the end).
+    patience: _Epochs = _help(5, "ampere: device epochs without a better validation accuracy "
+                                 "before phase 2.")
+    device_epochs: _Epochs | None = _help(
+        None, "ampere: at most this many device epochs (N_d; default: half the rounds).")
+    validation_fraction: Annotated[float, Field(ge=0, lt=1)] = _help(
+        0.2, "ampere: share of the held-out split phase 1 validates on.")
+    upload_mb: Annotated[float, Field(gt=0, le=4096)] = _help(
+        8.0, "ampere: phase 2's activation replies at most this many MB.")
+    activation_dir: str | None = _help(None, "ampere: where phase 2's activations are kept.")
+    activation_gb: Annotated[float, Field(gt=0, le=1 << 20)] = _help(
+        64.0, "ampere: phase 2's activation store at most this many GB.")
+    # SHeRL-FL (the SHeRL-FL paper): edges FedAvg their clients every `tau1` iterations and
+    # the cloud FedAvg-s the edge tier every `tau2`.
+    tau1: Annotated[int, Field(ge=1, le=1_000_000)] | None = _help(
+        None, "sherl: iterations between edge aggregations (default tau2).")
+    tau2: Annotated[int, Field(ge=1, le=1_000_000)] | None = _help(
+        None, "sherl: iterations between cloud aggregations (default T).")
+    margin: Annotated[float, Field(gt=0, le=2)] = _help(
+        0.5, "sherl: contrastive margin m on the cosine distance.")
+    # Per-tier training (server/training/optimisers.py): unset = the method's value in the
+    # chosen preset (jetsplit/catalog.py), else the general lr / optimizer / momentum.
+    cloud_lr: _Rate | None = _help(
+        None, "sherl: the cloud head's learning rate (default: the preset's).")
+    optimizer: Literal["sgd", "adam"] | None = _help(
+        None, "sgd | adam (default: the method's preset, else sgd).")
+    momentum: Annotated[float, Field(ge=0, lt=1)] | None = _help(
+        None, "SGD momentum (default: the method's preset, else 0).")
+    weight_decay: Annotated[float, Field(ge=0, le=1)] = _help(0.0, "Weight decay on every tier.")
+    client_lr: _Rate | None = _help(
+        None, "Client tier learning rate (default: the preset's, else --lr).")
+    server_lr: _Rate | None = _help(
+        None, "Server tier learning rate (default: the preset's, else --lr).")
+    edge_lr: _Rate | None = _help(
+        None, "sherl: edge tier learning rate (default: the preset's).")
+    client_batch: Annotated[int, Field(ge=1, le=65536)] | None = _help(
+        None, "Fixed batch per client (ampere's B(d); gapsl's paper preset 128) instead of "
+              "B_k ∝ |D_k|.")
+    server_batch: Annotated[int, Field(ge=2, le=1 << 20)] | None = _help(
+        None, "ampere: server batch B(s) (default --batch).")
+    server_epochs: _Epochs | None = _help(
+        None, "ampere: at most this many server epochs (N_s).")
+
+
+class ComputeFields(BaseModel):
+    """Where the coordinator computes ([server] in server.toml)."""
+
+    device: Literal["auto", "cpu", "cuda"] = _help(
+        "auto", "auto | cpu | cuda: where the server blocks and evaluation run.")
+    autocast: Literal["off", "bf16", "fp16"] = _help(
+        "off", "off | bf16 | fp16: mixed precision on the server block.")
+    threads: Annotated[int, Field(ge=0, le=1024)] = _help(
+        0, "Intra-op torch threads of the coordinator's compute (0: the process's setting).")
+
+
+class Settings(ComputeFields, TrainFields):
+    """How to train, as one frozen record: the [train] and [server] fields, the seed, and
+    SHeRL-FL's tiers ([topology]: edge → its clients, empty: round-robin over the registered
+    edges; `edge_split` k2, the first cloud layer, None: the planner's)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    seed: Annotated[int, Field(ge=0)] = 0
+    edges: dict[AgentId, list[AgentId]] = Field(default_factory=dict)
+    edge_split: Annotated[int, Field(ge=2)] | None = None

@@ -7,7 +7,7 @@ from pathlib import Path
 from jetsplit.config_io import tomllib
 from jetsplit.edge_agent.config import AgentConfig
 from jetsplit.edge_agent.emulation import EmulationSection
-from jetsplit.server.run.trial import TrialSpec, agent_config
+from jetsplit.server.run.trial_fleet import TrialSpec, agent_config
 
 AWKWARD = 'npz:/data/🚀 "quoted" C:\\temp\\x\u0007.npz'
 

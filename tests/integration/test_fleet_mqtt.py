@@ -16,9 +16,8 @@ from conftest import run_in_process, run_weights, server_run
 from jetsplit.data import load_dataset_split
 from jetsplit.server.engines.mqtt import MqttEngine
 from jetsplit.server.ops.brokers import MosquittoProcess
-from jetsplit.server.run.assembly import prepare_bundle
+from jetsplit.server.run.assembly import RunSpec, execute, prepare_bundle
 from jetsplit.server.run.config import ModelSection, ServerConfig
-from jetsplit.server.run.round_loop import run_training
 from jetsplit.server.training.settings import Settings
 
 
@@ -99,8 +98,8 @@ def test_fleet_survives_sigkill_and_broker_restart(
                 mosquitto.restart()
                 events["restarted"] = 6 * steps
 
-        summary = run_training(engine, archive, settings, test, tmp_path / "run",
-                               on_round=chaos)
+        summary = execute(engine, RunSpec(settings, archive, test, tmp_path / "run",
+                                          on_round=[chaos]))
     finally:
         engine.close()
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]

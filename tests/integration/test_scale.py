@@ -10,8 +10,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -21,9 +22,8 @@ from jetsplit.edge_agent.config import load_agent_config
 from jetsplit.edge_agent.host import FleetHost, hosted_indices
 from jetsplit.server.engines.mqtt import MqttEngine
 from jetsplit.server.ops.brokers import MosquittoProcess
-from jetsplit.server.run.assembly import prepare_bundle
+from jetsplit.server.run.assembly import RunSpec, execute, prepare_bundle
 from jetsplit.server.run.config import load_server_config
-from jetsplit.server.run.round_loop import run_training
 
 
 def _agent_toml(root: Path, url: str, fleet: str, clients: int) -> Path:
@@ -56,14 +56,16 @@ def engine(mosquitto: MosquittoProcess) -> Iterator[MqttEngine]:
 
 
 def _train(engine: MqttEngine, root: Path, agents: int, rounds: int, fraction: float,
-           **kwargs: object) -> list[dict[str, object]]:
+           on_round: Callable[[dict[str, Any]], None] | None = None
+           ) -> list[dict[str, object]]:
     cfg = load_server_config(_server_toml(root, "scale", agents, rounds, fraction))
     _, test = load_dataset_split("digits", 0.2, 0)
     archive = prepare_bundle(cfg, root / "bundle")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the coordinator shares 2 cores with the hosted fleet
     try:
-        run_training(engine, archive, cfg.settings(), test, root / "runs" / "scale", **kwargs)
+        execute(engine, RunSpec(cfg.settings(), archive, test, root / "runs" / "scale",
+                                on_round=[on_round]))
     finally:
         torch.set_num_threads(threads)
     return [json.loads(line) for line in (root / "runs" / "scale" / "metrics.jsonl").open()]
@@ -151,7 +153,7 @@ def test_trial_hosts_clients_by_profile_in_processes_of_at_most_n(tmp_path: Path
     config gives agent n the id, shard and seed its own process would have had."""
     from jetsplit.edge_agent.emulation import EmulationSection
     from jetsplit.edge_agent.host import hosted_config
-    from jetsplit.server.run.trial import TrialSpec, agent_config
+    from jetsplit.server.run.trial_fleet import TrialSpec, agent_config
 
     spec = TrialSpec(agents=11, agents_per_process=3, profiles=["p", "q"], seed=7)
     groups = spec.host_groups()

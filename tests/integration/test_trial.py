@@ -15,7 +15,8 @@ import pytest
 
 from jetsplit.edge_agent.emulation import EmulationSection
 from jetsplit.profiles import resolve_profile
-from jetsplit.server.run.trial import TrialSpec, agent_config, emulations
+from jetsplit.server.run.trial import emulations
+from jetsplit.server.run.trial_fleet import TrialSpec, agent_config
 
 ROOT = Path(__file__).resolve().parents[2]
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -19,7 +19,7 @@ from jetsplit.models import ModelSpec
 from jetsplit.models.weights import to_arrays
 from jetsplit.protocol import Kind
 from jetsplit.server.engines.seam import Command, InProcessEngine, command_message
-from jetsplit.server.run.round_loop import run_training
+from jetsplit.server.run.assembly import RunSpec, execute
 from jetsplit.server.training.settings import Settings
 from jetsplit.server.training.trainer import RoundFailed, Trainer
 from jetsplit.wire import (
@@ -150,8 +150,8 @@ def test_a_round_without_any_update_fails_in_one_line(tmp_path: Path) -> None:
     _, test = load_dataset_split("digits", 0.2, 0)
     settings = Settings(algorithm="fedavg", rounds=2, local_steps=1, batch=16)
     with pytest.raises(RoundFailed) as failed:
-        run_training(InProcessEngine(workers), report.tar_path, settings, test,
-                     tmp_path / "run", checkpoint=False)
+        execute(InProcessEngine(workers), RunSpec(settings, report.tar_path, test,
+                                                  tmp_path / "run", checkpoint=False))
     text = str(failed.value)
     assert "\n" not in text and text.startswith("fedavg round 0: no update")
     assert "a0 missed get_weights: error: disk full" in text and "a1 missed" in text

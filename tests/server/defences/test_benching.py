@@ -21,7 +21,7 @@ from jetsplit.export.bundle_writer import write_bundle
 from jetsplit.models import ModelSpec
 from jetsplit.server.defences.sitting_out import Bench
 from jetsplit.server.engines.seam import InProcessEngine
-from jetsplit.server.run.round_loop import run_training
+from jetsplit.server.run.assembly import RunSpec, execute
 from jetsplit.server.training.settings import Settings
 
 
@@ -84,7 +84,7 @@ def _run(tmp_path: Path, max_misses: int) -> tuple[_SilentOnForward, list[dict],
     settings = Settings(algorithm="splitfed-v1", rounds=4, local_steps=4, batch=24, lr=0.05,
                         max_misses=max_misses, threads=1)
     out = tmp_path / f"run-{max_misses}"
-    summary = run_training(engine, bundle, settings, test.subset(np.arange(60)), out)
+    summary = execute(engine, RunSpec(settings, bundle, test.subset(np.arange(60)), out))
     rows = [json.loads(line) for line in (out / "metrics.jsonl").open()]
     return engine, rows, summary
 

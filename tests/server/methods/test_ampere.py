@@ -289,12 +289,12 @@ def test_phase_one_takes_half_the_rounds_unless_told(archive: Path, tmp_path: Pa
                                                      phases: list[int]) -> None:
     """Phase 1 keeps improving here (patience far off), so only N_d ends it: by default
     half the rounds, leaving the untrained server block the other half."""
-    from jetsplit.server.run.round_loop import run_training
+    from jetsplit.server.run.assembly import RunSpec, execute
 
     _, test = load_dataset_split("digits", 0.2, 0)
     settings = Settings(algorithm="ampere", rounds=rounds, batch=48, lr=0.1, patience=100,
                         device_epochs=device_epochs)
-    run_training(fleet(2, rows=60), archive, settings, test, tmp_path)
+    execute(fleet(2, rows=60), RunSpec(settings, archive, test, tmp_path))
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]
     assert [r["phase"] for r in rows] == phases
 
@@ -304,23 +304,23 @@ def test_resume_after_the_upload_round_equals_the_uninterrupted_run(archive: Pat
     """`run_training` checkpoints after every round; a coordinator that dies after the
     upload round resumes with the store it left (nobody uploads again) and ends with the
     uninterrupted run's weights, bit for bit. Its temp work folder is gone at the end."""
-    from jetsplit.server.run.round_loop import run_training
+    from jetsplit.server.run.assembly import RunSpec, execute
 
     _, test = load_dataset_split("digits", 0.2, 0)
     settings = Settings(algorithm="ampere", rounds=4, batch=48, lr=0.1, device_epochs=1)
     steady, broken = tmp_path / "steady", tmp_path / "broken"
-    run_training(fleet(2), archive, settings, test, steady)
+    execute(fleet(2), RunSpec(settings, archive, test, steady))
 
     def kill(row: dict[str, Any]) -> None:
         if row["round"] == 1:
             raise Killed
 
     with pytest.raises(Killed):
-        run_training(fleet(2), archive, settings, test, broken, on_round=kill)
+        execute(fleet(2), RunSpec(settings, archive, test, broken, on_round=[kill]))
     workdir = Path(json.loads((broken / "checkpoint" / "state.json").read_text())
                    ["method"]["ampere"]["workdir"])
     assert (workdir / "store" / "index.json").exists()
-    run_training(fleet(2), archive, settings, test, broken, resume=True)
+    execute(fleet(2), RunSpec(settings, archive, test, broken, resume=True))
     rows = [[json.loads(line) for line in (run / "metrics.jsonl").open()]
             for run in (steady, broken)]
     assert [r["train_loss"] for r in rows[0]] == [r["train_loss"] for r in rows[1]]

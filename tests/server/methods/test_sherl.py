@@ -356,12 +356,11 @@ def test_in_process_sherl_learns_digits_and_books_bytes_per_tier(tmp_path: Path)
 def test_sherl_resumes_bit_identically(tmp_path: Path) -> None:
     """A round, then a resumed second, equal two uninterrupted rounds (a small model: the
     checkpoints hold the cloud head's Adam state)."""
-    from dataclasses import replace
 
     settings = _sherl_settings(rounds=2, local_steps=2, tau1=1, tau2=2, batch=16)
     model = "mobilenetv3-small"
     _simulate(settings, tmp_path / "whole", model)
-    _simulate(replace(settings, rounds=1), tmp_path / "cut", model)
+    _simulate(settings.model_copy(update={"rounds": 1}), tmp_path / "cut", model)
     _simulate(settings, tmp_path / "cut", model, resume=True)
     from safetensors.numpy import load_file
 
@@ -414,7 +413,7 @@ def test_a_bad_edge_is_a_recorded_miss_and_training_goes_on(
     from jetsplit.export.bundle_writer import write_bundle
     from jetsplit.models import ModelSpec
     from jetsplit.server.engines.seam import InProcessEngine
-    from jetsplit.server.run.round_loop import run_training
+    from jetsplit.server.run.assembly import RunSpec, execute
 
     train, test = load_dataset_split("digits", 0.2, 0)
     shards = partition(train.y, 2, "iid", 0, 10)
@@ -429,7 +428,7 @@ def test_a_bad_edge_is_a_recorded_miss_and_training_goes_on(
     settings = Settings(algorithm="sherl", rounds=1, local_steps=2, batch=16,
                         edges={"e0": ["a0"], "e1": ["a1"]})
     engine = InProcessEngine(workers)
-    run_training(engine, archive, settings, test, tmp_path / "run", checkpoint=False)
+    execute(engine, RunSpec(settings, archive, test, tmp_path / "run", checkpoint=False))
     row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text())
     assert row["missed"] == missed
     assert row["train_loss"] is not None and row["accuracy"] is not None

@@ -13,7 +13,7 @@ from jetsplit.errors import ConfigError
 from jetsplit.server.engines.mqtt import MqttEngine
 from jetsplit.server.run.config import TrainSection
 from jetsplit.server.run.preflight import first_error_line, validate_options, wait_for_fleet
-from jetsplit.server.run.trial import AgentProcesses, TrialSpec, agent_config
+from jetsplit.server.run.trial_fleet import AgentProcesses, TrialSpec, agent_config
 from jetsplit.transport.mqtt import EndpointOptions
 
 

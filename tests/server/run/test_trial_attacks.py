@@ -13,7 +13,7 @@ from jetsplit.edge_agent.attacks import ALLOW_ENV
 from jetsplit.edge_agent.config import load_agent_config
 from jetsplit.edge_agent.emulation import EmulationSection
 from jetsplit.errors import ConfigError
-from jetsplit.server.run.trial import TrialSpec, agent_config
+from jetsplit.server.run.trial_fleet import TrialSpec, agent_config
 
 
 def test_the_attacker_config_carries_its_attack(tmp_path: Path,
@@ -64,7 +64,8 @@ def test_provisioned_sizes_are_each_trial_agents_own_shard(tmp_path: Path) -> No
         TrainSection,
         load_server_config,
     )
-    from jetsplit.server.run.trial import _server_toml, trial_shard_sizes
+    from jetsplit.server.run.trial import _server_toml
+    from jetsplit.server.run.trial_fleet import trial_shard_sizes
 
     spec = TrialSpec(agents=4, dataset="digits", partition="dirichlet:0.5", seed=3,
                      provision_sizes=True)

@@ -11,7 +11,7 @@ import pytest
 from jetsplit.cli import main
 from jetsplit.edge_agent.config import load_agent_config
 from jetsplit.edge_agent.emulation import DeviceClock, EmulationSection
-from jetsplit.server.run.trial import TrialSpec, agent_config, trial_traces
+from jetsplit.server.run.trial_fleet import TrialSpec, agent_config, trial_traces
 
 pytestmark = pytest.mark.fast
 

@@ -22,8 +22,8 @@ from jetsplit.errors import BackendUnavailable, ConfigError
 from jetsplit.export.bundle_writer import write_bundle
 from jetsplit.models import ModelSpec
 from jetsplit.server.engines.seam import InProcessEngine
+from jetsplit.server.run.assembly import RunSpec, execute
 from jetsplit.server.run.config import load_server_config
-from jetsplit.server.run.round_loop import run_training
 from jetsplit.server.training.placement import to_device, to_host
 from jetsplit.server.training.settings import Settings
 from jetsplit.server.training.trainer import Trainer
@@ -72,7 +72,7 @@ def _train(archive: Path, out: Path, autocast: str) -> dict[str, np.ndarray]:
                for i, s in enumerate(shards)}
     settings = Settings(algorithm="psl", rounds=1, local_steps=3, batch=24, lr=0.05,
                         device="cpu", autocast=autocast, threads=1)
-    run_training(InProcessEngine(workers), archive, settings, test, out, checkpoint=False)
+    execute(InProcessEngine(workers), RunSpec(settings, archive, test, out, checkpoint=False))
     weights = dict(load_file(str(out / "server.safetensors")))
     for path in sorted((out / "clients").iterdir()):
         weights.update({f"{path.stem}:{k}": v for k, v in load_file(str(path)).items()})

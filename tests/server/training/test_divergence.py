@@ -13,7 +13,7 @@ from jetsplit.edge_agent.worker import AgentWorker
 from jetsplit.export.bundle_writer import write_bundle
 from jetsplit.models import ModelSpec
 from jetsplit.server.engines.seam import InProcessEngine
-from jetsplit.server.run.round_loop import run_training
+from jetsplit.server.run.assembly import RunSpec, execute
 from jetsplit.server.training.divergence import Diverged, DivergenceGuard
 from jetsplit.server.training.settings import Settings
 
@@ -33,9 +33,9 @@ def _run(archive: Path, out: Path, **settings: object) -> None:
     shards = partition(train.y, 4, "iid", 0, train.num_classes)
     workers = {f"a{i}": AgentWorker(f"a{i}", train.subset(s), seed=i)
                for i, s in enumerate(shards)}
-    run_training(InProcessEngine(workers), archive,
-                 Settings(**{"rounds": 3, "local_steps": 3, "batch": 32, **settings}),
-                 test, out, checkpoint=False)
+    settings = {"rounds": 3, "local_steps": 3, "batch": 32, **settings}
+    execute(InProcessEngine(workers), RunSpec(Settings(**settings), archive, test, out,
+                                              checkpoint=False))
 
 
 def test_guard_lets_a_learning_loss_pass_and_stops_growth_and_nan() -> None:
