@@ -144,6 +144,8 @@ def _finish(staging: Path, manifest: Manifest, out_dir: Path) -> None:
     for key in OPTIONAL_KEYS:  # absent, not null: a zoo bundle's manifest stays as it was
         if data.get(key) is None:
             data.pop(key, None)
+    if isinstance(data.get("code"), dict):
+        data["code"] = {k: v for k, v in data["code"].items() if v is not None}
     text = json.dumps(data, indent=2, sort_keys=True) + "\n"
     (staging / MANIFEST_NAME).write_text(text, encoding="utf-8")
     for path in staging.iterdir():
