@@ -74,6 +74,9 @@ class Options:
     user: bool = True
     venv: bool = True
     jetson_extra: bool = False
+    # the operator's model packages (pip requirements: a path, a wheel, name==version): the
+    # code a `module:factory` model source imports; bundles carry only its sha256
+    model_packages: Tuple[str, ...] = ()
     kit: Optional[Path] = None  # a `jetsplit provision` startup kit for this device
 
 
@@ -284,6 +287,10 @@ def plan(opts: Options, host: Host, profile: str | None) -> list[Step]:
         steps.append(Step(f"pip install {opts.source}[{extras}] into the venv{held}",
                           lambda: _pip_install(venv_python, [f"{opts.source}[{extras}]"],
                                                pins)))
+        if opts.model_packages:
+            packages = list(opts.model_packages)
+            steps.append(Step(f"pip install the model package(s) {' '.join(packages)} into the "
+                              f"venv{held}", lambda: _pip_install(venv_python, packages, pins)))
         if host.onnxruntime:
             steps.append(Step(f"keep {host.onnxruntime} (PyPI's CPU onnxruntime is never "
                               "installed over it)", lambda: _ensure_onnxruntime(venv_python,
@@ -560,6 +567,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(mutual TLS + signing key; sets agent id and fleet)")
     parser.add_argument("--jetson", dest="jetson_extra", action="store_true",
                         help="also install the [jetson] extra (jetson-stats, AGPL-3.0)")
+    parser.add_argument("--model-package", dest="model_packages", action="append",
+                        default=[], metavar="REQUIREMENT",
+                        help="also pip install this model package (repeatable): the code of a "
+                        "module:factory model source")
     return parser
 
 
@@ -586,6 +597,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.code or 0)
     try:
         opts = Options(**{**vars(args), **_kit_identity(args), "source": args.source.resolve(),
+                          "model_packages": tuple(args.model_packages),
                           "root": args.root.resolve()})
         return install(opts)
     except JetsplitError as exc:

@@ -31,6 +31,7 @@ from jetsplit.bundle import (
     MAX_MANIFEST_BYTES,
     WEIGHT_FILES,
     Bundle,
+    check_code,
     load_bundle,
     parse_manifest,
 )
@@ -293,6 +294,7 @@ class AgentWorker(EdgeRole):
             raise BundleError(f"bundle transfer corrupted: manifest sha256 {digest[:12]}… "
                               f"!= announced {args.sha256[:12]}…")
         manifest = parse_manifest(data, f"bundle {digest[:12]}")
+        check_code(manifest, f"bundle {digest[:12]}")  # the model code installed here
         accepted = AGENT_ACCEPTS.get(self.role, ())
         if manifest.role != args.role or manifest.role not in accepted:
             raise BundleError(f"bundle {digest[:12]}: refused: a {manifest.role} bundle for an "

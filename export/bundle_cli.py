@@ -25,7 +25,8 @@ def _size(n: int) -> str:
 
 
 def bundle(
-    model: str = typer.Option(..., "--model", help="Zoo model name, e.g. alexnet."),
+    model: str = typer.Option(..., "--model", help="Model source: a zoo name (alexnet), "
+                              "module.path:factory, torchvision:NAME or timm:NAME."),
     split: int = typer.Option(..., "--split", help="Split index k: the client runs layers[:k]."),
     out: Path = typer.Option(..., "--out", help="Bundle folder to write (replaced if a bundle)."),
     classes: int = typer.Option(10, "--classes", help="Number of classes."),
@@ -35,6 +36,8 @@ def bundle(
     opset: int = typer.Option(17, "--opset", help="ONNX opset (≤17 for TensorRT 8.x)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the initial weights."),
     tar: bool = typer.Option(False, "--tar", help="Also write <out>.tar.gz."),
+    weights: Path | None = typer.Option(
+        None, "--weights", help="Initial weights: safetensors or a state dict (weights_only)."),
 ) -> None:
     """Write a bundle (weights, ONNX, manifest) for one split and check ONNX against PyTorch."""
     from jetsplit.cli_types import parse_shape
@@ -45,7 +48,9 @@ def bundle(
     console = Console()
     with console.status(f"exporting {model} split {split} …"):
         report = write_bundle(spec, split, out, aux_ratio=None if no_aux else aux_ratio,
-                              opset=opset, seed=seed, tar=tar)
+                              opset=opset, seed=seed, tar=tar, initial_weights=weights)
+    for note in report.notes:
+        console.print(note)
 
     files = Table(title=f"bundle {report.path}", title_justify="left")
     files.add_column("file")

@@ -31,6 +31,7 @@ from jetsplit.bundle import (
     ONNX_FILES,
     WEIGHT_FILES,
     Bundle,
+    CodeEntry,
     FileEntry,
     Manifest,
     SpecEntry,
@@ -40,6 +41,7 @@ from jetsplit.bundle import (
 )
 from jetsplit.errors import BundleError
 from jetsplit.export.onnx_export import compare_onnx, export_onnx
+from jetsplit.model_source import code_identity
 from jetsplit.models import (
     ZOO_VERSION,
     ModelSpec,
@@ -51,6 +53,7 @@ from jetsplit.models import (
 )
 
 ONNX_ATOL = 1e-4
+OPTIONAL_KEYS = ("code", "initial_weights_sha256")
 CHECK_BATCHES = (1, 32)
 
 
@@ -63,6 +66,7 @@ class BundleReport:
     max_abs_diff: dict[str, dict[int, float]]  # block -> batch -> max |Δ| (ONNX vs PyTorch)
     tar_path: Path | None = None
     files: dict[str, FileEntry] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()  # e.g. the initial weights and what they re-initialised
 
 
 def _save_weights(module: nn.Module, path: Path) -> None:
@@ -136,8 +140,13 @@ def _write_tar(src: Path, archive: Path) -> None:
 
 def _finish(staging: Path, manifest: Manifest, out_dir: Path) -> None:
     """Write the manifest, check the reader accepts the folder, move it into place."""
-    text = json.dumps(manifest.model_dump(mode="json", exclude_none=False), indent=2,
-                      sort_keys=True) + "\n"
+    data = manifest.model_dump(mode="json", exclude_none=False)
+    for key in OPTIONAL_KEYS:  # absent, not null: a zoo bundle's manifest stays as it was
+        if data.get(key) is None:
+            data.pop(key, None)
+    if isinstance(data.get("code"), dict):
+        data["code"] = {k: v for k, v in data["code"].items() if v is not None}
+    text = json.dumps(data, indent=2, sort_keys=True) + "\n"
     (staging / MANIFEST_NAME).write_text(text, encoding="utf-8")
     for path in staging.iterdir():
         path.chmod(0o644)  # safetensors writes 0600; agents may run as another user
@@ -202,14 +211,19 @@ def write_bundle(
     seed: int = 0,
     weights: dict[str, torch.Tensor] | None = None,
     tar: bool = False,
+    initial_weights: str | Path | None = None,
 ) -> BundleReport:
     """Build the (seeded or given) model, split it at `k`, and write a verified bundle to
     `out_dir` (and `<out_dir>.tar.gz` with `tar`). `aux_ratio=None` ships no aux head;
-    `weights` is a full-model state dict, with the aux head's tensors under `aux.`."""
+    `weights` is a full-model state dict, with the aux head's tensors under `aux.`;
+    `initial_weights` a weights file the model starts from (jetsplit/models/initial_weights.py).
+    """
     if isinstance(spec, str):
         spec = ModelSpec(spec)
     out_dir = Path(out_dir)
-    model = build_model(spec, seed=seed)
+    code = code_identity(spec.name)  # before building: a source not installed fails here
+    model = build_model(spec, seed=seed, weights=initial_weights)
+    initial = model.initial_weights
     check_split(model, k)
     aux = None if aux_ratio is None else build_aux_head(model, k, aux_ratio, seed=seed + 1)
     if weights is not None:
@@ -242,6 +256,8 @@ def write_bundle(
             client_layers=tuple(n for n, _ in client.named_children()),
             server_layers=tuple(n for n, _ in server.named_children()),
             aux_ratio=aux_ratio, opset=opset, codec="fp32", files=files, role="full",
+            code=None if code is None else CodeEntry(**code),
+            initial_weights_sha256=None if initial is None else initial.sha256,
         )
         _finish(staging, manifest, out_dir)
     except BaseException:
@@ -253,4 +269,4 @@ def write_bundle(
         tar_path = out_dir.with_name(out_dir.name + ".tar.gz")
         _write_tar(out_dir, tar_path)
     return BundleReport(path=out_dir, manifest=manifest, max_abs_diff=diffs, tar_path=tar_path,
-                        files=files)
+                        files=files, notes=() if initial is None else (initial.note(),))

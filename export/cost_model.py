@@ -1,12 +1,13 @@
-"""What every split of a zoo model costs: FLOPs, parameters, activations, training memory,
-and per-layer time on a device profile.
+"""What every split of a layered model (zoo or user source) costs: FLOPs, parameters,
+activations, training memory, and per-layer time on a device profile.
 
 Counting runs the model once per layer under ``jetsplit.export.flop_count.FlopCounter``
 (torch 2.x's FlopCounterMode formulas on any torch ≥ 1.13; forward and backward separately)
 and ``saved_tensors_hooks`` (what autograd really keeps).
 That needs torch, and importing torch alone takes ~1.8 s on a 2-core build box while
 ``jetsplit export plan`` must answer in under 2 s. So layer costs are counted once per
-(model spec, zoo code, torch version) and cached as JSON under
+(model spec, zoo code, torch version; for a user's model source also the sha256 of its code
+or its library's version) and cached as JSON under
 ``~/.cache/jetsplit/costs/<spec-hash>-zoo<ZOO_VERSION>.json``; a cache hit never imports torch.
 
 Conventions: FLOPs are real FLOPs (a multiply-add is 2), per sample, counted by
@@ -32,8 +33,10 @@ from typing_extensions import Annotated
 
 from jetsplit.errors import ConfigError
 from jetsplit.export.torch_compat import storage_of
+from jetsplit.model_source import is_zoo, source_fingerprint
 
 if TYPE_CHECKING:
+    import torch
     from torch import nn
 
     from jetsplit.export.flop_count import FlopCounter
@@ -201,7 +204,12 @@ def default_cache_dir() -> Path:
 
 def _spec_key(name: str, input_shape: tuple[int, ...], num_classes: int, aux_ratio: float,
               fingerprint: str) -> str:
-    blob = json.dumps([name, list(input_shape), num_classes, aux_ratio, fingerprint])
+    """The spec and the counting code; a user's source adds its code's hash (or library
+    version), so an edited network is counted again."""
+    parts = [name, list(input_shape), num_classes, aux_ratio, fingerprint]
+    if not is_zoo(name):
+        parts.append(source_fingerprint(name))
+    blob = json.dumps(parts)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
@@ -326,15 +334,10 @@ def _count_pass(model: LayeredModel, batch: int) -> dict[str, list[float]]:
                 flop_counter() as counter:
             out = layer(inp)
         fwd.append(counter.get_total_flops())
-        with flop_counter() as counter:
-            out.backward(torch.ones_like(out))
-        bwd_i = counter.get_total_flops()
+        bwd_i = _backward_flops(out)
         # The other mode of this layer's first-layer question, counted on a separate graph.
         other = x.detach().requires_grad_(i == 0)
-        out2 = layer(other)
-        with flop_counter() as counter:
-            out2.backward(torch.ones_like(out2))
-        bwd_other = counter.get_total_flops()
+        bwd_other = _backward_flops(layer(other))
         bwd.append(bwd_other if i == 0 else bwd_i)
         bwd_nig.append(bwd_i if i == 0 else bwd_other)
         outputs.append(out)
@@ -343,6 +346,18 @@ def _count_pass(model: LayeredModel, batch: int) -> dict[str, list[float]]:
     first, last = tracker.per_layer(len(layers))
     return {"fwd": fwd, "bwd": bwd, "bwd_nig": bwd_nig, "first": first, "last": last,
             "out_shapes": [list(o.shape[1:]) for o in outputs]}
+
+
+def _backward_flops(out: torch.Tensor) -> float:
+    """FLOPs of backward from `out`; none when nothing before it needs a gradient (a
+    parameter-free block of a user's network fed an input that needs none)."""
+    import torch
+
+    if not out.requires_grad:
+        return 0.0
+    with flop_counter() as counter:
+        out.backward(torch.ones_like(out))
+    return counter.get_total_flops()
 
 
 def _slope(at: dict[int, float]) -> tuple[float, float]:

@@ -22,7 +22,8 @@ _ALGO_HELP = (" | ".join(ALGORITHMS) + ". The split methods get a cut per device
 
 
 def plan(
-    model: Annotated[str, typer.Option("--model", help="Zoo model id, e.g. resnet18.")],
+    model: Annotated[str, typer.Option(
+        "--model", help="Model source: zoo name, module:factory, torchvision:NAME.")],
     profile: Annotated[list[str], typer.Option(
         "--profile", help="Device profile (path or bundled name); repeat for a fleet.")],
     algorithm: Annotated[str, typer.Option("--algorithm", help=_ALGO_HELP)] = DEFAULT_METHOD,

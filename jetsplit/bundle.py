@@ -3,9 +3,11 @@
 A bundle is a directory (or a .tar/.tar.gz of one) holding `manifest.json`, safetensors
 weights and ONNX blocks. Loading verifies everything before anything is used: the manifest
 schema, the format and zoo versions, every file's size and sha256, and that no file is
-unlisted, linked or outside the bundle. Trainable modules are rebuilt from the zoo spec plus
-weights, so nothing is ever unpickled. Writing lives in `export/bundle_writer.py`; this module
-is the shared core because the agent, which never installs `export`, must read bundles.
+unlisted, linked or outside the bundle. Trainable modules are rebuilt from the model source
+(the zoo, or model code the operator installed, whose hash must match the manifest's) plus
+weights, so nothing is ever unpickled and no code travels. Writing lives in
+`export/bundle_writer.py`; this module is the shared core because the agent, which never
+installs `export`, must read bundles.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from torch import nn
 from jetsplit import __version__
 from jetsplit.compat import removeprefix
 from jetsplit.errors import BundleError, JetsplitError
+from jetsplit.model_source import check_identity, is_zoo
 from jetsplit.models import (
     ZOO_VERSION,
     AuxiliaryHead,
@@ -92,12 +95,26 @@ class SpecEntry(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    name: str = Field(min_length=1, max_length=64)
+    name: str = Field(min_length=1, max_length=200)  # a model source (model_source.py)
     input_shape: Tuple[int, int, int]
     num_classes: int = Field(ge=2)
 
     def to_spec(self) -> ModelSpec:
         return ModelSpec.from_dict(self.model_dump())
+
+
+class CodeEntry(BaseModel):
+    """The code behind a user's model source: its module and the sha256 of its Python
+    sources, or a library and its version. Never the code itself."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    module: str = Field(min_length=1, max_length=200)
+    sha256: Optional[str] = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    version: Optional[str] = Field(default=None, min_length=1, max_length=64)
+
+    def record(self) -> Dict[str, str]:
+        return {k: v for k, v in self.model_dump().items() if v is not None}
 
 
 class Manifest(BaseModel):
@@ -120,6 +137,10 @@ class Manifest(BaseModel):
     files: Dict[str, FileEntry]
     role: str = Field(pattern=r"^(full|client|edge)$")
     edge_layers: Optional[int] = Field(default=None, ge=1, le=4096)
+    # A user's model source: the code that builds it (absent for a zoo model).
+    code: Optional[CodeEntry] = None
+    # sha256 of the initial weights file the model started from (absent when seeded).
+    initial_weights_sha256: Optional[str] = Field(default=None, pattern=r"^[0-9a-f]{64}$")
 
     @field_validator("codec")
     @classmethod
@@ -147,6 +168,9 @@ class Manifest(BaseModel):
         if tuple(self.input_shape) != tuple(self.model.input_shape):
             raise ValueError(f"input_shape {list(self.input_shape)} differs from the model's "
                              f"{list(self.model.input_shape)}")
+        if (self.code is None) != is_zoo(self.model.name):
+            raise ValueError("a model source other than a zoo name needs its code record "
+                             "(and a zoo model has none)")
         if len(self.client_layers) != self.split:
             raise ValueError(f"split {self.split} but {len(self.client_layers)} client layers")
         if self.role == "edge":
@@ -229,6 +253,17 @@ def parse_manifest(raw: bytes, where: str) -> Manifest:
 
 
 # --------------------------------------------------------------------------- verification
+
+
+def check_code(manifest: Manifest, where: str) -> None:
+    """Refuse a bundle whose model code differs from the code installed here (one line
+    naming both); nothing is imported before this passes."""
+    if manifest.code is None:
+        return
+    try:
+        check_identity(manifest.model.name, manifest.code.record(), where)
+    except JetsplitError as exc:
+        raise BundleError(str(exc)) from None
 
 
 def _verify_dir(root: Path, where: str, *, allow_engines: bool) -> Manifest:
@@ -414,6 +449,7 @@ class Bundle:
                               f"({_oneline(exc)})") from None
 
     def _blocks(self) -> tuple[nn.Module, nn.Sequential, nn.Sequential]:
+        check_code(self.manifest, f"bundle {self.source}")
         model = build_model(self.spec, seed=0)
         client, server = split(model, self.split)
         names = (tuple(n for n, _ in client.named_children()),

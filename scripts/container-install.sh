@@ -10,6 +10,10 @@ trap 'rm -f "$constraints"' EXIT
 python3 edge_agent/jetpack.py constraints > "$constraints"
 cat "$constraints"
 python3 -m pip install --constraint "$constraints" ".[agent]"
+if [ -n "${MODEL_PACKAGES:-}" ]; then  # the operator's model code (Dockerfile.jetson ARG)
+  # shellcheck disable=SC2086  # one requirement per word
+  python3 -m pip install --constraint "$constraints" $MODEL_PACKAGES
+fi
 python3 -c "import onnxruntime" 2>/dev/null \
   || python3 -m pip install --constraint "$constraints" onnxruntime
 # From a neutral folder: here, the source folder's jetsplit/ would shadow the installed package.

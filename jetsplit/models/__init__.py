@@ -1,5 +1,6 @@
-"""Model zoo: layered models, split points and Ampere auxiliary heads."""
+"""Models: the zoo, user model sources as layered models, split points and aux heads."""
 
+from jetsplit.models.sources import build_model
 from jetsplit.models.split import (
     DEFAULT_AUX_RATIO,
     AuxiliaryHead,
@@ -13,7 +14,6 @@ from jetsplit.models.zoo import (
     ZOO_VERSION,
     LayeredModel,
     ModelSpec,
-    build_model,
 )
 
 __all__ = [

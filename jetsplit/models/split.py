@@ -1,4 +1,4 @@
-"""Splitting a zoo model into client and server blocks, and Ampere's auxiliary head."""
+"""Splitting a layered model into client and server blocks, and Ampere's auxiliary head."""
 
 from __future__ import annotations
 
@@ -61,13 +61,15 @@ def activation_shape(model: LayeredModel, k: int) -> tuple[int, ...]:
 class AuxiliaryHead(nn.Module):
     """Ampere's auxiliary network (the Ampere paper §3.2.2): the first server layer replicated at a
     fraction of its width, global pooling, and a linear classifier, so the client block can
-    train on a local loss without server gradients."""
+    train on a local loss without server gradients. A block of a user's network has no
+    narrow twin: its head is the pooled activation and the linear classifier alone."""
 
-    def __init__(self, first_server_layer: ZooLayer, activation: torch.Tensor,
+    def __init__(self, first_server_layer: nn.Module, activation: torch.Tensor,
                  num_classes: int, ratio: float) -> None:
         super().__init__()
         self.ratio = ratio
-        self.replica = first_server_layer.narrow(ratio)
+        self.replica = first_server_layer.narrow(ratio) \
+            if isinstance(first_server_layer, ZooLayer) else nn.Identity()
         with eval_mode(self.replica), torch.no_grad():
             features = self.pool(self.replica(activation)).shape[1]
         self.classifier = nn.Linear(features, num_classes)

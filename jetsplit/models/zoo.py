@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from jetsplit.errors import ModelError
+from jetsplit.model_source import is_zoo, parse_source
 from jetsplit.models.layers import (
     BasicBlock,
     ConvStage,
@@ -36,16 +37,21 @@ MAX_CLASSES = 100_000
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """What rebuilds a model exactly: name, input shape (C, H, W) and number of classes."""
+    """What rebuilds a model exactly: name, input shape (C, H, W) and number of classes.
+
+    `name` is a model source: a zoo name, `module.path:factory`, `torchvision:NAME` or
+    `timm:NAME` (jetsplit/model_source.py); only a zoo name is checked against the zoo here."""
 
     name: str
     input_shape: Tuple[int, int, int] = (3, 32, 32)
     num_classes: int = 10
 
     def __post_init__(self) -> None:
-        if self.name not in MODEL_BUILDERS:
+        parse_source(self.name)
+        if is_zoo(self.name) and self.name not in MODEL_BUILDERS:
             raise ModelError(
-                f"unknown model {self.name!r}; choose one of {', '.join(MODEL_BUILDERS)}"
+                f"unknown model {self.name!r}; choose one of {', '.join(MODEL_BUILDERS)}, "
+                "or give module.path:factory, torchvision:NAME or timm:NAME"
             )
         shape = tuple(self.input_shape)
         if len(shape) != 3 or not all(isinstance(v, int) and v > 0 for v in shape):
@@ -73,11 +79,14 @@ class ModelSpec:
 
 
 class LayeredModel(nn.Sequential):
-    """A zoo model: `nn.Sequential` of named atomic layers plus the spec that rebuilds it."""
+    """A model as jetsplit splits it: `nn.Sequential` of named layers (a zoo model's atomic
+    layers, or the blocks derived from a user's network) plus the spec that rebuilds it."""
 
     def __init__(self, spec: ModelSpec, layers: OrderedDict[str, nn.Module]) -> None:
         super().__init__(layers)
         self.spec = spec
+        # what a weights file gave (jetsplit/models/initial_weights.py), None when seeded
+        self.initial_weights: object = None
 
     @property
     def layer_names(self) -> list[str]:

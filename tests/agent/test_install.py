@@ -343,7 +343,7 @@ def test_dockerfile_jetson_builds_on_l4t_pytorch_from_what_exists() -> None:
     script = (ROOT / "scripts/container-install.sh").read_text()  # also run by device-check
     assert script.index("pip install --upgrade pip") < script.index('".[agent]"')
     assert 'python3 edge_agent/jetpack.py constraints > "$constraints"' in script
-    assert script.count('--constraint "$constraints"') == 2
+    assert script.count('--constraint "$constraints"') == 3  # agent, model packages, onnxruntime
     assert 'python3 -c "import onnxruntime"' in script  # CPU onnxruntime only as a fallback
     # the import check runs from a neutral folder: the source folder would shadow the install
     assert script.index("\ncd /\n") < script.index("import torch, jetsplit.edge_agent")
