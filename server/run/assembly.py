@@ -191,6 +191,6 @@ def prepare_bundle(cfg: ServerConfig, workdir: Path) -> Path:
 
     spec = ModelSpec(cfg.model.name, tuple(cfg.model.input_shape), cfg.model.classes)
     report = write_bundle(spec, cfg.model.split, workdir / "bundle", aux_ratio=cfg.model.aux_ratio,
-                          seed=cfg.seed, tar=True)
+                          seed=cfg.seed, tar=True, initial_weights=cfg.model.weights)
     assert report.tar_path is not None
     return report.tar_path

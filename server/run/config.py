@@ -31,6 +31,21 @@ class ModelSection(BaseModel):
     cuts: dict[_Id, Annotated[int, Field(ge=1)]] = Field(default_factory=dict)
     aux_ratio: Annotated[float, Field(gt=0, le=1)] | None = 0.5
     bundle: str | None = None  # a bundle .tar.gz to ship instead of exporting one
+    # The network: a zoo name, `module.path:factory`, `torchvision:NAME` or `timm:NAME`
+    # (jetsplit/model_source.py); `name` says the same and stays for older configs.
+    source: Annotated[str, Field(min_length=1, max_length=200)] | None = None
+    # Initial weights (safetensors, or a state dict read with weights_only), by name.
+    weights: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSection:
+        """`source` wins over the default `name`; both given and different is a mistake."""
+        if self.source is not None:
+            if "name" in self.model_fields_set and self.name != self.source:
+                raise ValueError(f"name {self.name!r} and source {self.source!r} differ: "
+                                 f"give one")
+            self.name = self.source
+        return self
 
 
 class TrainSection(TrainFields):

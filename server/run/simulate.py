@@ -284,7 +284,9 @@ def peak_rss_mb() -> float:
 @train_flags(*SIMULATE_TRAIN_FLAGS)
 def simulate_command(
     train: dict[str, Any],
-    model: Annotated[str, typer.Option("--model", help="Zoo model id.")] = "alexnet",
+    model: Annotated[str, typer.Option(
+        "--model", help="A zoo name, module.path:factory, torchvision:NAME or timm:NAME."
+    )] = "alexnet",
     split: Annotated[int, typer.Option("--split", help="Layers on the device.")] = 2,
     dataset: Annotated[str, typer.Option(
         "--dataset", help="mnist | digits | npz:PATH | cifar10:DIR | folder:DIR")] = "mnist",

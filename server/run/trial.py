@@ -437,7 +437,9 @@ def trial_command(
     broker: _Broker = None,
     profiles: _Profiles = None,
     out: _Out = None,
-    model: Annotated[str, typer.Option("--model", help="Zoo model id.")] = "alexnet",
+    model: Annotated[str, typer.Option(
+        "--model", help="A zoo name, module.path:factory, torchvision:NAME or timm:NAME."
+    )] = "alexnet",
     dataset: _Dataset = "mnist",
     partition: _Partition = "dirichlet:0.5",
     seed: Annotated[int, typer.Option("--seed", help="Seeds data, selection, weights.")] = 0,
