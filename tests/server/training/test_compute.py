@@ -207,7 +207,7 @@ def test_bench_server_runs_here_and_says_when_there_is_no_cuda(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """benchmarks/bench_server.py on a tiny workload: the same step code, a CPU timing, and
     on a machine without CUDA one "no CUDA" line (on a GPU machine: a ratio)."""
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_server.py"
+    path = Path(__file__).resolve().parents[3] / "benchmarks" / "bench_server.py"
     module = runpy.run_path(str(path))  # defines main() without running it
     monkeypatch.setattr(sys, "argv", [str(path), "--model", "mobilenetv3-small", "--clients",
                                       "2", "--samples", "4", "--repeats", "1", "--warmup", "0",
