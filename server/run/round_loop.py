@@ -131,10 +131,10 @@ def _train(engine: Engine, archive: Path, settings: Settings, test: ArrayDataset
 def _round(round_: int, engine: Engine, settings: Settings, trainer: Trainer, method: Any
            ) -> dict[str, Any]:
     """One round: select, train, evaluate; its metrics row (before any row extras)."""
-    trainer.round = trainer.bench.round = round_
+    trainer.round = trainer.defences.bench.round = round_
     trainer.books.reset()
-    trainer.consistency.new_round()
-    trainer.direction.new_round()
+    trainer.defences.consistency.new_round()
+    trainer.defences.direction.new_round()
     round_started = time.perf_counter()
     before = engine.counters.by_kind()
     selected = trainer.select()
@@ -152,7 +152,7 @@ def _round(round_: int, engine: Engine, settings: Settings, trainer: Trainer, me
     return {
         "round": round_, "algorithm": settings.algorithm, "selected": selected,
         "missed": dict(sorted(books.missed.items())),
-        "benched": trainer.bench.sitting_out(),
+        "benched": trainer.defences.bench.sitting_out(),
         "aggregation": dict(sorted(books.aggregation.items())),
         "bounded": dict(sorted(books.bounded.items())),
         "down_weighted": dict(sorted(books.down_weighted.items())),
@@ -198,9 +198,9 @@ def _summary(rows: list[dict[str, Any]], engine: Engine, settings: Settings,
         "settings": settings.model_dump(),
         "agents": engine.registry.snapshot(),
         "missed": [m.__dict__ for m in engine.registry.missed],
-        "capped_claims": dict(sorted(trainer.claims.capped.items())),
-        "histogram_claims": dict(sorted(trainer.labels.replaced.items())),
-        "benched": dict(sorted(trainer.bench.strikes.items())),  # times each sat out
+        "capped_claims": dict(sorted(trainer.defences.claims.capped.items())),
+        "histogram_claims": dict(sorted(trainer.defences.labels.replaced.items())),
+        "benched": dict(sorted(trainer.defences.bench.strikes.items())),  # times each sat out
         "bytes": engine.counters.snapshot(),
     }
 
@@ -211,7 +211,7 @@ def _replan(replanner: Replanner, row: dict[str, Any], trainer: Trainer, method:
     registered = sorted(trainer.engine.registry.registered())
     if not registered or not method.switches_cuts:  # e.g. Ampere after its device phase
         return None
-    batches = trainer.batches(registered)
+    batches = trainer.defences.batches(registered)
     selected = max(1, round(trainer.settings.fraction * len(registered)))
     batches = {a: max(1, round(b * len(registered) / selected)) for a, b in batches.items()}
     replanner.observe(row, batches)

@@ -32,10 +32,6 @@ from jetsplit.models.weights import from_arrays, load_strict, to_arrays
 from jetsplit.protocol import Kind
 from jetsplit.server.cuts.shipping import BundleShipper
 from jetsplit.server.defences.defences import Defences
-from jetsplit.server.defences.label_check import LabelConsistency
-from jetsplit.server.defences.sitting_out import Bench
-from jetsplit.server.defences.size_claims import ClaimBooks, LabelTally
-from jetsplit.server.defences.update_direction import UpdateDirection
 from jetsplit.server.engines.seam import Command, Engine, Outcome, Reply
 from jetsplit.server.training.divergence import DivergenceGuard
 from jetsplit.server.training.evaluation import Evaluation, evaluate, summarize
@@ -202,33 +198,6 @@ class Trainer:
         """A server-block step: timed as "server", under the configured autocast."""
         with self.books.timed("server"), autocast(self.device, self.settings.autocast):
             yield
-
-    # ------------------------------------------------------------------ defences
-
-    # The round loop's view of the defences' state (server/defences/defences.py owns it).
-    @property
-    def bench(self) -> Bench:
-        return self.defences.bench
-
-    @property
-    def consistency(self) -> LabelConsistency:
-        return self.defences.consistency
-
-    @property
-    def direction(self) -> UpdateDirection:
-        return self.defences.direction
-
-    @property
-    def claims(self) -> ClaimBooks:
-        return self.defences.claims
-
-    @property
-    def labels(self) -> LabelTally:
-        return self.defences.labels
-
-    def batches(self, agents: list[str]) -> dict[str, int]:
-        """The round loop's re-planning reads each agent's batch share here."""
-        return self.defences.batches(agents)
 
     def require_update(self, selected: list[str], got: Mapping[str, Any]) -> None:
         """Fail the round, in one line naming who missed what and why, when agents were

@@ -243,4 +243,4 @@ def test_the_coordinator_counts_what_each_reply_carries() -> None:
     trainer.checked = lambda outcome, problem: outcome  # type: ignore[method-assign]
     trainer.forward({"a0": 3, "a1": 2}, step=0)
     trainer.forward({"a0": 3}, step=1)
-    assert trainer.labels.counts == {"a0": [2, 0, 4], "a1": [0, 2, 0]}  # a1: one step
+    assert trainer.defences.labels.counts == {"a0": [2, 0, 4], "a1": [0, 2, 0]}  # a1: one step
