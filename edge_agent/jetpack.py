@@ -49,9 +49,10 @@ TORCH_WHEELS: Dict[Tuple[int, int], str] = {
 }
 
 # The CPU route on JetPack 4 (L4T R32): Ubuntu 18.04's universe carries python3.8 for arm64,
-# PyPI carries torch 1.13.1 for cp38 aarch64 (CPU only). Without the pin pip picks torch 2.1,
-# whose wheel needs a newer glibc than 18.04's 2.27. scripts/install-agent.sh names the same
-# Python (a test holds them equal).
+# PyPI carries torch 1.13.1 for cp38 aarch64 (CPU only): the torch the device floor is tested
+# with. Unpinned, pip picks 2.1.0 (the newest wheel that fits 18.04's glibc 2.27), which the
+# floor is not tested on. scripts/install-agent.sh names the same Python (a test holds them
+# equal).
 R32_PYTHON = (3, 8)
 R32_TORCH = "torch==1.13.1"
 # numpy's OpenBLAS misdetects the Nano's Cortex-A57 and dies with "illegal instruction"

@@ -8,10 +8,16 @@ machine can hold. In it, from a copy of this checkout:
 
   install   scripts/install-agent.sh (non-editable, --no-enable), as root, like on a Jetson
   doctor    jetsplit doctor against the check's own Mosquitto
+  r32       a second device standing in for a stock JetPack 4.6 Nano (an L4T R32.7
+            release file, no torch for its python3; Debian's python3.9 stands in for
+            Ubuntu 18.04's python3.8, which Debian does not carry): the installer's CPU
+            route with --yes (apt-get, isolated venv, PyPI's torch 1.13.1, OpenBLAS core
+            type), and its doctor
   profile   jetsplit profile on a small model; the host's `jetsplit export plan` takes it
   train     two ARM agents (`jetsplit agent run --config`) and a native coordinator
-            (`jetsplit server run`) over a real Mosquitto; then the same run with two
-            native agents at the same seed, losses side by side
+            (`jetsplit server run`) over a real Mosquitto, the second one on the R32 device
+            with the CPU-Nano profile (jetson-nano-4gb-cpu); then the same run with two
+            native agents (the same profiles) at the same seed, losses side by side
   tests     the device-side tests that need torch (marker device_torch) and the torch-free
             ones (device_pure), on torch 1.13.1 inside the userland
   container Dockerfile.jetson's install script, as far as it runs without Docker
@@ -45,6 +51,10 @@ DEBIAN_PACKAGES = ("python3", "python3-venv", "python3-pip", "ca-certificates", 
                    "passwd")
 VENDOR_TORCH = ("torch==1.13.1", "numpy<2")  # JetPack 5's floor; PyPI's aarch64 CPU wheel
 L4T_RELEASE = "# R35 (release), REVISION: 4.1, GCID: 33958178, BOARD: t186ref, EABI: aarch64\n"
+# A stock Nano's JetPack 4.6.4 (its last release).
+L4T_R32_RELEASE = ("# R32 (release), REVISION: 7.4, GCID: 33514132, BOARD: t210ref, "
+                   "EABI: aarch64, DATE: Fri Jun  9 04:25:08 UTC 2023\n")
+PROFILES = ("jetson-nano-4gb", "jetson-nano-4gb-cpu")  # agent 0's and agent 1's
 USERLAND_FORMAT = "1"  # bump when the recipe above changes: the cache is rebuilt
 CHECKOUT = "/home/jetson/jetsplit"  # where the user's checkout lies on the device
 VENV = "/opt/jetsplit/venv"  # edge_agent/install.py's VENV
@@ -202,10 +212,10 @@ def build_userland(cache: Path, log: Path) -> Path:
     return ready
 
 
-def fresh_device(userland: Path, cache: Path) -> Device:
+def fresh_device(userland: Path, cache: Path, name: str = "work") -> Device:
     """A throwaway copy of the userland with this checkout at CHECKOUT (tracked and
     untracked, not ignored, files: what a `git clone` plus local edits would hold)."""
-    work = cache / "work"
+    work = cache / name
     if work.exists():
         subprocess.run(["umount", "-R", "-l", str(work)], capture_output=True, check=False)
         shutil.rmtree(work)
@@ -255,10 +265,11 @@ def mosquitto(workdir: Path) -> Iterator[int]:
 
 def agent_toml(agent: str, index: int, broker: str, state_dir: str) -> str:
     """An agent config as the README's fleet example writes it: a shard of UCI digits (the
-    fleet is named after the run's label: each run on the broker is its own fleet)."""
+    fleet is named after the run's label: each run on the broker is its own fleet) and the
+    profile PROFILES gives its index."""
     fleet = f"{FLEET}-{agent.rstrip('0123456789')}"
     return (f'fleet = "{fleet}"\nagent = "{agent}"\nstate_dir = "{state_dir}"\nthreads = 1\n'
-            f'seed = {index}\n[mqtt]\nbroker = "{broker}"\n'
+            f'seed = {index}\nprofile = "{PROFILES[index]}"\n[mqtt]\nbroker = "{broker}"\n'
             f'[data]\ndataset = "digits"\npartition = "iid"\nclients = 2\nindex = {index}\n')
 
 
@@ -357,7 +368,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--algorithm", default="splitfed-v1")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--skip", action="append", default=[],
-                        choices=("profile", "tests", "container", "native"),
+                        choices=("profile", "tests", "container", "native", "r32"),
                         help="leave out a stage (repeatable)")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
@@ -378,9 +389,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             userland = build_userland(args.cache, logs / "userland.log")
         with stages.stage("copy the checkout onto a fresh device"):
             device = fresh_device(userland, args.cache)
-        with device.mounted(args.cache / "pip-cache"), mosquitto(logs) as port:
+        nano = None
+        if "r32" not in args.skip:
+            with stages.stage("copy the checkout onto a second device (the stock Nano's)"):
+                nano = fresh_device(userland, args.cache, "work-r32")
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(device.mounted(args.cache / "pip-cache"))
+            if nano is not None:
+                stack.enter_context(nano.mounted(args.cache / "pip-cache"))
+            port = stack.enter_context(mosquitto(logs))
             broker = f"mqtt://127.0.0.1:{port}"
-            check_device(device, stages, logs, broker, port, args)
+            check_device(device, nano, stages, logs, broker, port, args)
     except CheckFailed as exc:
         print(f"device check FAILED: {exc}", file=sys.stderr)
         print(f"logs: {logs}", file=sys.stderr)
@@ -392,9 +411,66 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def check_device(device: Device, stages: Stages, logs: Path, broker: str, port: int,
-                 args: argparse.Namespace) -> None:
-    """Every stage that runs on the emulated device (see the module docstring)."""
+def doctor_rows(text: str) -> list[str]:
+    """The table rows of `jetsplit doctor`'s output (rich wraps long values onto more
+    lines: they are joined back to one line per row)."""
+    rows: list[list[str]] = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split("│")[1:-1]]
+        if len(cells) != 3 or cells[0] == "check":
+            continue
+        if cells[0] or not rows:
+            rows.append(cells)
+        else:
+            rows[-1] = [f"{a} {b}".strip() for a, b in zip(rows[-1], cells, strict=True)]
+    return [f"{name}: {value} [{verdict}]" for name, value, verdict in rows]
+
+
+def stock_nano(nano: Device, stages: Stages, logs: Path, broker: str) -> None:
+    """The installer's JetPack 4 route on a stand-in for a stock Nano, then its doctor."""
+    with stages.stage("r32: scripts/install-agent.sh --yes on a JetPack 4.6 stand-in"):
+        print("   stand-in: L4T R32.7.4 release file; Debian bullseye's python3.9 for Ubuntu "
+              "18.04's python3.8 (Debian has no python3.8); no torch for it (the userland's "
+              "removed)", flush=True)
+        nano.run(["python3", "-m", "pip", "uninstall", "--quiet", "-y", "torch"],
+                 log=logs / "install-r32.log")
+        nano.path("/etc/nv_tegra_release").write_text(L4T_R32_RELEASE)
+        nano.run(["bash", f"{CHECKOUT}/scripts/install-agent.sh", "--agent", "arm1",
+                  "--broker", broker, "--fleet", FLEET, "--profile", PROFILES[1], "--yes",
+                  "--no-enable"], cwd=CHECKOUT, log=logs / "install-r32.log")
+        text = (logs / "install-r32.log").read_text()
+        said = [line for line in text.splitlines()
+                if line.startswith(("jetsplit agent install:", "[", "this Jetson", "done;"))]
+        print("   " + "\n   ".join(said))
+        for wanted in ("(JetPack 4)", "trains on its CPU: NVIDIA ships no CUDA torch",
+                       "apt-get install python3.9-dev", "without system site-packages",
+                       "held to torch==1.13.1, numpy<2", "OPENBLAS_CORETYPE=ARMV8", "done;"):
+            if wanted not in text:
+                raise CheckFailed(f"the R32 install did not say {wanted!r} (see "
+                                  "install-r32.log)")
+        found = nano.run([f"{VENV}/bin/python", "-c",
+                          "import os, sys, torch; print(sys.version.split()[0], "
+                          "torch.__version__, torch.version.cuda, "
+                          "os.environ.get('OPENBLAS_CORETYPE'))"]).stdout.split()
+        print(f"   venv: Python, torch, torch CUDA, OPENBLAS_CORETYPE: {' '.join(found)}")
+        if found[1:] != ["1.13.1", "None", "ARMV8"]:
+            raise CheckFailed(f"the R32 venv has {found}, wanted torch 1.13.1 without CUDA "
+                              "and OPENBLAS_CORETYPE=ARMV8")
+        if "OPENBLAS_CORETYPE=ARMV8" not in nano.path("/etc/jetsplit/agent.env").read_text():
+            raise CheckFailed("/etc/jetsplit/agent.env lacks OPENBLAS_CORETYPE=ARMV8")
+    with stages.stage("r32: doctor"):
+        doctor = nano.run([f"{VENV}/bin/jetsplit", "doctor", "--broker", broker],
+                          log=logs / "doctor-r32.log", env={"COLUMNS": "200"})
+        rows = doctor_rows(doctor.stdout)
+        print("   " + "\n   ".join(rows))
+        if not any(r.startswith("training on: this Jetson") and "trains on its CPU" in r
+                   for r in rows):
+            raise CheckFailed("the R32 doctor does not say that the device trains on its CPU")
+
+
+def check_device(device: Device, nano: Device | None, stages: Stages, logs: Path, broker: str,
+                 port: int, args: argparse.Namespace) -> None:
+    """Every stage that runs on the emulated devices (see the module docstring)."""
     jetsplit = f"{VENV}/bin/jetsplit"
     with stages.stage("install: scripts/install-agent.sh --no-enable"):
         device.run(["bash", f"{CHECKOUT}/scripts/install-agent.sh", "--agent", "arm0",
@@ -411,9 +487,11 @@ def check_device(device: Device, stages: Stages, logs: Path, broker: str, port: 
         if "site-packages" not in versions.stdout:
             raise CheckFailed(f"the venv's jetsplit is not the installed one: {versions.stdout}")
     with stages.stage("doctor"):
-        doctor = device.run([jetsplit, "doctor", "--broker", broker], log=logs / "doctor.log")
-        print("   " + "\n   ".join(line for line in doctor.stdout.splitlines()
-                                    if "│" in line and "check" not in line))
+        doctor = device.run([jetsplit, "doctor", "--broker", broker], log=logs / "doctor.log",
+                            env={"COLUMNS": "200"})
+        print("   " + "\n   ".join(doctor_rows(doctor.stdout)))
+    if nano is not None:
+        stock_nano(nano, stages, logs, broker)
     name, shape = MODEL
     if "profile" not in args.skip:
         with stages.stage(f"profile: jetsplit profile --model {name} on the device"):
@@ -433,11 +511,13 @@ def check_device(device: Device, stages: Stages, logs: Path, broker: str, port: 
 
     def arm_agent(agent: str, index: int, workdir: Path
                   ) -> tuple[subprocess.Popen[bytes], Path]:
+        """Agent 1 runs on the stock Nano's device where there is one."""
+        on = nano if index == 1 and nano is not None else device
         inside = f"/etc/jetsplit/{agent}.toml"
-        device.path(inside).write_text(agent_toml(agent, index, broker,
-                                                  f"/var/lib/jetsplit/{agent}"))
+        on.path(inside).write_text(agent_toml(agent, index, broker,
+                                              f"/var/lib/jetsplit/{agent}"))
         log = workdir / f"{agent}.log"
-        return device.popen([jetsplit, "agent", "run", "--config", inside], log), log
+        return on.popen([jetsplit, "agent", "run", "--config", inside], log), log
 
     def native_agent(agent: str, index: int, workdir: Path
                      ) -> tuple[subprocess.Popen[bytes], Path]:
@@ -448,7 +528,9 @@ def check_device(device: Device, stages: Stages, logs: Path, broker: str, port: 
                                 stdout=open(log, "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
                                 start_new_session=True), log
 
-    with stages.stage(f"train: 2 ARM agents, {args.algorithm}, {args.rounds} rounds"):
+    where = ("arm1 on the R32 device" if nano is not None else "both on one device")
+    with stages.stage(f"train: 2 ARM agents ({', '.join(PROFILES)}; {where}), "
+                      f"{args.algorithm}, {args.rounds} rounds"):
         arm_losses, rss = train("arm", logs, port, args.algorithm, args.rounds, arm_agent,
                                 timeout=1800)
         for agent, mb in rss.items():
