@@ -599,9 +599,9 @@ def install(opts: Options, host: Host | None = None, echo: Callable[[str], None]
             check_config_text(text, "(from the install flags)")
         except JetsplitError as exc:
             raise InstallError(str(exc)) from None
-    where = (f"Jetson {host.model or ''} {jetpack.describe(host.l4t)}" if host.l4t
-             else "not a Jetson")
-    echo(f"jetsplit agent install: {where.strip()}; torch "
+    where = (" ".join(filter(None, ("Jetson", host.model, jetpack.describe(host.l4t))))
+             if host.l4t else "not a Jetson")
+    echo(f"jetsplit agent install: {where}; torch "
          f"{host.torch or 'absent (pip will install it)'}"
          + (f"; profile {profile}" + ("" if opts.profile else " (guessed from the model)")
             if profile else ""))
