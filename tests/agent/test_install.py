@@ -397,8 +397,9 @@ def test_jetpack_4_with_a_torch_for_its_python_keeps_that_torch(
 
 def test_cpu_route_guesses_only_cpu_profiles() -> None:
     """No bundled CPU profile for a JetPack 4 Xavier NX: none rather than its GPU one."""
-    assert inst.guess_profile(NANO, cpu=True) == "jetson-nano-4gb-cpu"
-    assert inst.guess_profile("NVIDIA Jetson Xavier NX Developer Kit", cpu=True) is None
+    assert inst.guess_profile(NANO, cpu=True, source=ROOT) == "jetson-nano-4gb-cpu"
+    xavier = "NVIDIA Jetson Xavier NX Developer Kit"
+    assert inst.guess_profile(xavier, cpu=True, source=ROOT) is None
     assert inst.guess_profile(NANO) == "jetson-nano-4gb"
 
 

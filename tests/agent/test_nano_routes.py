@@ -1,5 +1,6 @@
 """The Nano's two stacks agree everywhere they are described: the field guide's device table,
-the bundled profiles and what the installer does on JetPack 4 (its CPU route)."""
+the bundled profiles and what the installer does on JetPack 4 (its CPU route).
+Torch-free: these also run under Python 3.8 and 3.9 in `.ci/run` (marker `device_pure`)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,13 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
+
 from jetsplit.edge_agent import install as inst
 from jetsplit.edge_agent import jetpack
 from jetsplit.profiles import load_profile
 
+pytestmark = pytest.mark.device_pure
 ROOT = Path(__file__).resolve().parents[2]
 NANO = "NVIDIA Jetson Nano Developer Kit"
 
@@ -41,7 +45,7 @@ def test_stock_nano_row_matches_the_installers_cpu_route() -> None:
     [profile] = _profile_names(stock[3])
     host = inst.Host(l4t=(32, 7), l4t_text=None, model=NANO, python=sys.executable,
                      python_version=jetpack.R32_PYTHON, torch=None, euid=0)
-    assert host.cpu_route and inst.guess_profile(NANO, cpu=True) == profile
+    assert host.cpu_route and inst.guess_profile(NANO, cpu=True, source=ROOT) == profile
     assert inst.constraints(host) == [jetpack.R32_TORCH, "numpy<2"]
 
 
