@@ -32,6 +32,7 @@ Needs root (chroot, mounts), Debian's qemu-user-static, binfmt-support and mmdeb
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import hashlib
 import json
@@ -565,45 +566,53 @@ def doctor_rows(text: str) -> list[str]:
     return [f"{name}: {value} [{verdict}]" for name, value, verdict in rows]
 
 
-def stock_nano(nano: Device, stages: Stages, logs: Path, broker: str) -> None:
-    """The installer's JetPack 4 route on a stand-in for a stock Nano, then its doctor."""
-    with stages.stage("r32: scripts/install-agent.sh --yes on a JetPack 4.6 stand-in"):
-        print("   stand-in: L4T R32.7.4 release file; Debian bullseye's python3.9 for Ubuntu "
-              "18.04's python3.8 (Debian has no python3.8); no torch for it (the userland's "
-              "removed)", flush=True)
-        # pip uninstall takes minutes under emulation: the files go from here instead.
-        removed = [path for pattern in ("torch", "torch-*.dist-info", "torchgen", "functorch")
-                   for path in nano.root.glob(f"usr/local/lib/python3*/dist-packages/{pattern}")]
-        if not any(path.name.startswith("torch-") for path in removed):
-            raise CheckFailed("no vendor torch to remove from the R32 device's userland")
-        for path in removed:
-            shutil.rmtree(path)
-        nano.run(["python3", "-c", "import importlib.util, sys; "
-                  "sys.exit(importlib.util.find_spec('torch') is not None)"])
-        nano.path("/etc/nv_tegra_release").write_text(L4T_R32_RELEASE)
-        nano.run(["bash", f"{CHECKOUT}/scripts/install-agent.sh", "--agent", "arm1",
-                  "--broker", broker, "--fleet", FLEET, "--profile", PROFILES[1], "--yes",
-                  "--no-enable"], cwd=CHECKOUT, log=logs / "install-r32.log")
-        text = (logs / "install-r32.log").read_text()
-        said = [line for line in text.splitlines()
-                if line.startswith(("jetsplit agent install:", "[", "this Jetson", "done;"))]
-        print("   " + "\n   ".join(said))
-        for wanted in ("(JetPack 4)", "trains on its CPU: NVIDIA ships no CUDA torch",
-                       "apt-get install python3.9-dev", "without system site-packages",
-                       "held to torch==1.13.1, numpy<2", "OPENBLAS_CORETYPE=ARMV8", "done;"):
-            if wanted not in text:
-                raise CheckFailed(f"the R32 install did not say {wanted!r} (see "
-                                  "install-r32.log)")
-        found = nano.run([f"{VENV}/bin/python", "-c",
-                          "import os, sys, torch; print(sys.version.split()[0], "
-                          "torch.__version__, torch.version.cuda, "
-                          "os.environ.get('OPENBLAS_CORETYPE'))"]).stdout.split()
-        print(f"   venv: Python, torch, torch CUDA, OPENBLAS_CORETYPE: {' '.join(found)}")
-        if found[1:] != ["1.13.1", "None", "ARMV8"]:
-            raise CheckFailed(f"the R32 venv has {found}, wanted torch 1.13.1 without CUDA "
-                              "and OPENBLAS_CORETYPE=ARMV8")
-        if "OPENBLAS_CORETYPE=ARMV8" not in nano.path("/etc/jetsplit/agent.env").read_text():
-            raise CheckFailed("/etc/jetsplit/agent.env lacks OPENBLAS_CORETYPE=ARMV8")
+R32_INSTALL = "r32: scripts/install-agent.sh --yes on a JetPack 4.6 stand-in"
+
+
+def install_stock_nano(nano: Device, logs: Path, broker: str) -> tuple[list[str], float]:
+    """The installer's JetPack 4 route on a stand-in for a stock Nano; returns what to print
+    and the seconds it took. It runs beside the JetPack 5 install (each under QEMU is one
+    busy core for most of its time), so it prints nothing itself."""
+    started = time.monotonic()
+    said = ["stand-in: L4T R32.7.4 release file; Debian bullseye's python3.9 for Ubuntu "
+            "18.04's python3.8 (Debian has no python3.8); no torch for it (the userland's "
+            "removed)"]
+    # pip uninstall takes minutes under emulation: the files go from here instead.
+    removed = [path for pattern in ("torch", "torch-*.dist-info", "torchgen", "functorch")
+               for path in nano.root.glob(f"usr/local/lib/python3*/dist-packages/{pattern}")]
+    if not any(path.name.startswith("torch-") for path in removed):
+        raise CheckFailed("no vendor torch to remove from the R32 device's userland")
+    for path in removed:
+        shutil.rmtree(path)
+    nano.run(["python3", "-c", "import importlib.util, sys; "
+              "sys.exit(importlib.util.find_spec('torch') is not None)"])
+    nano.path("/etc/nv_tegra_release").write_text(L4T_R32_RELEASE)
+    nano.run(["bash", f"{CHECKOUT}/scripts/install-agent.sh", "--agent", "arm1",
+              "--broker", broker, "--fleet", FLEET, "--profile", PROFILES[1], "--yes",
+              "--no-enable"], cwd=CHECKOUT, log=logs / "install-r32.log")
+    text = (logs / "install-r32.log").read_text()
+    said += [line for line in text.splitlines()
+             if line.startswith(("jetsplit agent install:", "[", "this Jetson", "done;"))]
+    for wanted in ("(JetPack 4)", "trains on its CPU: NVIDIA ships no CUDA torch",
+                   "apt-get install python3.9-dev", "without system site-packages",
+                   "held to torch==1.13.1, numpy<2", "OPENBLAS_CORETYPE=ARMV8", "done;"):
+        if wanted not in text:
+            raise CheckFailed(f"the R32 install did not say {wanted!r} (see install-r32.log)")
+    found = nano.run([f"{VENV}/bin/python", "-c",
+                      "import os, sys, torch; print(sys.version.split()[0], "
+                      "torch.__version__, torch.version.cuda, "
+                      "os.environ.get('OPENBLAS_CORETYPE'))"]).stdout.split()
+    said.append(f"venv: Python, torch, torch CUDA, OPENBLAS_CORETYPE: {' '.join(found)}")
+    if found[1:] != ["1.13.1", "None", "ARMV8"]:
+        raise CheckFailed(f"the R32 venv has {found}, wanted torch 1.13.1 without CUDA "
+                          "and OPENBLAS_CORETYPE=ARMV8")
+    if "OPENBLAS_CORETYPE=ARMV8" not in nano.path("/etc/jetsplit/agent.env").read_text():
+        raise CheckFailed("/etc/jetsplit/agent.env lacks OPENBLAS_CORETYPE=ARMV8")
+    return said, time.monotonic() - started
+
+
+def doctor_stock_nano(nano: Device, stages: Stages, logs: Path, broker: str) -> None:
+    """`jetsplit doctor` on the stock Nano's device: it must say why it trains on its CPU."""
     with stages.stage("r32: doctor"):
         doctor = nano.run([f"{VENV}/bin/jetsplit", "doctor", "--broker", broker],
                           log=logs / "doctor-r32.log", env={"COLUMNS": "200"})
@@ -614,10 +623,8 @@ def stock_nano(nano: Device, stages: Stages, logs: Path, broker: str) -> None:
             raise CheckFailed("the R32 doctor does not say that the device trains on its CPU")
 
 
-def check_device(device: Device, nano: Device | None, stages: Stages, logs: Path, broker: str,
-                 port: int, args: argparse.Namespace) -> list[float] | None:
-    """Every stage that runs on the emulated devices (see the module docstring); returns the
-    native run's losses (None where it was skipped)."""
+def jetpack5(device: Device, stages: Stages, logs: Path, broker: str) -> None:
+    """The installer on the JetPack 5 stand-in (the vendor torch kept), then its doctor."""
     jetsplit = f"{VENV}/bin/jetsplit"
     with stages.stage("install: scripts/install-agent.sh --no-enable"):
         device.run(["bash", f"{CHECKOUT}/scripts/install-agent.sh", "--agent", "arm0",
@@ -637,8 +644,24 @@ def check_device(device: Device, nano: Device | None, stages: Stages, logs: Path
         doctor = device.run([jetsplit, "doctor", "--broker", broker], log=logs / "doctor.log",
                             env={"COLUMNS": "200"})
         print("   " + "\n   ".join(doctor_rows(doctor.stdout)))
+
+
+def check_device(device: Device, nano: Device | None, stages: Stages, logs: Path, broker: str,
+                 port: int, args: argparse.Namespace) -> list[float] | None:
+    """Every stage that runs on the emulated devices (see the module docstring); returns the
+    native run's losses (None where it was skipped)."""
+    jetsplit = f"{VENV}/bin/jetsplit"
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        r32 = None if nano is None else pool.submit(install_stock_nano, nano, logs, broker)
+        jetpack5(device, stages, logs, broker)
+        if r32 is not None:
+            with stages.stage("r32: the rest of its install (it ran beside the one above)"):
+                said, took = r32.result()
+            print("   " + "\n   ".join(said))
+            stages.times.append((f"{R32_INSTALL} (beside the JetPack 5 install)", took))
+            print(f"   {R32_INSTALL}: {took:.1f} s", flush=True)
     if nano is not None:
-        stock_nano(nano, stages, logs, broker)
+        doctor_stock_nano(nano, stages, logs, broker)
     name, shape = MODEL
     if "profile" not in args.skip:
         with stages.stage(f"profile: jetsplit profile --model {name} on the device"):
@@ -673,8 +696,8 @@ def check_device(device: Device, nano: Device | None, stages: Stages, logs: Path
         arm_losses, rss = train("arm", logs, port, args.algorithm, args.rounds, arm_agent,
                                 timeout=1800)
         for agent, mb in rss.items():
-            print(f"   {agent} peak RSS" + (" under QEMU: " if agent != "coordinator" else ": ")
-                  + ("unknown" if mb is None else f"{mb:.0f} MB"))
+            who = "native coordinator" if agent == "coordinator" else f"{agent} under QEMU"
+            print(f"   {who} peak RSS: " + ("unknown" if mb is None else f"{mb:.0f} MB"))
     native_losses = None
     if "native" not in args.skip:
         with stages.stage("train: 2 native agents, same seed"):
