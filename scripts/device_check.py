@@ -67,7 +67,8 @@ CHECKOUT = "/home/jetson/jetsplit"  # where the user's checkout lies on the devi
 COORDINATOR_SUITE = "bookworm"
 COORDINATOR_TORCH = "torch==2.5.1"
 COORDINATOR_VENV = "/opt/coordinator"
-COORDINATOR_EXTRAS = "server,data"  # data: scikit-learn for the digits it evaluates on
+# export: onnx for the bundles it sends; data: scikit-learn for the digits it evaluates on
+COORDINATOR_EXTRAS = "server,export,data"
 VENV = "/opt/jetsplit/venv"  # edge_agent/install.py's VENV
 MODEL = ("mobilenetv3-small", "1,8,8")  # small enough for emulation, digits-shaped
 FLEET = "devcheck"
@@ -447,12 +448,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--algorithm", default="splitfed-v1")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--skip", action="append", default=[],
-                        choices=("profile", "tests", "container", "native", "r32",
-                                 "coordinator"),
+                        choices=("profile", "tests", "container", "native", "r32"),
                         help="leave out a stage (repeatable)")
     parser.add_argument("--coordinator-only", action="store_true",
-                        help="only the arm64 coordinator (bookworm, torch 2.x) with two native "
-                             "agents, beside a native coordinator at the same seed")
+                        help="instead: the arm64 coordinator (bookworm, torch 2.x) with two "
+                             "native agents, beside a native coordinator at the same seed "
+                             "(`make device-check-server`; too slow for CI's budget)")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         print("error: the device check needs root (chroot and mounts)", file=sys.stderr)
@@ -461,7 +462,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("error: no .venv/bin/jetsplit: run `make setup` first", file=sys.stderr)
         return 2
     stages = Stages()
-    logs = args.cache / "logs"
+    logs = args.cache / ("logs-coordinator" if args.coordinator_only else "logs")
     shutil.rmtree(logs, ignore_errors=True)
     logs.mkdir(parents=True)
     started = time.monotonic()
@@ -474,7 +475,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             native = None
             if not args.coordinator_only:
                 native = devices(stack, stages, logs, broker, port, args)
-            if args.coordinator_only or "coordinator" not in args.skip:
+            if args.coordinator_only:
                 arm64_coordinator(stack, stages, logs, broker, port, args, native)
     except CheckFailed as exc:
         print(f"device check FAILED: {exc}", file=sys.stderr)
@@ -529,7 +530,8 @@ def arm64_coordinator(stack: contextlib.ExitStack, stages: Stages, logs: Path, b
         coordinator = fresh_device(userland, args.cache, "work-coordinator")
         stack.enter_context(coordinator.mounted(args.cache / "pip-cache"))
         coordinator.run([f"{COORDINATOR_VENV}/bin/python", "-m", "pip", "install", "--quiet",
-                         "--no-deps", CHECKOUT], log=logs / "coordinator-install.log")
+                         f"{CHECKOUT}[{COORDINATOR_EXTRAS}]"],
+                        log=logs / "coordinator-install.log")
         found = coordinator.run([f"{COORDINATOR_VENV}/bin/python", "-c",
                                  "import sys, platform, torch, numpy; print(platform.machine(), "
                                  "sys.version.split()[0], torch.__version__, numpy.__version__)"])
