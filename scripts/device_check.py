@@ -67,6 +67,9 @@ CHECKOUT = "/home/jetson/jetsplit"  # where the user's checkout lies on the devi
 COORDINATOR_SUITE = "bookworm"
 COORDINATOR_TORCH = "torch==2.5.1"
 COORDINATOR_VENV = "/opt/coordinator"
+# QEMU's default CPU ("max", with SVE) crashed torch 2.5.1's oneDNN JIT in the coordinator
+# (segfault after the agents registered); Orin's Cortex-A78AE is an Armv8.2-A core like this.
+COORDINATOR_CPU = "neoverse-n1"
 # export: onnx for the bundles it sends; data: scikit-learn for the digits it evaluates on
 COORDINATOR_EXTRAS = "server,export,data"
 VENV = "/opt/jetsplit/venv"  # edge_agent/install.py's VENV
@@ -117,15 +120,17 @@ class Device:
     """The emulated device: a root folder entered with chroot (binfmt runs its arm64
     binaries through qemu-aarch64-static)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, qemu_cpu: str | None = None) -> None:
         self.root = root
+        self.qemu_cpu = qemu_cpu  # QEMU_CPU for its programs (None: QEMU's default)
 
     def path(self, inside: str) -> Path:
         return self.root / inside.lstrip("/")
 
     def command(self, argv: Sequence[str], cwd: str = "/", env: dict[str, str] | None = None
                 ) -> list[str]:
-        pairs = [f"{k}={v}" for k, v in device_env(env).items()]
+        extra = {"QEMU_CPU": self.qemu_cpu} if self.qemu_cpu else {}
+        pairs = [f"{k}={v}" for k, v in device_env({**extra, **(env or {})}).items()]
         return ["chroot", str(self.root), "/usr/bin/env", "-i", *pairs,
                 "/bin/sh", "-c", 'cd "$0" && exec "$@"', cwd, *argv]
 
@@ -528,6 +533,7 @@ def arm64_coordinator(stack: contextlib.ExitStack, stages: Stages, logs: Path, b
         userland = build_coordinator_userland(args.cache, logs / "coordinator-userland.log")
     with stages.stage("copy the checkout onto the coordinator's device, pip install it"):
         coordinator = fresh_device(userland, args.cache, "work-coordinator")
+        coordinator.qemu_cpu = COORDINATOR_CPU
         stack.enter_context(coordinator.mounted(args.cache / "pip-cache"))
         coordinator.run([f"{COORDINATOR_VENV}/bin/python", "-m", "pip", "install", "--quiet",
                          f"{CHECKOUT}[{COORDINATOR_EXTRAS}]"],
