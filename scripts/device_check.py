@@ -67,8 +67,8 @@ CHECKOUT = "/home/jetson/jetsplit"  # where the user's checkout lies on the devi
 COORDINATOR_SUITE = "bookworm"
 COORDINATOR_TORCH = "torch==2.5.1"
 COORDINATOR_VENV = "/opt/coordinator"
-# QEMU's default CPU ("max", with SVE) crashed torch 2.5.1's oneDNN JIT in the coordinator
-# (segfault after the agents registered); Orin's Cortex-A78AE is an Armv8.2-A core like this.
+# Orin's Cortex-A78AE is an Armv8.2-A core like this model. The emulated coordinator still
+# ends in a segfault after the agents register, under this model and QEMU's default alike.
 COORDINATOR_CPU = "neoverse-n1"
 # export: onnx for the bundles it sends; data: scikit-learn for the digits it evaluates on
 COORDINATOR_EXTRAS = "server,export,data"
