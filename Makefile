@@ -5,7 +5,8 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 TORCH_PIN := torch==2.13.0
 
-.PHONY: demo test lint vermin bench setup clean device-check fast mutation cuda-check
+.PHONY: demo test lint vermin bench setup clean device-check device-check-server fast \
+	mutation cuda-check
 
 $(VENV)/.installed: pyproject.toml
 	@# Reuse a system torch (NVIDIA's wheel on Jetson) via system site-packages; never reinstall it.
@@ -73,9 +74,16 @@ vermin: setup
 
 # The device side on its floor: an arm64 Debian bullseye userland under QEMU (Python 3.9,
 # torch 1.13.1): install, doctor, profile, 2 ARM agents training with a native coordinator,
-# the device tests. Needs root; the userland is cached outside the clone.
+# the device tests; a second copy stands in for a stock JetPack 4.6 Nano (the installer's CPU
+# route, its doctor, the CPU-Nano agent). Needs root; the userland is cached outside the clone.
 device-check: setup
 	$(PY) scripts/device_check.py
+
+# The testbed's coordinator on an arm64 Jetson (JetPack 6 runs Python 3.10 and torch 2.x): a
+# Debian bookworm arm64 userland (Python 3.11, PyPI's CPU torch 2.5.1) runs `jetsplit server
+# run` for two native agents, beside a native coordinator at the same seed. Needs root.
+device-check-server: setup
+	$(PY) scripts/device_check.py --coordinator-only
 
 # CUDA against CPU, method by method, on a machine with a GPU (skipped where torch sees none),
 # then the server step's CPU/CUDA ratio.

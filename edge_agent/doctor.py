@@ -5,18 +5,21 @@ one line each; nothing here needs a GPU to run."""
 # No `from __future__ import annotations` here: typer reads this module's signatures, and on
 # Python < 3.10 it does not evaluate string annotations (every typer.Option would be lost).
 
+import os
 import platform
 import re
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import List, Mapping, Optional, Tuple
 
 import typer
 from typing_extensions import Annotated
 
 Row = Tuple[str, str, str]  # (check, value, verdict: ok | absent | problem)
+RELEASE = Path("/etc/nv_tegra_release")
+MODEL = Path("/proc/device-tree/model")
 
 
-def jetpack_release(path: Path = Path("/etc/nv_tegra_release")) -> Optional[str]:
+def jetpack_release(path: Path = RELEASE) -> Optional[str]:
     """L4T release from the file every Jetson image carries (e.g. "R35 (release), REVISION:
     4.1" → "L4T R35.4.1"); None elsewhere."""
     try:
@@ -25,6 +28,35 @@ def jetpack_release(path: Path = Path("/etc/nv_tegra_release")) -> Optional[str]
         return None
     match = re.search(r"R(\d+)\s*\(release\),\s*REVISION:\s*([\d.]+)", text)
     return f"L4T R{match.group(1)}.{match.group(2)}" if match else text.splitlines()[0][:60]
+
+
+def _read(path: Path) -> Optional[str]:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return None
+
+
+def jetpack4_rows(release: Optional[str], model: Optional[str], cuda: bool,
+                  env: Mapping[str, str]) -> List[Row]:
+    """On JetPack 4 (L4T R32): why training runs on the CPU, and whether numpy's OpenBLAS is
+    told the core type (without it numpy dies with "illegal instruction" on the A57)."""
+    from jetsplit.edge_agent import jetpack
+
+    l4t = jetpack.parse_l4t(release)
+    if l4t is None or l4t[0] != 32:
+        return []
+    rows: List[Row] = []
+    if not cuda:
+        rows.append(("training on", jetpack.cpu_line((model or "").strip("\x00 \n")), "ok"))
+    name, value = jetpack.OPENBLAS_ENV
+    if env.get(name) == value:
+        rows.append(("OpenBLAS core", f"{name}={value}", "ok"))
+    else:
+        rows.append(("OpenBLAS core", f"{name} is {env.get(name, 'unset')}: numpy dies with "
+                     f"'illegal instruction' on the Cortex-A57; set {name}={value} (the "
+                     "installer puts it in /etc/jetsplit/agent.env and the venv)", "problem"))
+    return rows
 
 
 def checks(broker: Optional[str] = None, wait_s: float = 5.0) -> List[Row]:
@@ -44,6 +76,7 @@ def checks(broker: Optional[str] = None, wait_s: float = 5.0) -> List[Row]:
     cuda = found["cuda"]
     rows.append(("torch CUDA", f"{cuda} on {found['gpu']}" if cuda else
                  "no CUDA device visible to torch", "ok" if cuda else "absent"))
+    rows += jetpack4_rows(_read(RELEASE), _read(MODEL), bool(cuda), os.environ)
     trt = found["tensorrt"]
     rows.append(("TensorRT", str(trt) if trt else "not installed", "ok" if trt else "absent"))
     ort = found["onnxruntime"]

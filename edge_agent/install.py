@@ -10,7 +10,10 @@ On a Jetson the venv is made with `--system-site-packages` so NVIDIA's torch whe
 CUDA torch for aarch64) is reused, and pip is held to that torch by a constraint: it can
 never replace it with a CPU wheel from PyPI; numpy is held to what that torch was built
 against, and an onnxruntime-gpu already there is kept (CPU onnxruntime only where none is).
-Which Python and wheel folder each JetPack needs lives in edge_agent/jetpack.py.
+On JetPack 4 (L4T R32) with no torch for the agent's Python, the CPU route: Ubuntu's python3.8
+from apt (asked first, or --yes), an isolated venv from it and PyPI's CPU-only torch 1.13.1,
+with OPENBLAS_CORETYPE=ARMV8 for numpy on the Nano's Cortex-A57. Which Python and wheel
+folder each JetPack needs lives in edge_agent/jetpack.py.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Set, Tuple
+from typing import Any, List, Optional, Set, Tuple
 
 from jetsplit.compat import removeprefix, removesuffix
 from jetsplit.edge_agent import jetpack
@@ -78,6 +81,7 @@ class Options:
     # code a `module:factory` model source imports; bundles carry only its sha256
     model_packages: Tuple[str, ...] = ()
     kit: Optional[Path] = None  # a `jetsplit provision` startup kit for this device
+    yes: bool = False  # run apt-get without asking
 
 
 @dataclass
@@ -95,10 +99,20 @@ class Host:
     user_exists: bool = False
     numpy: Optional[str] = None  # numpy version that interpreter sees
     onnxruntime: Optional[str] = None  # "onnxruntime-gpu 1.17.0" (or CPU onnxruntime), if any
+    apt_missing: List[str] = field(default_factory=list)  # on R32: Ubuntu packages to install
 
     @property
     def jetson(self) -> bool:
         return self.l4t is not None
+
+    @property
+    def cpu_route(self) -> bool:
+        """JetPack 4 without a torch for this Python: PyPI's CPU-only torch 1.13.1."""
+        return jetpack.cpu_route(self.l4t, self.torch)
+
+    @property
+    def r32(self) -> bool:
+        return self.l4t is not None and self.l4t[0] == 32
 
 
 @dataclass
@@ -110,10 +124,7 @@ class Step:
 def detect_host(root: Path) -> Host:
     """Probe the machine (under `root` for the files a fake root can stand in for)."""
     release = _read(root / "etc/nv_tegra_release")
-    l4t = None
-    if release:
-        match = re.search(r"R(\d+)\s*\(release\),\s*REVISION:\s*(\d+)", release)
-        l4t = (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+    l4t = jetpack.parse_l4t(release) if release else None
     model = _read(root / "proc/device-tree/model")
     python = getattr(sys, "_base_executable", None) or sys.executable
     probe = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=60)
@@ -135,11 +146,26 @@ def detect_host(root: Path) -> Host:
         user_exists = True
     except KeyError:
         user_exists = False
+    missing = (apt_missing(jetpack.apt_packages((major, minor)))
+               if l4t is not None and l4t[0] == 32 else [])
     return Host(l4t=l4t, l4t_text=release.splitlines()[0].lstrip("# ")[:80] if release else None,
                 model=model.strip("\x00 \n") if model else None, python=python,
                 python_version=(major, minor), torch=found.get("torch") or None,
                 euid=os.geteuid(), groups=groups, user_exists=user_exists,
-                numpy=found.get("numpy") or None, onnxruntime=ort)
+                numpy=found.get("numpy") or None, onnxruntime=ort, apt_missing=missing)
+
+
+def apt_missing(packages: List[str]) -> List[str]:
+    """Those of ``packages`` dpkg does not list as installed ([] where there is no dpkg)."""
+    if shutil.which("dpkg-query") is None:
+        return []
+    missing = []
+    for name in packages:
+        done = subprocess.run(["dpkg-query", "-W", "-f=${Status}", name], capture_output=True,
+                              text=True, timeout=60)
+        if done.returncode != 0 or not done.stdout.strip().endswith(" installed"):
+            missing.append(name)
+    return missing
 
 
 # Runs in the interpreter the venv is made from, which may be too old for this module (a
@@ -172,9 +198,9 @@ def preflight(opts: Options, host: Host) -> str | None:
     problem = jetpack.python_problem(host.l4t, host.python_version, host.torch)
     if opts.venv and problem:
         raise InstallError(f"{host.python}: {problem}")
-    if opts.venv and host.l4t is not None and host.torch is None:
+    if opts.venv and host.l4t is not None and host.torch is None and not host.cpu_route:
         raise InstallError(jetpack.torch_hint(host.l4t, host.python, host.python_version))
-    profile = opts.profile or guess_profile(host.model)
+    profile = opts.profile or guess_profile(host.model, cpu=host.cpu_route, source=opts.source)
     if profile and "/" not in profile and not (opts.source / "profiles" /
                                                f"{removesuffix(profile, '.toml')}.toml").is_file():
         known = ", ".join(sorted(p.stem for p in (opts.source / "profiles").glob("*.toml")))
@@ -183,9 +209,17 @@ def preflight(opts: Options, host: Host) -> str | None:
     return removesuffix(profile, ".toml") if profile and "/" not in profile else profile
 
 
-def guess_profile(model: str | None) -> str | None:
+def guess_profile(model: str | None, *, cpu: bool = False, source: Path | None = None
+                  ) -> str | None:
+    """The bundled profile of this module; on the CPU route its CPU-training profile
+    (``<name>-cpu``), or none where there is no such file (a GPU profile would promise the
+    planner a GPU the agent cannot use)."""
     text = (model or "").lower()
-    return next((name for key, name in MODEL_PROFILES if key in text), None)
+    name = next((name for key, name in MODEL_PROFILES if key in text), None)
+    if name is None or not cpu:
+        return name
+    profiles = (source or Options.source) / "profiles"
+    return f"{name}-cpu" if (profiles / f"{name}-cpu.toml").is_file() else None
 
 
 # --------------------------------------------------------------------------------- rendering
@@ -220,14 +254,19 @@ def render_agent_toml(template: str, opts: Options, profile: str | None, root: P
     return "\n".join(out) + "\n", commented
 
 
-def render_env(template: str, existing: str | None) -> str:
+def render_env(template: str, existing: str | None, openblas: bool = False) -> str:
     """agent.env: an existing file is kept as it is (it may hold the fleet key); only the
-    profiles directory is added where missing."""
+    profiles directory (and on JetPack 4 the OpenBLAS core type) is added where missing."""
     text = existing if existing is not None else template
     if not re.search(rf"^\s*{PROFILES_ENV}=", text, re.MULTILINE):
         text = text.rstrip("\n") + ("\n" if text.strip() else "") + \
             f"# Where bare profile names (profile = \"jetson-nano-4gb\") are looked up:\n" \
             f"{PROFILES_ENV}={PROFILES_DIR}\n"
+    name, value = jetpack.OPENBLAS_ENV
+    if openblas and not re.search(rf"^\s*{name}=", text, re.MULTILINE):
+        text = text.rstrip("\n") + "\n" + \
+            "# numpy's OpenBLAS dies with 'illegal instruction' on the Cortex-A57 without it:\n" \
+            f"{name}={value}\n"
     return text
 
 
@@ -267,15 +306,34 @@ def plan(opts: Options, host: Host, profile: str | None) -> list[Step]:
         commented = [c for c in commented if c not in REPLACED]
     venv_python = at(VENV) / "bin/python"
 
+    cpu = host.cpu_route
+    if opts.venv and host.apt_missing and not fake_root:
+        packages = list(host.apt_missing)
+        steps.append(Step(f"apt-get install {' '.join(packages)} (Ubuntu's own packages: the "
+                          "agent needs Python >= 3.8; asks first unless --yes)",
+                          lambda: _apt_install(packages, opts.yes)))
     if opts.venv:
         if venv_python.exists():
-            steps.append(Step(f"reuse the venv {at(VENV)}", lambda: _check_venv(at(VENV))))
+            steps.append(Step(f"reuse the venv {at(VENV)}",
+                              lambda: _check_venv(at(VENV), isolated=cpu)))
+        elif cpu:
+            # Ubuntu's /usr/lib/python3/dist-packages holds Python 3.6 builds (numpy among
+            # them) that pip would take as installed; NVIDIA ships nothing there for 3.8.
+            steps.append(Step(
+                f"create the venv {at(VENV)} from {host.python} without system site-packages "
+                "(the system's are built for Python 3.6)",
+                lambda: _run([host.python, "-m", "venv", str(at(VENV))])))
         else:
             steps.append(Step(
                 f"create the venv {at(VENV)} with --system-site-packages from {host.python}"
                 + (f" (reuses NVIDIA's torch {host.torch})" if host.torch else ""),
                 lambda: _run([host.python, "-m", "venv", "--system-site-packages",
                               str(at(VENV))])))
+        if host.r32:
+            name, value = jetpack.OPENBLAS_ENV
+            steps.append(Step(f"set {name}={value} for every run of the venv's Python "
+                              f"({OPENBLAS_PTH}: numpy dies with 'illegal instruction' on the "
+                              "Cortex-A57 without it)", lambda: _write_openblas_pth(venv_python)))
         # Distro pips (Debian's 20.3, Ubuntu 20.04's 20.0) build a PEP 517 project as
         # UNKNOWN 0.0.0 inside a --system-site-packages venv: upgrade pip there first (pip
         # picks the newest release that still supports the venv's Python).
@@ -284,6 +342,8 @@ def plan(opts: Options, host: Host, profile: str | None) -> list[Step]:
         extras = "agent,jetson" if opts.jetson_extra else "agent"
         pins = constraints(host)
         held = f", held to {', '.join(pins)}" if pins else ""
+        if cpu:
+            held += " (PyPI's CPU-only torch for aarch64: no CUDA)"
         steps.append(Step(f"pip install {opts.source}[{extras}] into the venv{held}",
                           lambda: _pip_install(venv_python, [f"{opts.source}[{extras}]"],
                                                pins)))
@@ -326,11 +386,13 @@ def plan(opts: Options, host: Host, profile: str | None) -> list[Step]:
             f"; commented out until their files exist: {', '.join(commented)}"
             if commented else "")))
     existing_env = _read(at(ENV_FILE))
-    env_text = render_env((opts.source / "systemd/agent.env").read_text(), existing_env)
+    env_text = render_env((opts.source / "systemd/agent.env").read_text(), existing_env,
+                          openblas=host.r32)
     verb = ("write" if existing_env is None else
-            "keep" if existing_env == env_text else "add a line to")
+            "keep" if existing_env == env_text else "add lines to")
+    extra = "; {}={}".format(*jetpack.OPENBLAS_ENV) if host.r32 else ""
     steps.append(Step(
-        f"{verb} {at(ENV_FILE)} ({PROFILES_ENV}={PROFILES_DIR}; mode 0640)",
+        f"{verb} {at(ENV_FILE)} ({PROFILES_ENV}={PROFILES_DIR}{extra}; mode 0640)",
         lambda: _write(at(ENV_FILE), env_text, owner, backup=False)))
     if opts.venv or venv_python.exists():
         steps.append(Step(f"check {at(CONFIG)} loads with the venv's jetsplit",
@@ -350,18 +412,55 @@ def plan(opts: Options, host: Host, profile: str | None) -> list[Step]:
     return steps
 
 
-def _check_venv(venv: Path) -> str:
+def _check_venv(venv: Path, isolated: bool = False) -> str:
+    """An existing venv must see the system's site-packages (NVIDIA's torch), or on the CPU
+    route must not (they hold Python 3.6 builds)."""
     cfg = _read(venv / "pyvenv.cfg") or ""
-    if re.search(r"include-system-site-packages\s*=\s*false", cfg):
+    if not isolated and re.search(r"include-system-site-packages\s*=\s*false", cfg):
         raise InstallError(f"{venv} was made without --system-site-packages, so NVIDIA's "
                            "torch is invisible to it: remove it and re-run")
+    if isolated and re.search(r"include-system-site-packages\s*=\s*true", cfg):
+        raise InstallError(f"{venv} was made with --system-site-packages, which on JetPack 4 "
+                           "shows it Python 3.6 builds: remove it and re-run")
     return "kept"
 
 
 def constraints(host: Host) -> list[str]:
     """What pip may not change: NVIDIA's CUDA torch (never swapped for a PyPI CPU wheel) and
-    the numpy that torch was built against."""
-    return jetpack.pins(host.torch, host.numpy)
+    the numpy that torch was built against; on the CPU route PyPI's torch 1.13.1."""
+    return jetpack.cpu_pins() if host.cpu_route else jetpack.pins(host.torch, host.numpy)
+
+
+OPENBLAS_PTH = "jetsplit-openblas.pth"
+
+
+def _write_openblas_pth(python: Path) -> str:
+    """A .pth line in the venv's site-packages sets the variable before numpy loads, for the
+    service and for doctor or profile run by hand alike."""
+    venv = python.parent.parent
+    sites = sorted(venv.glob("lib/python3*/site-packages"))
+    if not sites:
+        raise InstallError(f"{venv}: no lib/python3.*/site-packages in the venv")
+    site = sites[-1]
+    name, value = jetpack.OPENBLAS_ENV
+    return _write(site / OPENBLAS_PTH, f"import os; os.environ.setdefault({name!r}, "
+                  f"{value!r})\n", None, backup=False, mode=0o644)
+
+
+def _apt_install(packages: list[str], yes: bool) -> str:
+    """apt-get update + install, after asking (or with --yes)."""
+    command = ["apt-get", "install", "-y", *packages]
+    if not yes:
+        if not sys.stdin.isatty():
+            raise InstallError(f"`{' '.join(command)}` needs your consent: re-run with --yes, "
+                               "or install them first")
+        answer = input(f"run apt-get update and `{' '.join(command)}`? [y/N] ")
+        if not answer.strip().lower().startswith("y"):
+            raise InstallError(f"not installing {' '.join(packages)}: nothing was changed; "
+                               "re-run with --yes, or install them first")
+    _run(["apt-get", "update"])
+    _run(command)
+    return "installed"
 
 
 def _pip_install(python: Path, requirements: list[str], pins: list[str]) -> str:
@@ -507,12 +606,14 @@ def install(opts: Options, host: Host | None = None, echo: Callable[[str], None]
             check_config_text(text, "(from the install flags)")
         except JetsplitError as exc:
             raise InstallError(str(exc)) from None
-    where = (f"Jetson {host.model or ''} {jetpack.describe(host.l4t)}" if host.l4t
-             else "not a Jetson")
-    echo(f"jetsplit agent install: {where.strip()}; torch "
+    where = (" ".join(filter(None, ("Jetson", host.model, jetpack.describe(host.l4t))))
+             if host.l4t else "not a Jetson")
+    echo(f"jetsplit agent install: {where}; torch "
          f"{host.torch or 'absent (pip will install it)'}"
          + (f"; profile {profile}" + ("" if opts.profile else " (guessed from the model)")
             if profile else ""))
+    if host.cpu_route:
+        echo(jetpack.cpu_line(host.model))
     steps = plan(opts, host, profile)
     for number, step in enumerate(steps, 1):
         prefix = f"[{number}/{len(steps)}]"
@@ -571,6 +672,8 @@ def build_parser() -> argparse.ArgumentParser:
                         default=[], metavar="REQUIREMENT",
                         help="also pip install this model package (repeatable): the code of a "
                         "module:factory model source")
+    parser.add_argument("--yes", "-y", action="store_true",
+                        help="run apt-get (JetPack 4: Ubuntu's python3.8) without asking")
     return parser
 
 

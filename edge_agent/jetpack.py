@@ -3,8 +3,9 @@ what pip must leave alone (NVIDIA's torch, onnxruntime-gpu, the numpy torch was 
 
 Standard library only: the installer runs this from a checkout before anything is installed.
 The agent needs Python >= 3.8 and torch >= 1.13: JetPack 5 (Python 3.8) and JetPack 6
-(Python 3.10) qualify; JetPack 4 (the Nano's last release: Ubuntu 18.04, Python 3.6) does
-not, so a Nano needs an Ubuntu 20.04 image with Python 3.8 and a torch 1.13 built for it.
+(Python 3.10) qualify as they are. JetPack 4 (the Nano's last release: Ubuntu 18.04, Python
+3.6) takes the CPU route: Ubuntu's own python3.8 from apt and PyPI's torch 1.13.1 for it,
+which has no CUDA (NVIDIA's CUDA wheels for JetPack 4 stop at torch 1.10 for Python 3.6).
 """
 
 from __future__ import annotations
@@ -47,9 +48,28 @@ TORCH_WHEELS: Dict[Tuple[int, int], str] = {
     (34, 1): f"{_REDIST}/v50/pytorch/",
 }
 
-NANO_LINE = ("JetPack 4 (Jetson Nano: Ubuntu 18.04, Python 3.6) cannot run the agent, which "
-             "needs Python >= 3.8 and torch >= 1.13: put an Ubuntu 20.04 image with Python 3.8 "
-             "and a torch 1.13 built for it on the Nano, then re-run with PYTHON=python3.8")
+# The CPU route on JetPack 4 (L4T R32): Ubuntu 18.04's universe carries python3.8 for arm64,
+# PyPI carries torch 1.13.1 for cp38 aarch64 (CPU only): the torch the device floor is tested
+# with. Unpinned, pip picks 2.1.0 (the newest wheel that fits 18.04's glibc 2.27), which the
+# floor is not tested on. scripts/install-agent.sh names the same Python (a test holds them
+# equal).
+R32_PYTHON = (3, 8)
+R32_TORCH = "torch==1.13.1"
+# numpy's OpenBLAS misdetects the Nano's Cortex-A57 and dies with "illegal instruction"
+# unless told the core type (jetson-inference #1023).
+OPENBLAS_ENV = ("OPENBLAS_CORETYPE", "ARMV8")
+NANO_LINE = ("JetPack 4 (L4T R32: Ubuntu 18.04, Python 3.6) needs Ubuntu's python3.8 for the "
+             "agent: re-run scripts/install-agent.sh, which installs it with apt (asking "
+             "first, or --yes), or set PYTHON=python3.8")
+
+
+def parse_l4t(text: Optional[str]) -> Optional[Tuple[int, int]]:
+    """(major, minor) from /etc/nv_tegra_release ("# R32 (release), REVISION: 7.4, ...");
+    None where there is no file, (0, 0) where it does not parse (still a Jetson)."""
+    if text is None:
+        return None
+    match = re.search(r"R(\d+)\s*\(release\),\s*REVISION:\s*(\d+)", text)
+    return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
 
 
 def release(l4t: Optional[Tuple[int, int]]) -> Optional[JetPack]:
@@ -94,6 +114,35 @@ def pins(torch: Optional[str], numpy: Optional[str]) -> List[str]:
     return held + ([pin] if pin else [])
 
 
+def cpu_route(l4t: Optional[Tuple[int, int]], torch: Optional[str]) -> bool:
+    """JetPack 4 with no torch for the agent's Python: PyPI's CPU-only torch 1.13.1 (a torch
+    already there, such as one the user built with CUDA, is kept instead)."""
+    return l4t is not None and l4t[0] == 32 and torch is None
+
+
+def cpu_pins() -> List[str]:
+    """pip constraints on the CPU route: torch 1.13.1 was built against numpy 1.x."""
+    return [R32_TORCH, "numpy<2"]
+
+
+def apt_packages(python: Tuple[int, int]) -> List[str]:
+    """Ubuntu's packages for an interpreter, the venv module and its headers (the few sdists
+    left build against them)."""
+    name = f"python{python[0]}.{python[1]}"
+    return [name, f"{name}-venv", f"{name}-dev"]
+
+
+def cpu_line(model: Optional[str] = None) -> str:
+    """Why a JetPack 4 device trains on its CPU, and what to do if it has a CUDA torch: the
+    installer prints it, `jetsplit doctor` shows it."""
+    device = "this Jetson Nano" if "nano" in (model or "").lower() else "this Jetson"
+    return (f"{device} trains on its CPU: NVIDIA ships no CUDA torch for Python >= 3.8 on "
+            "JetPack 4 (its wheels stop at torch 1.10 for Python 3.6), so the agent uses "
+            f"PyPI's CPU-only {R32_TORCH}; for GPU training put a CUDA torch built for "
+            "Python 3.8 into python3.8 before installing (it is kept), or flash an Ubuntu "
+            "20.04 image (docs/field-guide.md)")
+
+
 def installed(name: str) -> Optional[str]:
     """Version of a distribution this interpreter sees, None where absent."""
     from importlib import metadata
@@ -129,8 +178,9 @@ def torch_hint(l4t: Tuple[int, int], python_path: str, python: Tuple[int, int]) 
     where = describe(l4t)
     if found is not None and found.name == "JetPack 4":
         return (f"torch is missing on this Jetson ({where}): NVIDIA has no torch >= 1.13 for "
-                f"JetPack 4; install a torch 1.13 built for Python {python[0]}.{python[1]} "
-                f"into {python_path} first, then re-run")
+                f"JetPack 4; the installer's CPU route puts PyPI's {R32_TORCH} into its "
+                f"venv, or install a torch 1.13 built for Python {python[0]}.{python[1]} "
+                f"into {python_path} first")
     if found is not None and python != found.python:
         want = f"{found.python[0]}.{found.python[1]}"
         return (f"torch is missing on this Jetson ({where}): NVIDIA's wheels for "

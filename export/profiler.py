@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, Any, List, Optional
 
 from jetsplit.errors import JetsplitError
 from jetsplit.export.cost_model import ModelCosts, get_costs
@@ -258,9 +258,32 @@ def profile_name(out: Path | None, base: DeviceProfile | None, model: str) -> st
     return f"{base.name if base else host}-{model}-measured"
 
 
+def cpu_sections(data: dict[str, Any], achieved: float) -> str:
+    """Turn a GPU profile's dump into the CPU's that was measured: a Jetson whose torch has
+    no CUDA (a stock JetPack 4 Nano) trains on its CPU, and a profile keeping the GPU's
+    cores and peaks would tell the planner otherwise. Returns a note saying so."""
+    was = data["device"]["name"]
+    data["device"]["kind"] = "cpu"
+    data["device"].pop("gpu", None)
+    data["device"]["source"] += ("; compute measured on the CPU by jetsplit profile (torch "
+                                 "has no CUDA here): sgemm peak, achieved GFLOPS")
+    compute = data["compute"]
+    for key in ("cuda_cores", "gpu_clock_mhz", "peak_fp16_gflops"):
+        compute.pop(key, None)
+    peak = max(host_sgemm_gflops(), achieved)
+    compute["peak_fp32_gflops"] = round(peak, 2)
+    compute["efficiency"] = round(min(1.0, max(0.001, achieved / peak)), 4)
+    compute["cpu_cores"] = os.cpu_count() or 1
+    data.setdefault("software", {})["python"] = platform.python_version()
+    return (f"measured on the CPU (torch has no CUDA here): the GPU fields of {was} were "
+            "replaced by the CPU's (kind cpu, sgemm peak)")
+
+
 def build_measured_profile(name: str, costs: ModelCosts, layers: list[LayerMeasurement],
-                           batch: int, base: DeviceProfile | None) -> DeviceProfile:
-    """A profile with a [measured] section; device fields from ``base`` or this host."""
+                           batch: int, base: DeviceProfile | None, on_cpu: bool = False,
+                           notes: list[str] | None = None) -> DeviceProfile:
+    """A profile with a [measured] section; device fields from ``base`` or this host (the
+    CPU's compute fields where ``on_cpu`` and ``base`` describes a GPU)."""
     achieved = achieved_gflops(costs, layers, batch)
     if achieved <= 0:
         raise JetsplitError("measured times are zero: cannot compute achieved GFLOPS")
@@ -268,6 +291,10 @@ def build_measured_profile(name: str, costs: ModelCosts, layers: list[LayerMeasu
         data = base.model_dump(mode="python", exclude_none=True)
         data.pop("measured", None)
         data["device"]["name"] = name
+        if on_cpu and base.device.kind != "cpu":
+            note = cpu_sections(data, achieved)
+            if notes is not None:
+                notes.append(note)
     else:
         data = _host_sections(name, achieved)
     data["measured"] = {
@@ -304,6 +331,7 @@ def profile_machine(model_name: str, input_shape: tuple[int, int, int], num_clas
     else:
         notes.append("ONNX Runtime timing skipped (--no-ort)")
     name = profile_name(out, base, model_name)
-    profile = build_measured_profile(name, costs, layers, batch, base)
+    on_cpu = pick_device(device).type == "cpu"
+    profile = build_measured_profile(name, costs, layers, batch, base, on_cpu, notes)
     assert profile.measured is not None
     return ProfileRun(profile, layers, profile.measured.achieved_gflops, peak_rss_mb(), notes)

@@ -8,10 +8,16 @@ machine can hold. In it, from a copy of this checkout:
 
   install   scripts/install-agent.sh (non-editable, --no-enable), as root, like on a Jetson
   doctor    jetsplit doctor against the check's own Mosquitto
+  r32       a second device standing in for a stock JetPack 4.6 Nano (an L4T R32.7
+            release file, no torch for its python3; Debian's python3.9 stands in for
+            Ubuntu 18.04's python3.8, which Debian does not carry): the installer's CPU
+            route with --yes (apt-get, isolated venv, PyPI's torch 1.13.1, OpenBLAS core
+            type), and its doctor
   profile   jetsplit profile on a small model; the host's `jetsplit export plan` takes it
   train     two ARM agents (`jetsplit agent run --config`) and a native coordinator
-            (`jetsplit server run`) over a real Mosquitto; then the same run with two
-            native agents at the same seed, losses side by side
+            (`jetsplit server run`) over a real Mosquitto, the second one on the R32 device
+            with the CPU-Nano profile (jetson-nano-4gb-cpu); then the same run with two
+            native agents (the same profiles) at the same seed, losses side by side
   tests     the device-side tests that need torch (marker device_torch) and the torch-free
             ones (device_pure), on torch 1.13.1 inside the userland
   container Dockerfile.jetson's install script, as far as it runs without Docker
@@ -26,7 +32,9 @@ Needs root (chroot, mounts), Debian's qemu-user-static, binfmt-support and mmdeb
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -41,12 +49,29 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 HOST_JETSPLIT = REPO / ".venv" / "bin" / "jetsplit"
 SUITE = "bullseye"  # glibc 2.31 as JetPack 5's Ubuntu 20.04; Python 3.9.2
+# apt: the installer's JetPack 4 route installs Ubuntu's python3.8 packages with it.
 DEBIAN_PACKAGES = ("python3", "python3-venv", "python3-pip", "ca-certificates", "procps",
-                   "passwd")
+                   "passwd", "apt")
 VENDOR_TORCH = ("torch==1.13.1", "numpy<2")  # JetPack 5's floor; PyPI's aarch64 CPU wheel
 L4T_RELEASE = "# R35 (release), REVISION: 4.1, GCID: 33958178, BOARD: t186ref, EABI: aarch64\n"
-USERLAND_FORMAT = "1"  # bump when the recipe above changes: the cache is rebuilt
+# A stock Nano's JetPack 4.6.4 (its last release).
+L4T_R32_RELEASE = ("# R32 (release), REVISION: 7.4, GCID: 33514132, BOARD: t210ref, "
+                   "EABI: aarch64, DATE: Fri Jun  9 04:25:08 UTC 2023\n")
+PROFILES = ("jetson-nano-4gb", "jetson-nano-4gb-cpu")  # agent 0's and agent 1's
+USERLAND_FORMAT = "2"  # bump when the recipe above changes: the cache is rebuilt
 CHECKOUT = "/home/jetson/jetsplit"  # where the user's checkout lies on the device
+# The testbed's other layout: the coordinator on an arm64 Jetson (JetPack 6: Python 3.10 and
+# NVIDIA's torch 2.x). Debian has no arm64 Python 3.10: bookworm's 3.11 is the nearest, with
+# PyPI's torch 2.5.1 (CPU only; JetPack 6.1's NVIDIA torch is 2.5.0, and PyPI's newer aarch64
+# torch wheels are CUDA builds that pull gigabytes of CUDA libraries).
+COORDINATOR_SUITE = "bookworm"
+COORDINATOR_TORCH = "torch==2.5.1"
+COORDINATOR_VENV = "/opt/coordinator"
+# Orin's Cortex-A78AE is an Armv8.2-A core like this model. The emulated coordinator still
+# ends in a segfault after the agents register, under this model and QEMU's default alike.
+COORDINATOR_CPU = "neoverse-n1"
+# export: onnx for the bundles it sends; data: scikit-learn for the digits it evaluates on
+COORDINATOR_EXTRAS = "server,export,data"
 VENV = "/opt/jetsplit/venv"  # edge_agent/install.py's VENV
 MODEL = ("mobilenetv3-small", "1,8,8")  # small enough for emulation, digits-shaped
 FLEET = "devcheck"
@@ -95,15 +120,17 @@ class Device:
     """The emulated device: a root folder entered with chroot (binfmt runs its arm64
     binaries through qemu-aarch64-static)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, qemu_cpu: str | None = None) -> None:
         self.root = root
+        self.qemu_cpu = qemu_cpu  # QEMU_CPU for its programs (None: QEMU's default)
 
     def path(self, inside: str) -> Path:
         return self.root / inside.lstrip("/")
 
     def command(self, argv: Sequence[str], cwd: str = "/", env: dict[str, str] | None = None
                 ) -> list[str]:
-        pairs = [f"{k}={v}" for k, v in device_env(env).items()]
+        extra = {"QEMU_CPU": self.qemu_cpu} if self.qemu_cpu else {}
+        pairs = [f"{k}={v}" for k, v in device_env({**extra, **(env or {})}).items()]
         return ["chroot", str(self.root), "/usr/bin/env", "-i", *pairs,
                 "/bin/sh", "-c", 'cd "$0" && exec "$@"', cwd, *argv]
 
@@ -185,8 +212,9 @@ def build_userland(cache: Path, log: Path) -> Path:
     if (ready / ".jetsplit-ready").is_file():
         print(f"   reusing {ready}")
         return ready
+    for old in cache.glob(f"{SUITE}-arm64-*"):
+        shutil.rmtree(old, ignore_errors=True)  # an older recipe's (or a half-built one)
     tmp = ready.with_name(ready.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
     cache.mkdir(parents=True, exist_ok=True)
     print(f"   building {ready} (once; mmdebstrap + pip under emulation)", flush=True)
     run(["mmdebstrap", "--variant=essential", "--architectures=arm64",
@@ -202,23 +230,62 @@ def build_userland(cache: Path, log: Path) -> Path:
     return ready
 
 
-def fresh_device(userland: Path, cache: Path) -> Device:
+def build_coordinator_userland(cache: Path, log: Path) -> Path:
+    """The cached bookworm arm64 userland with a venv holding torch and the coordinator's
+    dependencies (those of this pyproject.toml: a change to it builds a new one)."""
+    digest = hashlib.sha256((REPO / "pyproject.toml").read_bytes()).hexdigest()[:12]
+    ready = cache / (f"{COORDINATOR_SUITE}-arm64-{COORDINATOR_TORCH.replace('==', '')}-"
+                     f"{digest}-v{USERLAND_FORMAT}")
+    if (ready / ".jetsplit-ready").is_file():
+        print(f"   reusing {ready}")
+        return ready
+    for old in cache.glob(f"{COORDINATOR_SUITE}-arm64-*"):
+        shutil.rmtree(old, ignore_errors=True)  # an older pyproject's: gigabytes each
+    tmp = ready.with_name(ready.name + ".tmp")
+    cache.mkdir(parents=True, exist_ok=True)
+    print(f"   building {ready} (once; mmdebstrap + pip under emulation)", flush=True)
+    run(["mmdebstrap", "--variant=essential", "--architectures=arm64",
+         f"--include={','.join(DEBIAN_PACKAGES)}", COORDINATOR_SUITE, str(tmp),
+         "http://deb.debian.org/debian"], log=log)
+    device = Device(tmp)
+    shutil.copyfile(host_ca_bundle(), device.path("/etc/ssl/certs/host-ca-bundle.crt"))
+    copy_checkout(device, "/tmp/jetsplit-deps")
+    with device.mounted(cache / "pip-cache"):
+        device.run(["python3", "-m", "venv", COORDINATOR_VENV], log=log)
+        pip = [f"{COORDINATOR_VENV}/bin/python", "-m", "pip"]
+        device.run([*pip, "install", "--upgrade", "pip"], log=log)
+        device.run([*pip, "install", COORDINATOR_TORCH,
+                    f"/tmp/jetsplit-deps[{COORDINATOR_EXTRAS}]"], log=log)
+        device.run([*pip, "uninstall", "-y", "jetsplit"], log=log)
+    shutil.rmtree(device.path("/tmp/jetsplit-deps"))
+    (tmp / ".jetsplit-ready").write_text(USERLAND_FORMAT + "\n")
+    tmp.rename(ready)
+    return ready
+
+
+def copy_checkout(device: Device, inside: str = CHECKOUT) -> None:
+    """This checkout's tracked and untracked, not ignored, files (what a `git clone` plus
+    local edits would hold) to ``inside`` on the device."""
+    files = run(["git", "-C", str(REPO), "ls-files", "-co", "--exclude-standard", "-z"]).stdout
+    target = device.path(inside)
+    for name in filter(None, files.split("\0")):
+        source = REPO / name
+        if source.is_file():
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target / name)
+
+
+def fresh_device(userland: Path, cache: Path, name: str = "work") -> Device:
     """A throwaway copy of the userland with this checkout at CHECKOUT (tracked and
     untracked, not ignored, files: what a `git clone` plus local edits would hold)."""
-    work = cache / "work"
+    work = cache / name
     if work.exists():
         subprocess.run(["umount", "-R", "-l", str(work)], capture_output=True, check=False)
         shutil.rmtree(work)
     run(["cp", "-a", "--reflink=auto", str(userland), str(work)])
     device = Device(work)
     shutil.copyfile(host_ca_bundle(), device.path("/etc/ssl/certs/host-ca-bundle.crt"))
-    files = run(["git", "-C", str(REPO), "ls-files", "-co", "--exclude-standard", "-z"]).stdout
-    target = device.path(CHECKOUT)
-    for name in filter(None, files.split("\0")):
-        source = REPO / name
-        if source.is_file():
-            (target / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, target / name)
+    copy_checkout(device)
     return device
 
 
@@ -255,10 +322,11 @@ def mosquitto(workdir: Path) -> Iterator[int]:
 
 def agent_toml(agent: str, index: int, broker: str, state_dir: str) -> str:
     """An agent config as the README's fleet example writes it: a shard of UCI digits (the
-    fleet is named after the run's label: each run on the broker is its own fleet)."""
+    fleet is named after the run's label: each run on the broker is its own fleet) and the
+    profile PROFILES gives its index."""
     fleet = f"{FLEET}-{agent.rstrip('0123456789')}"
     return (f'fleet = "{fleet}"\nagent = "{agent}"\nstate_dir = "{state_dir}"\nthreads = 1\n'
-            f'seed = {index}\n[mqtt]\nbroker = "{broker}"\n'
+            f'seed = {index}\nprofile = "{PROFILES[index]}"\n[mqtt]\nbroker = "{broker}"\n'
             f'[data]\ndataset = "digits"\npartition = "iid"\nclients = 2\nindex = {index}\n')
 
 
@@ -298,22 +366,50 @@ def agent_pid(launcher: subprocess.Popen[bytes]) -> int:
     return launcher.pid
 
 
+def run_peak(command: Sequence[str], log: Path, timeout: float) -> tuple[int, float]:
+    """Run a command (output to ``log``); its exit code and peak RSS in MB (the kernel's
+    ru_maxrss of that child: under QEMU the emulated program plus the emulator)."""
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(list(command), stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid == proc.pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return proc.returncode, usage.ru_maxrss / 1024
+        if time.monotonic() > deadline:
+            stop(proc)
+            raise CheckFailed(f"`{' '.join(command[:6])}` ran past {timeout:.0f} s (see {log})")
+        time.sleep(0.5)
+
+
 def train(label: str, workdir: Path, port: int, algorithm: str, rounds: int,
           start_agent: Callable[[str, int, Path], tuple[subprocess.Popen[bytes], Path]],
-          timeout: float) -> tuple[list[float], dict[str, float | None]]:
-    """One coordinator and two agents; returns the per-round train losses and each agent's
-    peak RSS. Fails on a traceback in any log, a missed step or a coordinator error."""
-    out = workdir / f"runs-{label}"
+          timeout: float, coordinator: Device | None = None
+          ) -> tuple[list[float], dict[str, float | None]]:
+    """One coordinator (here, or on the ``coordinator`` device) and two agents; returns the
+    per-round train losses and the peak RSS of each agent and of the coordinator. Fails on a
+    traceback in any log, a missed step or a coordinator error."""
+    if coordinator is None:
+        out = workdir / f"runs-{label}"
+        config = workdir / f"server-{label}.toml"
+        config.write_text(server_toml(out, label, algorithm, rounds))
+        command = [str(HOST_JETSPLIT), "server", "run", "--config", str(config)]
+    else:
+        out = coordinator.path(f"/tmp/runs-{label}")
+        coordinator.path(f"/tmp/server-{label}.toml").write_text(
+            server_toml(Path(f"/tmp/runs-{label}"), label, algorithm, rounds))
+        command = coordinator.command([f"{COORDINATOR_VENV}/bin/jetsplit", "server", "run",
+                                       "--config", f"/tmp/server-{label}.toml"])
     shutil.rmtree(out, ignore_errors=True)
-    config = workdir / f"server-{label}.toml"
-    config.write_text(server_toml(out, label, algorithm, rounds))
     agents = {f"{label}{i}": start_agent(f"{label}{i}", i, workdir) for i in range(2)}
     coordinator_log = workdir / f"coordinator-{label}.log"
     rss: dict[str, float | None] = {}
     try:
-        done = run([str(HOST_JETSPLIT), "server", "run", "--config", str(config),
-                    "--broker", f"mqtt://127.0.0.1:{port}"], log=coordinator_log,
-                   timeout=timeout, check=False)
+        code, rss["coordinator"] = run_peak([*command, "--broker", f"mqtt://127.0.0.1:{port}"],
+                                            coordinator_log, timeout)
+        done = subprocess.CompletedProcess(command, code)
         for agent, (proc, _) in agents.items():
             rss[agent] = peak_rss_mb(agent_pid(proc))
             if proc.poll() is not None:
@@ -357,8 +453,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--algorithm", default="splitfed-v1")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--skip", action="append", default=[],
-                        choices=("profile", "tests", "container", "native"),
+                        choices=("profile", "tests", "container", "native", "r32"),
                         help="leave out a stage (repeatable)")
+    parser.add_argument("--coordinator-only", action="store_true",
+                        help="instead: the arm64 coordinator (bookworm, torch 2.x) with two "
+                             "native agents, beside a native coordinator at the same seed "
+                             "(`make device-check-server`; too slow for CI's budget)")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         print("error: the device check needs root (chroot and mounts)", file=sys.stderr)
@@ -367,20 +467,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("error: no .venv/bin/jetsplit: run `make setup` first", file=sys.stderr)
         return 2
     stages = Stages()
-    logs = args.cache / "logs"
+    logs = args.cache / ("logs-coordinator" if args.coordinator_only else "logs")
     shutil.rmtree(logs, ignore_errors=True)
     logs.mkdir(parents=True)
     started = time.monotonic()
     try:
         with stages.stage("host tools (qemu-user-static, binfmt, mmdebstrap)"):
             ensure_host_tools()
-        with stages.stage("userland (Debian bullseye arm64, Python 3.9, torch 1.13.1)"):
-            userland = build_userland(args.cache, logs / "userland.log")
-        with stages.stage("copy the checkout onto a fresh device"):
-            device = fresh_device(userland, args.cache)
-        with device.mounted(args.cache / "pip-cache"), mosquitto(logs) as port:
+        with contextlib.ExitStack() as stack:
+            port = stack.enter_context(mosquitto(logs))
             broker = f"mqtt://127.0.0.1:{port}"
-            check_device(device, stages, logs, broker, port, args)
+            native = None
+            if not args.coordinator_only:
+                native = devices(stack, stages, logs, broker, port, args)
+            if args.coordinator_only:
+                arm64_coordinator(stack, stages, logs, broker, port, args, native)
     except CheckFailed as exc:
         print(f"device check FAILED: {exc}", file=sys.stderr)
         print(f"logs: {logs}", file=sys.stderr)
@@ -392,9 +493,146 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def check_device(device: Device, stages: Stages, logs: Path, broker: str, port: int,
-                 args: argparse.Namespace) -> None:
-    """Every stage that runs on the emulated device (see the module docstring)."""
+def devices(stack: contextlib.ExitStack, stages: Stages, logs: Path, broker: str, port: int,
+            args: argparse.Namespace) -> list[float] | None:
+    """The bullseye devices (JetPack 5's, and the stock Nano's) and every stage on them;
+    returns the native run's losses (None where it was skipped)."""
+    with stages.stage("userland (Debian bullseye arm64, Python 3.9, torch 1.13.1)"):
+        userland = build_userland(args.cache, logs / "userland.log")
+    with stages.stage("copy the checkout onto a fresh device"):
+        device = fresh_device(userland, args.cache)
+    nano = None
+    if "r32" not in args.skip:
+        with stages.stage("copy the checkout onto a second device (the stock Nano's)"):
+            nano = fresh_device(userland, args.cache, "work-r32")
+    stack.enter_context(device.mounted(args.cache / "pip-cache"))
+    if nano is not None:
+        stack.enter_context(nano.mounted(args.cache / "pip-cache"))
+    return check_device(device, nano, stages, logs, broker, port, args)
+
+
+def native_agents(broker: str) -> Callable[[str, int, Path], tuple[subprocess.Popen[bytes],
+                                                                    Path]]:
+    """Starts agents on this machine with the host's jetsplit."""
+    def start(agent: str, index: int, workdir: Path) -> tuple[subprocess.Popen[bytes], Path]:
+        path = workdir / f"{agent}.toml"
+        path.write_text(agent_toml(agent, index, broker, str(workdir / "state" / agent)))
+        log = workdir / f"{agent}.log"
+        return subprocess.Popen([str(HOST_JETSPLIT), "agent", "run", "--config", str(path)],
+                                stdout=open(log, "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
+                                start_new_session=True), log
+    return start
+
+
+def arm64_coordinator(stack: contextlib.ExitStack, stages: Stages, logs: Path, broker: str,
+                      port: int, args: argparse.Namespace, native: list[float] | None) -> None:
+    """`jetsplit server run` on an arm64 device (the testbed's Orin NX coordinator) with two
+    native agents; losses beside a native coordinator's at the same seed, and its peak RSS."""
+    with stages.stage(f"coordinator userland (Debian {COORDINATOR_SUITE} arm64, Python 3.11, "
+                      f"{COORDINATOR_TORCH})"):
+        userland = build_coordinator_userland(args.cache, logs / "coordinator-userland.log")
+    with stages.stage("copy the checkout onto the coordinator's device, pip install it"):
+        coordinator = fresh_device(userland, args.cache, "work-coordinator")
+        coordinator.qemu_cpu = COORDINATOR_CPU
+        stack.enter_context(coordinator.mounted(args.cache / "pip-cache"))
+        coordinator.run([f"{COORDINATOR_VENV}/bin/python", "-m", "pip", "install", "--quiet",
+                         f"{CHECKOUT}[{COORDINATOR_EXTRAS}]"],
+                        log=logs / "coordinator-install.log")
+        found = coordinator.run([f"{COORDINATOR_VENV}/bin/python", "-c",
+                                 "import sys, platform, torch, numpy; print(platform.machine(), "
+                                 "sys.version.split()[0], torch.__version__, numpy.__version__)"])
+        print(f"   coordinator: machine, Python, torch, numpy: {found.stdout.strip()}")
+    start = native_agents(broker)
+    with stages.stage(f"train: arm64 coordinator, 2 native agents, {args.algorithm}, "
+                      f"{args.rounds} rounds"):
+        losses, rss = train("coord", logs, port, args.algorithm, args.rounds, start,
+                            timeout=3000, coordinator=coordinator)
+        final = (logs / "coordinator-coord.log").read_text().strip().splitlines()[-1]
+        print(f"   arm64 coordinator's final line: {final}")
+        print(f"   arm64 coordinator's peak RSS under QEMU: {rss['coordinator']:.0f} MB")
+    if native is None:
+        with stages.stage("train: native coordinator, 2 native agents, same seed"):
+            native, _ = train("native", logs, port, args.algorithm, args.rounds, start,
+                              timeout=900)
+    print("   loss per round  arm64 coordinator (torch 2.5.1) | native coordinator (host torch)")
+    for i, (a, b) in enumerate(zip(losses, native, strict=True)):
+        print(f"   round {i + 1}: {a:.4f} | {b:.4f}")
+
+
+def doctor_rows(text: str) -> list[str]:
+    """The table rows of `jetsplit doctor`'s output (rich wraps long values onto more
+    lines: they are joined back to one line per row)."""
+    rows: list[list[str]] = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split("│")[1:-1]]
+        if len(cells) != 3 or cells[0] == "check":
+            continue
+        if cells[0] or not rows:
+            rows.append(cells)
+        else:
+            rows[-1] = [f"{a} {b}".strip() for a, b in zip(rows[-1], cells, strict=True)]
+    return [f"{name}: {value} [{verdict}]" for name, value, verdict in rows]
+
+
+R32_INSTALL = "r32: scripts/install-agent.sh --yes on a JetPack 4.6 stand-in"
+
+
+def install_stock_nano(nano: Device, logs: Path, broker: str) -> tuple[list[str], float]:
+    """The installer's JetPack 4 route on a stand-in for a stock Nano; returns what to print
+    and the seconds it took. It runs beside the JetPack 5 install (each under QEMU is one
+    busy core for most of its time), so it prints nothing itself."""
+    started = time.monotonic()
+    said = ["stand-in: L4T R32.7.4 release file; Debian bullseye's python3.9 for Ubuntu "
+            "18.04's python3.8 (Debian has no python3.8); no torch for it (the userland's "
+            "removed)"]
+    # pip uninstall takes minutes under emulation: the files go from here instead.
+    removed = [path for pattern in ("torch", "torch-*.dist-info", "torchgen", "functorch")
+               for path in nano.root.glob(f"usr/local/lib/python3*/dist-packages/{pattern}")]
+    if not any(path.name.startswith("torch-") for path in removed):
+        raise CheckFailed("no vendor torch to remove from the R32 device's userland")
+    for path in removed:
+        shutil.rmtree(path)
+    nano.run(["python3", "-c", "import importlib.util, sys; "
+              "sys.exit(importlib.util.find_spec('torch') is not None)"])
+    nano.path("/etc/nv_tegra_release").write_text(L4T_R32_RELEASE)
+    nano.run(["bash", f"{CHECKOUT}/scripts/install-agent.sh", "--agent", "arm1",
+              "--broker", broker, "--fleet", FLEET, "--profile", PROFILES[1], "--yes",
+              "--no-enable"], cwd=CHECKOUT, log=logs / "install-r32.log")
+    text = (logs / "install-r32.log").read_text()
+    said += [line for line in text.splitlines()
+             if line.startswith(("jetsplit agent install:", "[", "this Jetson", "done;"))]
+    for wanted in ("(JetPack 4)", "trains on its CPU: NVIDIA ships no CUDA torch",
+                   "apt-get install python3.9-dev", "without system site-packages",
+                   "held to torch==1.13.1, numpy<2", "OPENBLAS_CORETYPE=ARMV8", "done;"):
+        if wanted not in text:
+            raise CheckFailed(f"the R32 install did not say {wanted!r} (see install-r32.log)")
+    found = nano.run([f"{VENV}/bin/python", "-c",
+                      "import os, sys, torch; print(sys.version.split()[0], "
+                      "torch.__version__, torch.version.cuda, "
+                      "os.environ.get('OPENBLAS_CORETYPE'))"]).stdout.split()
+    said.append(f"venv: Python, torch, torch CUDA, OPENBLAS_CORETYPE: {' '.join(found)}")
+    if found[1:] != ["1.13.1", "None", "ARMV8"]:
+        raise CheckFailed(f"the R32 venv has {found}, wanted torch 1.13.1 without CUDA "
+                          "and OPENBLAS_CORETYPE=ARMV8")
+    if "OPENBLAS_CORETYPE=ARMV8" not in nano.path("/etc/jetsplit/agent.env").read_text():
+        raise CheckFailed("/etc/jetsplit/agent.env lacks OPENBLAS_CORETYPE=ARMV8")
+    return said, time.monotonic() - started
+
+
+def doctor_stock_nano(nano: Device, stages: Stages, logs: Path, broker: str) -> None:
+    """`jetsplit doctor` on the stock Nano's device: it must say why it trains on its CPU."""
+    with stages.stage("r32: doctor"):
+        doctor = nano.run([f"{VENV}/bin/jetsplit", "doctor", "--broker", broker],
+                          log=logs / "doctor-r32.log", env={"COLUMNS": "200"})
+        rows = doctor_rows(doctor.stdout)
+        print("   " + "\n   ".join(rows))
+        if not any(r.startswith("training on: this Jetson") and "trains on its CPU" in r
+                   for r in rows):
+            raise CheckFailed("the R32 doctor does not say that the device trains on its CPU")
+
+
+def jetpack5(device: Device, stages: Stages, logs: Path, broker: str) -> None:
+    """The installer on the JetPack 5 stand-in (the vendor torch kept), then its doctor."""
     jetsplit = f"{VENV}/bin/jetsplit"
     with stages.stage("install: scripts/install-agent.sh --no-enable"):
         device.run(["bash", f"{CHECKOUT}/scripts/install-agent.sh", "--agent", "arm0",
@@ -411,9 +649,27 @@ def check_device(device: Device, stages: Stages, logs: Path, broker: str, port: 
         if "site-packages" not in versions.stdout:
             raise CheckFailed(f"the venv's jetsplit is not the installed one: {versions.stdout}")
     with stages.stage("doctor"):
-        doctor = device.run([jetsplit, "doctor", "--broker", broker], log=logs / "doctor.log")
-        print("   " + "\n   ".join(line for line in doctor.stdout.splitlines()
-                                    if "│" in line and "check" not in line))
+        doctor = device.run([jetsplit, "doctor", "--broker", broker], log=logs / "doctor.log",
+                            env={"COLUMNS": "200"})
+        print("   " + "\n   ".join(doctor_rows(doctor.stdout)))
+
+
+def check_device(device: Device, nano: Device | None, stages: Stages, logs: Path, broker: str,
+                 port: int, args: argparse.Namespace) -> list[float] | None:
+    """Every stage that runs on the emulated devices (see the module docstring); returns the
+    native run's losses (None where it was skipped)."""
+    jetsplit = f"{VENV}/bin/jetsplit"
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        r32 = None if nano is None else pool.submit(install_stock_nano, nano, logs, broker)
+        jetpack5(device, stages, logs, broker)
+        if r32 is not None:
+            with stages.stage("r32: the rest of its install (it ran beside the one above)"):
+                said, took = r32.result()
+            print("   " + "\n   ".join(said))
+            stages.times.append((f"{R32_INSTALL} (beside the JetPack 5 install)", took))
+            print(f"   {R32_INSTALL}: {took:.1f} s", flush=True)
+    if nano is not None:
+        doctor_stock_nano(nano, stages, logs, broker)
     name, shape = MODEL
     if "profile" not in args.skip:
         with stages.stage(f"profile: jetsplit profile --model {name} on the device"):
@@ -433,27 +689,24 @@ def check_device(device: Device, stages: Stages, logs: Path, broker: str, port: 
 
     def arm_agent(agent: str, index: int, workdir: Path
                   ) -> tuple[subprocess.Popen[bytes], Path]:
+        """Agent 1 runs on the stock Nano's device where there is one."""
+        on = nano if index == 1 and nano is not None else device
         inside = f"/etc/jetsplit/{agent}.toml"
-        device.path(inside).write_text(agent_toml(agent, index, broker,
-                                                  f"/var/lib/jetsplit/{agent}"))
+        on.path(inside).write_text(agent_toml(agent, index, broker,
+                                              f"/var/lib/jetsplit/{agent}"))
         log = workdir / f"{agent}.log"
-        return device.popen([jetsplit, "agent", "run", "--config", inside], log), log
+        return on.popen([jetsplit, "agent", "run", "--config", inside], log), log
 
-    def native_agent(agent: str, index: int, workdir: Path
-                     ) -> tuple[subprocess.Popen[bytes], Path]:
-        path = workdir / f"{agent}.toml"
-        path.write_text(agent_toml(agent, index, broker, str(workdir / "state" / agent)))
-        log = workdir / f"{agent}.log"
-        return subprocess.Popen([str(HOST_JETSPLIT), "agent", "run", "--config", str(path)],
-                                stdout=open(log, "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
-                                start_new_session=True), log
-
-    with stages.stage(f"train: 2 ARM agents, {args.algorithm}, {args.rounds} rounds"):
+    native_agent = native_agents(broker)
+    where = ("arm1 on the R32 device" if nano is not None else "both on one device")
+    with stages.stage(f"train: 2 ARM agents ({', '.join(PROFILES)}; {where}), "
+                      f"{args.algorithm}, {args.rounds} rounds"):
         arm_losses, rss = train("arm", logs, port, args.algorithm, args.rounds, arm_agent,
                                 timeout=1800)
         for agent, mb in rss.items():
-            print(f"   {agent} peak RSS under QEMU: "
-                  + ("unknown" if mb is None else f"{mb:.0f} MB"))
+            who = "native coordinator" if agent == "coordinator" else f"{agent} under QEMU"
+            print(f"   {who} peak RSS: " + ("unknown" if mb is None else f"{mb:.0f} MB"))
+    native_losses = None
     if "native" not in args.skip:
         with stages.stage("train: 2 native agents, same seed"):
             native_losses, _ = train("native", logs, port, args.algorithm, args.rounds,
@@ -482,6 +735,7 @@ def check_device(device: Device, stages: Stages, logs: Path, broker: str, port: 
                        env={"PATH": "/opt/image/bin:/usr/bin:/bin"},
                        log=logs / "container.log")
             print("   " + (logs / "container.log").read_text().strip().splitlines()[-1])
+    return native_losses
 
 
 # The torch-free device tests run natively on CPython 3.8 and 3.9 (.ci/python3*-tests.sh);

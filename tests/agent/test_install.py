@@ -5,6 +5,7 @@ idempotent; user mistakes end in one line. Nothing here touches the real system.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -72,10 +73,12 @@ def test_dry_run_on_a_jetson_holds_nvidias_torch(capsys: pytest.CaptureFixture[s
     (_host(l4t=(36, 3)), _opts(), "compute/redist/jp/v60/pytorch/"),
     (_host(python_version=(3, 7)), _opts(), "the agent needs Python >= 3.8"),
     (_host(l4t=(32, 7), python_version=(3, 6)), _opts(),
-     "Jetson Nano: Ubuntu 18.04, Python 3.6) cannot run the agent, which needs Python >= 3.8 "
-     "and torch >= 1.13: put an Ubuntu 20.04 image with Python 3.8 and a torch 1.13"),
-    (_host(l4t=(32, 7), python_version=(3, 8)), _opts(), "NVIDIA has no torch >= 1.13 for "
-     "JetPack 4; install a torch 1.13 built for Python 3.8"),
+     "(L4T R32: Ubuntu 18.04, Python 3.6) needs Ubuntu's python3.8 for the agent: re-run "
+     "scripts/install-agent.sh, which installs it with apt"),
+    (_host(l4t=(32, 7), python_version=(3, 8), torch="1.10.0"), _opts(),
+     "torch 1.10.0 is older than the agent needs (1.13); install torch >= 1.13 first"),
+    (_host(l4t=(32, 7), python_version=(3, 8)), _opts(profile="jetson-tx9"),
+     "--profile jetson-tx9: no such bundled profile"),
     (_host(l4t=(35, 4), python_version=(3, 8)), _opts(), "L4T R35.4 (JetPack 5)): install "
      "NVIDIA's wheel from https://developer.download.nvidia.com/compute/redist/jp/v512/"),
     (_host(l4t=(35, 6), python_version=(3, 8)), _opts(), "compute/redist/jp/v512/pytorch/"),
@@ -347,3 +350,192 @@ def test_dockerfile_jetson_builds_on_l4t_pytorch_from_what_exists() -> None:
     assert 'python3 -c "import onnxruntime"' in script  # CPU onnxruntime only as a fallback
     # the import check runs from a neutral folder: the source folder would shadow the install
     assert script.index("\ncd /\n") < script.index("import torch, jetsplit.edge_agent")
+
+
+# ------------------------------------------------------------------ JetPack 4: the CPU route
+NANO = "NVIDIA Jetson Nano Developer Kit"
+
+
+def test_dry_run_on_jetpack_4_takes_the_cpu_route(capsys: pytest.CaptureFixture[str]) -> None:
+    """A stock Nano: Ubuntu's python3.8 (its -venv and -dev still missing), no torch for it."""
+    from jetsplit.edge_agent import jetpack
+
+    host = _host(l4t=(32, 7), model=NANO, python="/usr/bin/python3.8", python_version=(3, 8),
+                 numpy=None, apt_missing=["python3.8-venv", "python3.8-dev"])
+    assert inst.install(_opts(dry_run=True), host) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert "L4T R32.7 (JetPack 4)" in lines[0]
+    assert "profile jetson-nano-4gb-cpu (guessed from the model)" in lines[0]
+    assert lines[1] == jetpack.cpu_line(NANO)
+    assert lines[1].startswith("this Jetson Nano trains on its CPU: NVIDIA ships no CUDA torch "
+                               "for Python >= 3.8 on JetPack 4")
+    steps = [line for line in lines if line.startswith("[")]
+    assert "would apt-get install python3.8-venv python3.8-dev (" in steps[0]
+    assert "create the venv /opt/jetsplit/venv from /usr/bin/python3.8 without system " \
+           "site-packages" in steps[1] and "--system-site-packages" not in out
+    assert "OPENBLAS_CORETYPE=ARMV8 for every run of the venv's Python" in steps[2]
+    assert "upgrade pip" in steps[3]
+    assert "[agent] into the venv, held to torch==1.13.1, numpy<2 (PyPI's CPU-only" in steps[4]
+    env = next(step for step in steps if "/etc/jetsplit/agent.env" in step)
+    assert "OPENBLAS_CORETYPE=ARMV8" in env
+
+
+def test_jetpack_4_with_a_torch_for_its_python_keeps_that_torch(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A CUDA torch the user built for python3.8 is never replaced: no CPU route."""
+    host = _host(l4t=(32, 7), model=NANO, python_version=(3, 8), torch="1.13.0a0+git7c98e70",
+                 numpy="1.24.4")
+    assert not host.cpu_route
+    assert inst.install(_opts(dry_run=True), host) == 0
+    out = capsys.readouterr().out
+    assert "trains on its CPU" not in out and "profile jetson-nano-4gb (guessed" in out
+    assert "--system-site-packages" in out and "reuses NVIDIA's torch 1.13.0a0" in out
+    assert "held to torch==1.13.0a0+git7c98e70, numpy<2\n" in out
+    assert "OPENBLAS_CORETYPE=ARMV8" in out  # the Cortex-A57 needs it whichever torch runs
+
+
+def test_cpu_route_guesses_only_cpu_profiles() -> None:
+    """No bundled CPU profile for a JetPack 4 Xavier NX: none rather than its GPU one."""
+    assert inst.guess_profile(NANO, cpu=True, source=ROOT) == "jetson-nano-4gb-cpu"
+    xavier = "NVIDIA Jetson Xavier NX Developer Kit"
+    assert inst.guess_profile(xavier, cpu=True, source=ROOT) is None
+    assert inst.guess_profile(NANO) == "jetson-nano-4gb"
+
+
+def test_apt_runs_only_with_consent(monkeypatch: pytest.MonkeyPatch) -> None:
+    ran: list[list[str]] = []
+    monkeypatch.setattr(inst, "_run", lambda command: ran.append(command))
+    packages = ["python3.8-venv", "python3.8-dev"]
+
+    class Stdin:
+        def __init__(self, tty: bool) -> None:
+            self.tty = tty
+
+        def isatty(self) -> bool:
+            return self.tty
+
+    monkeypatch.setattr(sys, "stdin", Stdin(False))
+    with pytest.raises(inst.InstallError, match="needs your consent: re-run with --yes"):
+        inst._apt_install(packages, yes=False)
+    monkeypatch.setattr(sys, "stdin", Stdin(True))
+    answers = iter(["", "y"])
+    monkeypatch.setattr("builtins.input", lambda prompt: next(answers))
+    with pytest.raises(inst.InstallError, match="not installing python3.8-venv python3.8-dev"):
+        inst._apt_install(packages, yes=False)
+    assert ran == []
+    assert inst._apt_install(packages, yes=False) == "installed"
+    assert ran == [["apt-get", "update"], ["apt-get", "install", "-y", *packages]]
+    monkeypatch.setattr("builtins.input", lambda prompt: pytest.fail("asked despite --yes"))
+    inst._apt_install(packages, yes=True)
+    assert len(ran) == 4
+
+
+@pytest.mark.skipif(shutil.which("dpkg-query") is None, reason="no dpkg here")
+def test_apt_missing_asks_dpkg() -> None:
+    assert inst.apt_missing(["dpkg", "jetsplit-no-such-package"]) == ["jetsplit-no-such-package"]
+
+
+def test_openblas_pth_reaches_every_run_of_the_venv(tmp_path: Path) -> None:
+    """A real venv: its Python sees the variable without anyone exporting it."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
+                   timeout=120)
+    python = venv / "bin" / "python"
+    assert inst._write_openblas_pth(python) == "written"
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+    seen = subprocess.run([str(python), "-c", "import os; print(os.environ['OPENBLAS_CORETYPE'])"],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert seen.stdout.strip() == "ARMV8", seen.stderr
+    assert inst._write_openblas_pth(python) == "unchanged"
+
+
+def test_existing_venv_must_match_the_route(tmp_path: Path) -> None:
+    (tmp_path / "pyvenv.cfg").write_text("include-system-site-packages = true\n")
+    assert inst._check_venv(tmp_path) == "kept"
+    with pytest.raises(inst.InstallError, match="shows it Python 3.6 builds"):
+        inst._check_venv(tmp_path, isolated=True)
+    (tmp_path / "pyvenv.cfg").write_text("include-system-site-packages = false\n")
+    assert inst._check_venv(tmp_path, isolated=True) == "kept"
+    with pytest.raises(inst.InstallError, match="NVIDIA's torch is invisible"):
+        inst._check_venv(tmp_path)
+
+
+def test_env_file_gets_openblas_once_on_jetpack_4() -> None:
+    template = (ROOT / "systemd/agent.env").read_text()
+    text = inst.render_env(template, None, openblas=True)
+    assert text.count("\nOPENBLAS_CORETYPE=ARMV8\n") == 1
+    assert inst.render_env(template, text, openblas=True) == text
+    assert "OPENBLAS_CORETYPE" not in inst.render_env(template, None)
+
+
+def _r32_root(tmp_path: Path) -> Path:
+    root = tmp_path / "root"
+    (root / "etc").mkdir(parents=True)
+    (root / "etc/nv_tegra_release").write_text(
+        "# R32 (release), REVISION: 7.4, GCID: 33514132, BOARD: t210ref, EABI: aarch64\n")
+    return root
+
+
+def test_shell_names_the_installers_apt_packages() -> None:
+    from jetsplit.edge_agent import jetpack
+
+    text = (ROOT / "scripts" / "install-agent.sh").read_text()
+    wanted = " ".join(jetpack.apt_packages(jetpack.R32_PYTHON))
+    assert f"packages=({wanted})" in text
+
+
+def _nano_bin(tmp_path: Path) -> Path:
+    """PATH for a stock Nano: a python3 that is too old, an apt-get that records its calls
+    and, on install, puts a python3.8 (this interpreter, without site-packages) in place."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("grep", "dirname", "id"):
+        (bin_dir / tool).symlink_to(shutil.which(tool))  # type: ignore[arg-type]
+    (bin_dir / "python3").write_text("#!/bin/sh\nexit 1\n")
+    staged = tmp_path / "python3.8"  # moved into PATH by apt-get install
+    staged.write_text(f"#!/bin/sh\nexec {sys.executable} -I -S \"$@\"\n")
+    staged.chmod(0o755)
+    (bin_dir / "apt-get").write_text(
+        f"#!/bin/sh\necho \"$@\" >> {tmp_path}/apt.log\n"
+        f"if [ \"$1\" = install ]; then {shutil.which('mv')} {staged} {bin_dir}/; fi\n")
+    for name in ("python3", "apt-get"):
+        (bin_dir / name).chmod(0o755)
+    return bin_dir
+
+
+def _script(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """scripts/install-agent.sh on a stock Nano (_nano_bin's PATH), stdin not a terminal."""
+    return subprocess.run([shutil.which("bash") or "bash", str(ROOT / "scripts/install-agent.sh"),
+                           "--agent", "n1", "--broker", "mqtt://h", *args],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env={"PATH": str(tmp_path / "bin"), "HOME": str(tmp_path)},
+                          stdin=subprocess.DEVNULL)
+
+
+def test_shell_on_a_stock_nano_lists_the_apt_step_on_dry_run(tmp_path: Path) -> None:
+    _nano_bin(tmp_path)
+    root = _r32_root(tmp_path)
+    done = _script(tmp_path, "--root", str(root), "--dry-run")
+    assert done.returncode == 0, done.stderr
+    assert "apt-get install python3.8 python3.8-venv python3.8-dev" in done.stdout
+    assert "dry run: would apt-get update" in done.stdout
+    refused = _script(tmp_path, "--root", str(root))
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+    assert "needs your consent: re-run with --yes" in refused.stderr
+    assert not (tmp_path / "apt.log").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the script runs apt-get only as root")
+def test_shell_on_a_stock_nano_installs_python38_then_runs_the_installer(tmp_path: Path
+                                                                         ) -> None:
+    _nano_bin(tmp_path)
+    root = _r32_root(tmp_path)
+    done = _script(tmp_path, f"--root={root}", "--yes", "--no-user", "--no-venv",
+                   "--no-enable")
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "apt.log").read_text().splitlines() == [
+        "update", "install -y python3.8 python3.8-venv python3.8-dev"]
+    assert "L4T R32.7 (JetPack 4)" in done.stdout
+    env = (root / inst.ENV_FILE.lstrip("/")).read_text()
+    assert "\nOPENBLAS_CORETYPE=ARMV8\n" in env

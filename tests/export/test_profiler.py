@@ -78,3 +78,30 @@ def test_profile_cli_bad_input_is_one_line(cli_cache: Path, capsys: pytest.Captu
     assert err.startswith("error: ") and "Traceback" not in err
     assert main(["profile", "--model", MODEL, "--repeats", "0"]) == 2
     assert "--repeats" in capsys.readouterr().err
+
+
+def test_profile_on_a_cpu_only_torch_writes_a_cpu_profile(
+        cli_cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A stock JetPack 4 Nano's torch has no CUDA: a GPU base profile's cores and peaks give
+    way to the CPU's that were measured; a CPU base profile keeps its own figures."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("torch sees a GPU here: the measurement runs on it")
+    out = tmp_path / "nano-cpu-measured.toml"
+    assert main(["profile", "--model", MODEL, *QUICK, "--no-ort", "--out", str(out),
+                 "--base-profile", "jetson-nano-4gb"]) == 0
+    assert "measured on the CPU (torch has no CUDA here)" in capsys.readouterr().out
+    prof, gpu = load_profile(out), resolve_profile("jetson-nano-4gb")
+    assert prof.device.kind == "cpu" and prof.device.gpu is None
+    assert prof.compute.cuda_cores is None and prof.compute.gpu_clock_mhz is None
+    assert prof.compute.peak_fp16_gflops is None
+    assert prof.compute.peak_fp32_gflops != gpu.compute.peak_fp32_gflops
+    assert prof.measured is not None and prof.compute.efficiency == pytest.approx(
+        prof.measured.achieved_gflops / prof.compute.peak_fp32_gflops, abs=1e-4)
+    assert prof.memory == gpu.memory and prof.network == gpu.network
+    kept = tmp_path / "kept.toml"
+    assert main(["profile", "--model", MODEL, *QUICK, "--no-ort", "--out", str(kept),
+                 "--base-profile", "jetson-nano-4gb-cpu"]) == 0
+    assert "measured on the CPU" not in capsys.readouterr().out
+    assert load_profile(kept).compute == resolve_profile("jetson-nano-4gb-cpu").compute
