@@ -18,7 +18,7 @@ import tempfile
 import time
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Callable, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -35,7 +35,7 @@ from jetsplit.bundle import (
     load_bundle,
     parse_manifest,
 )
-from jetsplit.data import Dataset
+from jetsplit.data import Dataset, with_classes
 from jetsplit.data.feed import BatchFeed
 from jetsplit.data.feed import BatchSampler as BatchSampler  # where tests draw batches
 from jetsplit.edge_agent.attacks import Attack
@@ -44,7 +44,7 @@ from jetsplit.edge_agent.emulation import DeviceClock
 from jetsplit.edge_agent.file_cache import FileCache, missing_files
 from jetsplit.edge_agent.peers import PeerInbox, PeerSend
 from jetsplit.edge_agent.result import Result, Tensors
-from jetsplit.errors import BundleError, JetsplitError
+from jetsplit.errors import BundleError, ConfigError, JetsplitError
 from jetsplit.models import ZOO_VERSION
 from jetsplit.models.split import eval_mode
 from jetsplit.models.weights import from_arrays, load_strict, to_arrays
@@ -300,6 +300,7 @@ class AgentWorker(EdgeRole):
             raise BundleError(f"bundle {digest[:12]}: refused: a {manifest.role} bundle for an "
                               f"agent with role {self.role} (it runs only "
                               f"{' or '.join(accepted)} bundles)")
+        self._adopt_classes(manifest.classes, digest)
         started = time.perf_counter()
         bundle = (self.bundle_cache or {}).get(digest)
         if bundle is None:
@@ -320,6 +321,20 @@ class AgentWorker(EdgeRole):
         return Result(meta={"installed": True, "model": bundle.spec.name, "split": bundle.split,
                             "role": bundle.role, "sha256": digest,
                             "verify_s": round(time.perf_counter() - started, 3)})
+
+    def _adopt_classes(self, run: Optional[Sequence[str]], digest: str) -> None:
+        """Map this device's own class names to the run's (the bundle's list, in label
+        order): a device may lack some of the run's classes, not have one it lacks."""
+        own = getattr(self.data, "classes", None)
+        if run is None or own is None or tuple(own) == tuple(run):
+            return
+        try:
+            self.data = with_classes(self.data, run)
+        except ConfigError as exc:
+            raise BundleError(f"bundle {digest[:12]}: refused: {exc}") from None
+        self.feed.close()
+        self.feed = BatchFeed(self.data, self.feed.seed, self.feed.workers)
+        self.sampler = self.feed.sampler
 
     def _do_trained_bundle(self, args: BundleArgs, round_: int, step: int, tensors: Tensors
                            ) -> Result:

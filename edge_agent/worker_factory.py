@@ -28,12 +28,7 @@ from jetsplit.profiles import resolve_profile
 
 def image_options(data: DataSection) -> ImageOptions:
     """How `[data]` wants images sized, augmented and normalised."""
-    return ImageOptions(
-        image_size=data.image_size, channels=data.channels, random_crop=data.random_crop,
-        flip=data.flip, centre_crop=data.centre_crop,
-        mean=None if data.mean is None else tuple(data.mean),
-        std=None if data.std is None else tuple(data.std),
-        stats_sample=data.stats_sample, seed=data.seed)
+    return data.image_options(data.seed)
 
 
 def local_dataset(config: AgentConfig) -> Dataset:

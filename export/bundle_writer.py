@@ -16,6 +16,7 @@ import shutil
 import stat
 import tarfile
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,7 +54,7 @@ from jetsplit.models import (
 )
 
 ONNX_ATOL = 1e-4
-OPTIONAL_KEYS = ("code", "initial_weights_sha256")
+OPTIONAL_KEYS = ("code", "initial_weights_sha256", "classes")
 CHECK_BATCHES = (1, 32)
 
 
@@ -212,11 +213,13 @@ def write_bundle(
     weights: dict[str, torch.Tensor] | None = None,
     tar: bool = False,
     initial_weights: str | Path | None = None,
+    classes: Sequence[str] | None = None,
 ) -> BundleReport:
     """Build the (seeded or given) model, split it at `k`, and write a verified bundle to
     `out_dir` (and `<out_dir>.tar.gz` with `tar`). `aux_ratio=None` ships no aux head;
     `weights` is a full-model state dict, with the aux head's tensors under `aux.`;
-    `initial_weights` a weights file the model starts from (jetsplit/models/initial_weights.py).
+    `initial_weights` a weights file the model starts from (jetsplit/models/initial_weights.py);
+    `classes` the run's class names in label order (agents map their own labels to them).
     """
     if isinstance(spec, str):
         spec = ModelSpec(spec)
@@ -258,6 +261,7 @@ def write_bundle(
             aux_ratio=aux_ratio, opset=opset, codec="fp32", files=files, role="full",
             code=None if code is None else CodeEntry(**code),
             initial_weights_sha256=None if initial is None else initial.sha256,
+            classes=None if classes is None else tuple(classes),
         )
         _finish(staging, manifest, out_dir)
     except BaseException:

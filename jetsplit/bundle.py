@@ -26,6 +26,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from torch import nn
+from typing_extensions import Annotated
 
 from jetsplit import __version__
 from jetsplit.compat import removeprefix
@@ -141,6 +142,8 @@ class Manifest(BaseModel):
     code: Optional[CodeEntry] = None
     # sha256 of the initial weights file the model started from (absent when seeded).
     initial_weights_sha256: Optional[str] = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    # The run's class names in label order: a device's own labels are mapped to them by name.
+    classes: Optional[Tuple[Annotated[str, Field(min_length=1, max_length=200)], ...]] = None
 
     @field_validator("codec")
     @classmethod
@@ -171,6 +174,10 @@ class Manifest(BaseModel):
         if (self.code is None) != is_zoo(self.model.name):
             raise ValueError("a model source other than a zoo name needs its code record "
                              "(and a zoo model has none)")
+        if self.classes is not None and (len(self.classes) != self.model.num_classes
+                                         or len(set(self.classes)) != len(self.classes)):
+            raise ValueError(f"classes must name each of the model's {self.model.num_classes} "
+                             "classes once")
         if len(self.client_layers) != self.split:
             raise ValueError(f"split {self.split} but {len(self.client_layers)} client layers")
         if self.role == "edge":

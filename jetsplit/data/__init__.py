@@ -18,7 +18,13 @@ from jetsplit.data.datasets import (
     load_npz,
     train_test_split,
 )
-from jetsplit.data.image_sets import ImageDataset, ImageOptions, load_manifest, with_classes
+from jetsplit.data.image_sets import (
+    ImageDataset,
+    ImageOptions,
+    class_mapping,
+    load_manifest,
+    with_classes,
+)
 from jetsplit.data.partition import (
     AMPERE_EPSILON,
     PARTITION_SCHEMES,
@@ -40,6 +46,7 @@ __all__ = [
     "ImageDataset",
     "ImageOptions",
     "PartitionScheme",
+    "class_mapping",
     "client_shards",
     "label_histogram",
     "load_cifar10_dir",

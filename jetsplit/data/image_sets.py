@@ -371,15 +371,21 @@ def _measure(base: Pipeline, sample: List[str], skips: SkipBook
     return tuple(float(v) for v in mean), tuple(float(v) for v in std)
 
 
-def with_classes(data: ImageDataset, classes: Sequence[str]) -> ImageDataset:
-    """The dataset relabelled to a run's class list (by name): a device may lack some of
-    the run's classes, but a class the run does not know is refused in one line."""
-    index = {name: i for i, name in enumerate(classes)}
-    unknown = [name for name in data.classes if name not in index]
+def class_mapping(device: Sequence[str], run: Sequence[str], where: str) -> np.ndarray:
+    """Where each of a device's classes sits in the run's list (classes agree by name: a
+    device may lack some of the run's classes; a class the run does not know is refused in
+    one line)."""
+    index = {name: i for i, name in enumerate(run)}
+    unknown = [name for name in device if name not in index]
     if unknown:
-        raise ConfigError(f"dataset {data.name}: class {unknown[0]!r} is not one of the run's "
-                          f"{len(classes)} classes ({', '.join(list(classes)[:8])}"
-                          f"{', …' if len(classes) > 8 else ''})")
-    mapping = np.asarray([index[name] for name in data.classes], dtype=np.int64)
+        raise ConfigError(f"{where}: class {unknown[0]!r} is not one of the run's "
+                          f"{len(run)} classes ({', '.join(list(run)[:8])}"
+                          f"{', …' if len(run) > 8 else ''})")
+    return np.asarray([index[name] for name in device], dtype=np.int64)
+
+
+def with_classes(data: ImageDataset, classes: Sequence[str]) -> ImageDataset:
+    """The dataset relabelled to a run's class list (by name; see `class_mapping`)."""
+    mapping = class_mapping(data.classes, classes, f"dataset {data.name}")
     return replace(data, y=mapping[data.y] if len(data.y) else data.y,
                    classes=tuple(classes))

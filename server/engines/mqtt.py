@@ -23,11 +23,13 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from jetsplit.broker_url import BrokerAddress
+from jetsplit.errors import ConfigError
 from jetsplit.protocol import Kind, ProtocolError, parse_registration
+from jetsplit.server.defences.class_agreement import agree_classes
 from jetsplit.server.engines.seam import (
     Command,
     Engine,
@@ -73,8 +75,10 @@ class MqttEngine(Engine):
 
     def __init__(self, address: BrokerAddress, fleet: str, *, run_id: str,
                  options: EndpointOptions = EndpointOptions(),
-                 retry_s: float = DEFAULT_RETRY_S) -> None:
+                 retry_s: float = DEFAULT_RETRY_S,
+                 classes: Sequence[str] | None = None) -> None:
         super().__init__(run_id)
+        self.classes = None if classes is None else tuple(classes)  # the run's, by name
         self.topics = Topics(fleet)
         self.retry_s = retry_s
         self.endpoint = MqttEndpoint(
@@ -212,9 +216,16 @@ class MqttEngine(Engine):
                 log.warning("rejected registration from %s: it names %s", agent,
                             registration.agent)
                 return
+            try:
+                record = agree_classes(registration, self.classes)
+            except ConfigError as exc:
+                self.rejected_agents += 1
+                self.endpoint.rejected["UnknownClass"] += 1
+                log.warning("refused registration from %s: %s", agent, exc)
+                return
             first = self.registry.state(agent) is None
             self.counters.add(agent, Kind.REGISTER.value, "up", wire_bytes)
-            self.registry.register(agent, registration.model_dump(mode="json"))
+            self.registry.register(agent, record)
             if first:
                 log.info("agent %s registered (%s, %d samples)", agent, registration.role,
                          registration.dataset.size)

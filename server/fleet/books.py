@@ -47,6 +47,9 @@ class FleetBooks:
                 info.update(self._books(agent, books))
                 info.update(self._memory(agent, reply.meta.get("telemetry")))
                 info["power_mode"] = power_mode(books, reply.meta.get("telemetry"))
+                skipped = images_skipped(reply.meta.get("data"))
+                if skipped is not None:
+                    info["images_skipped"] = skipped
                 emulated = emulated_conditions(books)
                 if emulated:
                     info["emulated"] = emulated
@@ -93,6 +96,13 @@ class FleetBooks:
                "cpu_percent": finite(telemetry.get("cpu_process_pct"), 0, 1e5),
                "temperature_c": finite(telemetry.get("temp_c"), -100, 200)}
         return {k: v for k, v in out.items() if v is not None}
+
+
+def images_skipped(data: Any) -> int | None:
+    """How many of its images the agent has skipped as undecodable so far (its status'
+    `data` report; cumulative), range-checked."""
+    count = finite(data.get("skipped"), 0, 1e12) if isinstance(data, dict) else None
+    return None if count is None else int(count)
 
 
 def power_mode(books: Any, telemetry: Any) -> str:

@@ -195,6 +195,7 @@ def agents_table(run: RunData) -> list[str]:
         ("offline events", lambda a: _fmt(facts.get(a.agent, {}).get("offline_events"))),
         ("cut", lambda a: _fmt(a.cut)),  # the plan's prediction at it: "Split plan"
         ("power mode", lambda a: _fmt(a.power_mode if a.power_mode != "unknown" else None)),
+        ("images skipped", lambda a: _fmt(a.images_skipped or None)),  # undecodable files
         # the live estimates at the end of the run (server/fleet/live_estimates.py)
         ("GFLOPS (live)", lambda a: _fmt(a.estimate.get("gflops"), ".2f")),
         ("up Mbit/s (live)", lambda a: _fmt(a.estimate.get("uplink_mbps"), ".1f")),
@@ -214,11 +215,17 @@ def agents_table(run: RunData) -> list[str]:
     return _table([h for h, _ in columns], ([f(a) for _, f in columns] for a in agents.values()))
 
 
-def _per_class_line(rows: Sequence[Row]) -> list[str]:
+def _per_class_line(rows: Sequence[Row], summary: dict[str, Any]) -> list[str]:
+    """The last round's accuracy per class, by the run's class names where it has them."""
     per_class = rows[-1].get("per_class_accuracy") if rows else None
     if not isinstance(per_class, list) or not per_class:
         return []
-    cells = ", ".join(f"{i}: {_pct(v)}" for i, v in enumerate(per_class))
+    names = summary.get("classes")
+    if not (isinstance(names, list) and len(names) == len(per_class)
+            and all(isinstance(n, str) for n in names)):
+        names = [str(i) for i in range(len(per_class))]
+    cells = ", ".join(f"{_fmt(name[:64])}: {_pct(v)}" for name, v in zip(names, per_class,
+                                                                          strict=True))
     return [f"Per-class accuracy in the last round (%): {cells}.", ""]
 
 
@@ -344,7 +351,7 @@ def write_report(run_dir: Path, *, title: str | None = None) -> Path:
                                         agent_totals(run.rows)),
              summary_paragraph(run), "",
              *plots_section(run),
-             "## Rounds", "", *rounds_table(run.rows), *_per_class_line(run.rows),
+             "## Rounds", "", *rounds_table(run.rows), *_per_class_line(run.rows, run.summary),
              "## Agents", "", *agents_table(run),
              *defences_section(run.rows, run.summary),
              *replan_section(run.rows),

@@ -149,6 +149,7 @@ class AgentTotals:
     cut: int | None = None  # the last layer its device trains (per-device cuts)
     power_mode: str | None = None  # the last reported (trace label or nvpmodel)
     estimate: dict[str, float] = field(default_factory=dict)  # the last live estimates
+    images_skipped: int | None = None  # undecodable images so far (the last status)
     compute_rounds: int = 0  # rounds that reported compute_s (for per-round means)
     transfer_rounds: int = 0
 
@@ -161,6 +162,9 @@ class AgentTotals:
             self.state = info["state"]
         if isinstance(info.get("power_mode"), str):
             self.power_mode = info["power_mode"][:32]
+        skipped = finite(info.get("images_skipped"), 0.0, 1e12)
+        if skipped is not None:
+            self.images_skipped = int(skipped)
         estimate = info.get("estimate")
         for key, value in (estimate.items() if isinstance(estimate, dict) else ()):
             number = finite(value, 0.0, 1e12)

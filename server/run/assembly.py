@@ -14,7 +14,7 @@ benchmarks train the same way: `execute(engine, RunSpec(settings, archive, test,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -180,9 +180,10 @@ class LiveFleet:
             on_round=[*spec.on_round, exporter, tracker]))
 
 
-def prepare_bundle(cfg: ServerConfig, workdir: Path) -> Path:
+def prepare_bundle(cfg: ServerConfig, workdir: Path, classes: Sequence[str] | None = None
+                   ) -> Path:
     """The full bundle archive (the coordinator's): the configured one (verified), or a
-    fresh export."""
+    fresh export naming the run's `classes` (agents map their own labels to them)."""
     if cfg.model.bundle:
         path = Path(cfg.model.bundle)
         load_bundle(path)  # fail here, in one line, rather than on every agent
@@ -191,6 +192,7 @@ def prepare_bundle(cfg: ServerConfig, workdir: Path) -> Path:
 
     spec = ModelSpec(cfg.model.name, tuple(cfg.model.input_shape), cfg.model.classes)
     report = write_bundle(spec, cfg.model.split, workdir / "bundle", aux_ratio=cfg.model.aux_ratio,
-                          seed=cfg.seed, tar=True, initial_weights=cfg.model.weights)
+                          seed=cfg.seed, tar=True, initial_weights=cfg.model.weights,
+                          classes=classes)
     assert report.tar_path is not None
     return report.tar_path

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from jetsplit import catalog
 from jetsplit.config_io import load_toml_model
+from jetsplit.data.image_keys import ImageKeys
 from jetsplit.server.training.settings import AgentId, ComputeFields, Settings, TrainFields
 from jetsplit.transport.settings import MqttSection
 
@@ -75,13 +76,17 @@ class TrainSection(TrainFields):
         return self
 
 
-class DataSection(BaseModel):
-    """The held-out test split the coordinator evaluates on (agents hold the training part
-    of the same spec and seed; the test part never leaves the coordinator)."""
+class DataSection(ImageKeys):
+    """What the coordinator evaluates on. In a trial, the held-out split of the public
+    dataset the agents hold the rest of (same spec and seed; the test part never leaves the
+    coordinator). In a field run (`own = true`), the coordinator's own held-out folder or
+    manifest, whole: its class names (or `classes`) are the run's, which devices' own
+    folders agree with by name."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
     dataset: str = "mnist"
+    own: bool = False  # the whole dataset is the held-out set (no split)
     test_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.2
     seed: Annotated[int, Field(ge=0)] = 0
 

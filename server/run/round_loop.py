@@ -123,9 +123,17 @@ def _train(engine: Engine, archive: Path, settings: Settings, test: ArrayDataset
         raise JetsplitError(f"nothing to train: the checkpoint already covers all "
                             f"{settings.rounds} rounds")
     summary = _summary(rows, engine, settings, trainer, time.perf_counter() - started)
+    summary["classes"] = _class_names(test)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     method.save(out_dir)
     return summary
+
+
+def _class_names(test: Any) -> list[str] | None:
+    """The held-out set's class names in label order (what the report names classes by);
+    None for an array dataset."""
+    classes = getattr(test, "classes", None)
+    return None if classes is None else [str(name) for name in classes]
 
 
 def _round(round_: int, engine: Engine, settings: Settings, trainer: Trainer, method: Any

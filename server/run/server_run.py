@@ -14,7 +14,7 @@ import typer
 from jetsplit.server.run.flags import train_flags
 
 if TYPE_CHECKING:
-    from jetsplit.data import ArrayDataset
+    from jetsplit.data import Dataset
     from jetsplit.server.cuts.replanning import Replanner
     from jetsplit.server.engines.mqtt import MqttEngine
     from jetsplit.server.run.config import ServerConfig
@@ -64,6 +64,7 @@ def run(
     from jetsplit.server.engines.mqtt import MqttEngine
     from jetsplit.server.ops.tracking import Trackers
     from jetsplit.server.run.assembly import LiveFleet, RunSpec, bundle_for, prepare_bundle
+    from jetsplit.server.run.held_out import run_classes
 
     check_port(metrics_port, "--metrics-port")
     if resume is not None and auto_resume:
@@ -76,10 +77,12 @@ def run(
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     out_dir, run_name = _run_folder(cfg, config, resume)
     test = _held_out(cfg)
+    classes = run_classes(test)
     trackers = Trackers(tensorboard, mlflow, run_name=run_name, params=cfg.train.model_dump())
     engine = MqttEngine(cfg.mqtt.address(), cfg.fleet, run_id=run_name,
                         options=cfg.mqtt.endpoint_options(),
-                        retry_s=cfg.train.retry_s).start(cfg.mqtt.connect_wait_s)
+                        retry_s=cfg.train.retry_s, classes=classes
+                        ).start(cfg.mqtt.connect_wait_s)
     try:
         with LiveFleet(engine, metrics_port=metrics_port, metrics_host=metrics_host,
                        trackers=trackers) as live:
@@ -91,7 +94,7 @@ def run(
             with tempfile.TemporaryDirectory(prefix="jetsplit-server-") as tmp:
                 summary = live.execute(RunSpec(
                     cfg.settings(), bundle_for(out_dir, resume is not None,
-                                               lambda: prepare_bundle(cfg, Path(tmp))),
+                                               lambda: prepare_bundle(cfg, Path(tmp), classes)),
                     test, out_dir, server_cut=int(cfg.model.split), cuts=cuts,
                     resume=resume is not None,
                     report_title=f"jetsplit run {run_name}: {cfg.train.algorithm}",
@@ -157,18 +160,17 @@ def _run_folder(cfg: ServerConfig, config: Path, resume: Path | None) -> tuple[P
     return out_dir, run_name
 
 
-def _held_out(cfg: ServerConfig) -> ArrayDataset:
-    """The test split the coordinator evaluates on; the configured cuts checked first."""
-    from jetsplit.data import load_dataset_split
+def _held_out(cfg: ServerConfig) -> Dataset:
+    """The set the coordinator evaluates on; the configured cuts checked first."""
+    from jetsplit.server.run.held_out import held_out_set
     from jetsplit.server.run.preflight import check_split
 
-    _, test = load_dataset_split(cfg.data.dataset, cfg.data.test_fraction, cfg.data.seed)
     shape, m = tuple(cfg.model.input_shape), cfg.model
     if m.bundle is None and m.split != "auto":
         check_split(m.name, shape, m.classes, m.split, flag="model.split")
     for who, cut in sorted(m.cuts.items()):  # agent id or profile name
         check_split(m.name, shape, m.classes, cut, flag=f"model.cuts.{who} (device {who})")
-    return test
+    return held_out_set(cfg.data, shape, m.classes)
 
 
 def _wait(engine: MqttEngine, cfg: ServerConfig) -> list[str]:

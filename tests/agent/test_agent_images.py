@@ -88,3 +88,43 @@ def test_classes_need_named_classes(tmp_path: Path) -> None:
                                                                 "classes": ["0", "1"]}})
     with pytest.raises(ConfigError, match="folder: or csv:"):
         local_dataset(config)
+
+
+def test_an_agent_maps_its_own_classes_to_the_bundles_by_name(tmp_path: Path) -> None:
+    """No `[data] classes` on the device: its folder's own order (cat, dog) is mapped to the
+    run's list the bundle names (bird, cat, dog) when the bundle installs."""
+    config = _config(tmp_path)
+    config = config.model_copy(update={"data": config.data.model_copy(update={"classes": None})})
+    worker = build_worker(config)
+    assert worker.data.classes == ("cat", "dog")
+    assert parse_registration(worker.registration()).dataset.label_histogram == [10, 11]
+    own_labels = np.asarray(worker.data.y).copy()
+
+    archive = write_bundle(ModelSpec("mobilenetv3-small", (3, 16, 16), 3), 2,
+                           tmp_path / "bundle", seed=1, tar=True,
+                           classes=RUN_CLASSES).tar_path
+    assert archive is not None
+    engine = InProcessEngine({"jetson1": worker})
+    assert BundleShipper(engine, archive, lr=0.01, deadline_s=60,
+                         content="aux").ensure(engine.online()) == ["jetson1"]
+    assert worker.data.classes == tuple(RUN_CLASSES)
+    np.testing.assert_array_equal(worker.data.y, own_labels + 1)  # cat 0→1, dog 1→2
+    assert parse_registration(worker.registration()).dataset.label_histogram == [0, 10, 11]
+    out = engine.send_and_receive({"jetson1": Command(Kind.TRAIN.value,
+                                                      {"steps": 2, "batch": 8})})
+    assert not out.missed, out.missed
+
+
+def test_a_bundle_whose_classes_lack_the_devices_is_refused(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    config = config.model_copy(update={"data": config.data.model_copy(update={"classes": None})})
+    worker = build_worker(config)
+    archive = write_bundle(ModelSpec("mobilenetv3-small", (3, 16, 16), 2), 2,
+                           tmp_path / "bundle", seed=1, tar=True,
+                           classes=["bird", "cat"]).tar_path
+    assert archive is not None
+    engine = InProcessEngine({"jetson1": worker})
+    ready = BundleShipper(engine, archive, lr=0.01, deadline_s=60,
+                          content="aux").ensure(engine.online())
+    assert ready == []
+    assert worker.data.classes == ("cat", "dog") and worker.bundle is None

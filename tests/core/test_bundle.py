@@ -180,7 +180,10 @@ def test_newer_format_version_asks_for_an_upgrade(copy: Path) -> None:
      ({"codec": "fp7"}, "field codec"), ({"aux_ratio": 3.0}, "field aux_ratio"),
      ({"split": 3}, "split 3 but 2 client layers"),
      ({"model": {"name": "nope", "input_shape": [3, 32, 32], "num_classes": 10}},
-      "field model")],
+      "field model"),
+     ({"classes": ["cat", "dog"]}, "name each of the model's 10 classes once"),
+     ({"classes": ["cat"] * 10}, "name each of the model's 10 classes once"),
+     ({"classes": [f"c{i}" for i in range(9)] + [""]}, "field classes")],
 )
 def test_bad_manifest_field_is_named(copy: Path, changes: dict, field: str) -> None:
     _edit_manifest(copy, **changes)
