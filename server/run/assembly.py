@@ -14,13 +14,14 @@ benchmarks train the same way: `execute(engine, RunSpec(settings, archive, test,
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jetsplit.bundle import load_bundle
-from jetsplit.data import ArrayDataset
+from jetsplit.data import Dataset
 from jetsplit.models import ModelSpec
 from jetsplit.server.cuts.replanning import Replanner
 from jetsplit.server.engines.seam import Engine
@@ -30,6 +31,8 @@ from jetsplit.server.training.settings import Settings
 
 if TYPE_CHECKING:
     from jetsplit.server.ops.tracking import Trackers
+
+log = logging.getLogger("jetsplit.coordinator")
 
 Row = dict[str, Any]
 OnRound = Callable[[Row], None]
@@ -77,7 +80,7 @@ class RunSpec:
 
     settings: Settings
     archive: Path  # the whole model split at the server cut (the bundle archive)
-    test: ArrayDataset  # the held-out split the coordinator evaluates on
+    test: Dataset  # the held-out set the coordinator evaluates on
     out_dir: Path
     server_cut: int | None = None  # the bundle's split, c* (None: every cut given is used)
     cuts: Mapping[str, int] = field(default_factory=dict)  # agent → its cut (empty: c*)
@@ -194,5 +197,14 @@ def prepare_bundle(cfg: ServerConfig, workdir: Path, classes: Sequence[str] | No
     report = write_bundle(spec, cfg.model.split, workdir / "bundle", aux_ratio=cfg.model.aux_ratio,
                           seed=cfg.seed, tar=True, initial_weights=cfg.model.weights,
                           classes=classes)
+    tell_bundle_notes(report.notes)
     assert report.tar_path is not None
     return report.tar_path
+
+
+def tell_bundle_notes(notes: Sequence[str]) -> None:
+    """What a fresh bundle started from (the initial weights' file and hash) and which
+    layers it re-initialised for a new class count: a warning, since a run that was meant
+    to fine-tune must not silently train a layer from scratch."""
+    for note in notes:
+        (log.warning if "re-initialised" in note else log.info)("%s", note)

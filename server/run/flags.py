@@ -72,3 +72,13 @@ def train_flags(*names: str) -> Callable[[F], F]:
         return typing.cast(F, wrapper)
 
     return decorate
+
+
+# Data and model flags `simulate` and `trial` share (server.toml's [data] image_size and
+# [model] weights).
+ImageSizeFlag = Annotated[int | None, typer.Option(
+    "--image-size", min=4, max=4096, help="folder:/csv: images come out N×N (resize and "
+    "centre crop to evaluate, random-resized crop and flip to train).")]
+WeightsFlag = Annotated[str | None, typer.Option(
+    "--weights", help="Initial weights (safetensors, or a state dict read with "
+    "weights_only=True), mapped by parameter name.")]

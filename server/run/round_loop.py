@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from jetsplit.bundle import Bundle
-from jetsplit.data import ArrayDataset
+from jetsplit.data import Dataset
 from jetsplit.devices import torch_threads
 from jetsplit.errors import ConfigError, JetsplitError
 from jetsplit.protocol import Kind
@@ -42,7 +42,7 @@ def run_training(
     engine: Engine,
     archive: Path,
     settings: Settings,
-    test: ArrayDataset,
+    test: Dataset,
     out_dir: Path,
     *,
     on_round: Callable[[dict[str, Any]], None] | None = None,
@@ -70,7 +70,7 @@ def run_training(
                       row_extras=row_extras, cuts=cuts, replanner=replanner)
 
 
-def _train(engine: Engine, archive: Path, settings: Settings, test: ArrayDataset,
+def _train(engine: Engine, archive: Path, settings: Settings, test: Dataset,
            out_dir: Path, *, on_round: Callable[[dict[str, Any]], None] | None,
            bundle: Bundle | None, checkpoint: bool, resume: bool,
            row_extras: Callable[[dict[str, Any]], dict[str, Any]] | None,

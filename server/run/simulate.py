@@ -20,11 +20,11 @@ import typer
 
 from jetsplit import catalog
 from jetsplit.cli_types import parse_agent_options
-from jetsplit.server.run.flags import train_flags
+from jetsplit.server.run.flags import ImageSizeFlag, WeightsFlag, train_flags
 from jetsplit.server.training.settings import Settings
 
 if TYPE_CHECKING:
-    from jetsplit.data import ArrayDataset
+    from jetsplit.data import Dataset
     from jetsplit.edge_agent.attacks import Attack
 
 
@@ -48,6 +48,8 @@ def simulate(
     validation: float = 0.0,
     absent: Sequence[str] = (),
     provision_sizes: bool = False,
+    image_size: int | None = None,
+    weights: str | None = None,
 ) -> dict[str, Any]:
     """Partition `dataset` over `clients` in-process agents and train; returns the summary.
     The simulated agents compute on the coordinator's device (`settings.device`): one GPU
@@ -67,7 +69,10 @@ def simulate(
     `absent` clients get their shard as usual but never join: the same partition without
     their data (a benchmark's floor, what the fleet learns without an attacker at all).
     `provision_sizes` provisions each client's shard size, as `jetsplit provision --size`
-    would (`settings.provisioned_sizes`): a claim then weighs at most the truth."""
+    would (`settings.provisioned_sizes`): a claim then weighs at most the truth.
+    `image_size` sizes a `folder:`/`csv:` dataset's images (their eval crop, training
+    random-resized crop and flip); `weights` is the initial weights file the model starts
+    from (jetsplit/models/initial_weights.py)."""
     from jetsplit.data import client_shards
     from jetsplit.devices import resolve_device
     from jetsplit.server.engines.seam import InProcessEngine
@@ -77,7 +82,8 @@ def simulate(
     run_name = folder_run_id(out_dir, "simulation", "--resume" if resume else "--out")
     attackers = simulated_attacks(attacks or {}, clients, settings.seed)
     _check_absent(absent, clients)
-    train, test = simulation_data(dataset, test_fraction, validation, settings.seed)
+    train, test = simulation_data(dataset, test_fraction, validation, settings.seed,
+                                  image_size)
     shards = client_shards(train.y, clients, partition_scheme, settings.seed, train.num_classes)
     if provision_sizes:
         settings = settings.model_copy(update={"provisioned_sizes": shard_sizes(shards)})
@@ -95,11 +101,13 @@ def simulate(
             "dataset": dataset, "clients": clients, "partition_scheme": partition_scheme,
             "test_fraction": test_fraction, "aux_ratio": aux_ratio, "profiles": profiles,
             "common_split": common_split, "attacks": attacks, "validation": validation,
-            "absent": list(absent), "provision_sizes": provision_sizes},
+            "absent": list(absent), "provision_sizes": provision_sizes,
+            "image_size": image_size, "weights": weights},
             indent=2))
     with tempfile.TemporaryDirectory(prefix="jetsplit-sim-") as tmp:
         archive = bundle_for(out_dir, resume, lambda: bundle or fresh_bundle(
-            model, test, split, Path(tmp), aux_ratio=aux_ratio, seed=settings.seed))
+            model, test, split, Path(tmp), aux_ratio=aux_ratio, seed=settings.seed,
+            weights=weights))
         engine = InProcessEngine(workers, run_id=run_name)
         summary = execute(engine, RunSpec(settings, archive, test, out_dir, server_cut=split,
                                           cuts=cuts or {}, resume=resume,
@@ -120,7 +128,7 @@ def _check_absent(absent: Sequence[str], clients: int) -> None:
                           "not all")
 
 
-def simulated_fleet(settings: Settings, train: ArrayDataset, shards: Sequence[Sequence[int]],
+def simulated_fleet(settings: Settings, train: Dataset, shards: Sequence[Sequence[int]],
                     device: Any, attackers: dict[str, Attack], absent: Sequence[str]
                     ) -> dict[str, Any]:
     """The in-process agents: client aN on shard N (but the `absent` ones), seeded
@@ -142,7 +150,7 @@ def simulated_fleet(settings: Settings, train: ArrayDataset, shards: Sequence[Se
 
 
 def _profiled_cuts(settings: Settings, workers: dict[str, Any], model: str,
-                   test: ArrayDataset, clients: int, profiles: list[str], common_split: bool,
+                   test: Dataset, clients: int, profiles: list[str], common_split: bool,
                    mean_shard: int) -> tuple[int, dict[str, int]]:
     """The planner's (server cut, cut per client) for clients of these profiles (cycled);
     each worker registers its profile."""
@@ -161,16 +169,19 @@ def _profiled_cuts(settings: Settings, workers: dict[str, Any], model: str,
     return split, cuts
 
 
-def fresh_bundle(model: str, test: ArrayDataset, split: int, workdir: Path, *,
-                 aux_ratio: float | None, seed: int) -> Path:
-    """A bundle archive of `model` (shaped for `test`) split at `split`, written in
-    `workdir`."""
+def fresh_bundle(model: str, test: Dataset, split: int, workdir: Path, *,
+                 aux_ratio: float | None, seed: int, weights: str | None = None) -> Path:
+    """A bundle archive of `model` (shaped for `test`, naming its classes) split at
+    `split`, written in `workdir`, starting from `weights` when given."""
     from jetsplit.export.bundle_writer import write_bundle
     from jetsplit.models import ModelSpec
+    from jetsplit.server.run.assembly import tell_bundle_notes
+    from jetsplit.server.run.held_out import run_classes
 
     spec = ModelSpec(model, test.input_shape, test.num_classes)
     report = write_bundle(spec, split, workdir / "bundle", aux_ratio=aux_ratio, seed=seed,
-                          tar=True)
+                          tar=True, initial_weights=weights, classes=run_classes(test))
+    tell_bundle_notes(report.notes)
     assert report.tar_path is not None
     return report.tar_path
 
@@ -178,13 +189,15 @@ def fresh_bundle(model: str, test: ArrayDataset, split: int, workdir: Path, *,
 RUN_FILE = "simulation.json"
 
 
-def simulation_data(dataset: str, test_fraction: float, validation: float, seed: int
-                    ) -> tuple[ArrayDataset, ArrayDataset]:
+def simulation_data(dataset: str, test_fraction: float, validation: float, seed: int,
+                    image_size: int | None = None) -> tuple[Dataset, Dataset]:
     """(training data, evaluated data): the test split, or with `validation` > 0 that
-    fraction of the training data (stratified), so that a sweep never scores on the test."""
-    from jetsplit.data import load_dataset_split, train_test_split
+    fraction of the training data (stratified), so that a sweep never scores on the test.
+    Images of a `folder:`/`csv:` dataset come out `image_size` square."""
+    from jetsplit.data import ImageOptions, load_dataset_split, train_test_split
 
-    train, test = load_dataset_split(dataset, test_fraction, seed)
+    train, test = load_dataset_split(dataset, test_fraction, seed,
+                                     ImageOptions(image_size=image_size, seed=seed))
     if validation:
         return train_test_split(train, test_fraction=validation, seed=seed)
     return train, test
@@ -289,7 +302,10 @@ def simulate_command(
     )] = "alexnet",
     split: Annotated[int, typer.Option("--split", help="Layers on the device.")] = 2,
     dataset: Annotated[str, typer.Option(
-        "--dataset", help="mnist | digits | npz:PATH | cifar10:DIR | folder:DIR")] = "mnist",
+        "--dataset", help="mnist | digits | npz:PATH | cifar10:DIR | folder:DIR | csv:FILE"
+    )] = "mnist",
+    image_size: ImageSizeFlag = None,
+    weights: WeightsFlag = None,
     clients: Annotated[int, typer.Option("--agents", "--clients", help="Simulated agents K."
                                          )] = 4,
     partition: Annotated[str, typer.Option(
@@ -357,7 +373,8 @@ def simulate_command(
         summary = simulate(settings, model=model, split=split, dataset=dataset, clients=clients,
                            partition_scheme=partition, out_dir=out_dir, profiles=profiles,
                            common_split=common_split, attacks=attacks,
-                           provision_sizes=provision_sizes)
+                           provision_sizes=provision_sizes, image_size=image_size,
+                           weights=weights)
     _tell(summary, out_dir, algorithm, as_json)
 
 

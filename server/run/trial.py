@@ -33,7 +33,7 @@ from jetsplit.edge_agent.emulation import EmulationSection
 from jetsplit.edge_agent.traces import Trace
 from jetsplit.errors import ConfigError, JetsplitError
 from jetsplit.server.run.config import TrainSection
-from jetsplit.server.run.flags import train_flags
+from jetsplit.server.run.flags import ImageSizeFlag, WeightsFlag, train_flags
 from jetsplit.server.run.preflight import (
     check_split,
     validate_options,
@@ -54,7 +54,7 @@ from jetsplit.server.run.trial_fleet import (
 )
 
 if TYPE_CHECKING:
-    from jetsplit.data import ArrayDataset
+    from jetsplit.data import Dataset
     from jetsplit.server.run.config import ServerConfig, ServerSection
 
 log = logging.getLogger("jetsplit.trial")
@@ -188,7 +188,12 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
     from jetsplit.profiles import resolve_profile
     from jetsplit.server.report.document import write_report
     from jetsplit.server.run.assembly import folder_run_id
-    from jetsplit.server.run.config import ModelSection, ServerConfig, TopologySection
+    from jetsplit.server.run.config import (
+        DataSection,
+        ModelSection,
+        ServerConfig,
+        TopologySection,
+    )
 
     train, server, traces = check_trial(spec, metrics_port)
     run_name = folder_run_id(out_dir, "trial", "--resume" if resume else "--out")
@@ -198,7 +203,8 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
     profiles = {name: resolve_profile(name)
                 for name in sorted(set(spec.device_profiles().values()))}
     resolve_profile(spec.server_profile)
-    training, test = load_dataset_split(spec.dataset, spec.test_fraction, spec.seed)
+    training, test = load_dataset_split(spec.dataset, spec.test_fraction, spec.seed,
+                                        spec.image_options())
     check_split(spec.model, test.input_shape, test.num_classes, spec.split)
     if spec.provision_sizes:
         train = train.model_copy(update={"provisioned_sizes": trial_shard_sizes(spec, training)})
@@ -208,7 +214,10 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
     planned = plan_trial(spec, train, test, profiles, out_dir)
     cfg = ServerConfig(fleet="trial", agents=len(spec.device_profiles()), seed=spec.seed,
                        model=ModelSection(name=spec.model, input_shape=list(test.input_shape),
-                                          classes=test.num_classes, split=planned.split),
+                                          classes=test.num_classes, split=planned.split,
+                                          weights=spec.weights),
+                       data=DataSection(dataset=spec.dataset, test_fraction=spec.test_fraction,
+                                        seed=spec.seed, image_size=spec.image_size),
                        train=train, topology=TopologySection(edges=topology), server=server)
     try:
         summary = _drive(spec, cfg, planned, traces, test, out_dir, run_name=run_name,
@@ -257,7 +266,7 @@ class TrialPlan:
     replanner: Any
 
 
-def plan_trial(spec: TrialSpec, train: TrainSection, test: ArrayDataset,
+def plan_trial(spec: TrialSpec, train: TrainSection, test: Dataset,
                profiles: dict[str, Any], out_dir: Path) -> TrialPlan:
     """Measure this machine, emulate the profiles on it and plan the fleet as emulated
     (compute dilated, links as the profiles say); writes plan.json."""
@@ -282,7 +291,7 @@ def plan_trial(spec: TrialSpec, train: TrainSection, test: ArrayDataset,
 
 
 def _drive(spec: TrialSpec, cfg: ServerConfig, planned: TrialPlan, traces: dict[str, Trace],
-           test: ArrayDataset, out_dir: Path, *, run_name: str, resume: bool,
+           test: Dataset, out_dir: Path, *, run_name: str, resume: bool,
            metrics_port: int | None, live: bool | None, trackers: Any) -> dict[str, Any]:
     """Broker, agent processes and coordinator up; train over MQTT; all of them down."""
     from jetsplit.broker_url import parse_broker_url
@@ -290,6 +299,7 @@ def _drive(spec: TrialSpec, cfg: ServerConfig, planned: TrialPlan, traces: dict[
     from jetsplit.server.ops.brokers import EmbeddedBroker
     from jetsplit.server.ops.progress import TrialProgress
     from jetsplit.server.run.assembly import LiveFleet, RunSpec, bundle_for, prepare_bundle
+    from jetsplit.server.run.held_out import run_classes
     from jetsplit.transport.mqtt import EndpointOptions
 
     with contextlib.ExitStack() as stack:
@@ -321,7 +331,8 @@ def _drive(spec: TrialSpec, cfg: ServerConfig, planned: TrialPlan, traces: dict[
                                 f"{agent_dir})")
         fleet.serve_metrics()
         with TrialProgress(cfg.train.rounds, title="jetsplit trial", live=live) as progress:
-            archive = bundle_for(out_dir, resume, lambda: prepare_bundle(cfg, out_dir / "build"))
+            archive = bundle_for(out_dir, resume, lambda: prepare_bundle(
+                cfg, out_dir / "build", run_classes(test)))
             return fleet.execute(RunSpec(
                 cfg.settings(), archive, test, out_dir, server_cut=planned.split,
                 cuts=planned.cuts, resume=resume, on_round=[progress.update],
@@ -337,7 +348,8 @@ def _server_toml(cfg: Any, broker_url: str) -> str:
         "fleet": cfg.fleet, "agents": cfg.agents, "seed": cfg.seed,
         "mqtt": {"broker": broker_url},
         "model": {"name": m.name, "input_shape": list(m.input_shape), "classes": m.classes,
-                  "split": m.split},
+                  "split": m.split, **({"weights": m.weights} if m.weights else {})},
+        "data": cfg.data.model_dump(exclude_defaults=True),
         "server": cfg.server.model_dump(),
         "train": {k: v for k, v in cfg.train.model_dump().items() if v is not None},
     }
@@ -387,7 +399,7 @@ _Profiles = Annotated[list[str] | None, typer.Option(
 _Out = Annotated[Path | None, typer.Option(
     "--out", help="Run folder (default runs/trial-<UTC time>).")]
 _Dataset = Annotated[str, typer.Option(
-    "--dataset", help="mnist | digits | npz:PATH | cifar10:DIR | folder:DIR")]
+    "--dataset", help="mnist | digits | npz:PATH | cifar10:DIR | folder:DIR | csv:FILE")]
 _Partition = Annotated[str, typer.Option(
     "--partition", help="iid | quantity:A | dirichlet:B | ampere:A (label skew by "
     "default)")]
@@ -441,6 +453,8 @@ def trial_command(
         "--model", help="A zoo name, module.path:factory, torchvision:NAME or timm:NAME."
     )] = "alexnet",
     dataset: _Dataset = "mnist",
+    image_size: ImageSizeFlag = None,
+    weights: WeightsFlag = None,
     partition: _Partition = "dirichlet:0.5",
     seed: Annotated[int, typer.Option("--seed", help="Seeds data, selection, weights.")] = 0,
     split: _Split = None,
@@ -467,7 +481,8 @@ def trial_command(
     else:
         spec = TrialSpec(train=train, agents=agents,
                          profiles=profiles or list(DEFAULT_PROFILES), model=model,
-                         dataset=dataset, partition=partition, seed=seed, broker=broker,
+                         dataset=dataset, image_size=image_size, weights=weights,
+                         partition=partition, seed=seed, broker=broker,
                          emulate=not no_emulation, split=split, edges=edges,
                          edge_profile=edge_profile, device=device,
                          common_split=common_split, cuts=parse_cuts(cut),

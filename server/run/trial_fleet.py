@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from jetsplit.data import ImageOptions
 from jetsplit.edge_agent.emulation import EmulationSection
 from jetsplit.edge_agent.traces import Trace
 from jetsplit.errors import ConfigError
@@ -25,7 +26,7 @@ from jetsplit.server.run.preflight import validate_options
 from jetsplit.server.run.simulate import agent_name, edge_name, shard_sizes
 
 if TYPE_CHECKING:
-    from jetsplit.data import ArrayDataset
+    from jetsplit.data import Dataset
 
 DEFAULT_PROFILES = ["jetson-nano-4gb", "orin-nx-16gb"]
 #: A trial's own [train] defaults: it re-plans its emulated fleet's cuts live.
@@ -43,6 +44,8 @@ class TrialSpec:
     profiles: list[str] = field(default_factory=lambda: list(DEFAULT_PROFILES))
     model: str = "alexnet"
     dataset: str = "mnist"
+    image_size: int | None = None  # folder:/csv: images come out N×N ([data] image_size)
+    weights: str | None = None  # the model's initial weights file ([model] weights)
     partition: str = "dirichlet:0.5"
     seed: int = 0
     test_fraction: float = 0.2
@@ -66,6 +69,10 @@ class TrialSpec:
     # {agent: trace name or file}: how that agent's device changes during the run
     # (edge_agent/traces.py), replayed by its emulation
     traces: dict[str, str] = field(default_factory=dict)
+
+    def image_options(self) -> ImageOptions:
+        """How the trial's `folder:`/`csv:` images are sized (every agent alike)."""
+        return ImageOptions(image_size=self.image_size, seed=self.seed)
 
     def training(self) -> TrainSection:
         """The trial's [train] section, checked (one line naming the flag at fault)."""
@@ -92,7 +99,7 @@ class TrialSpec:
         return out
 
 
-def trial_shard_sizes(spec: TrialSpec, train: ArrayDataset) -> dict[str, int]:
+def trial_shard_sizes(spec: TrialSpec, train: Dataset) -> dict[str, int]:
     """The samples each trial client holds of the training split `train`: its shard as its
     agent cuts it (`client_shards`, from the `[data]` that `agent_config` writes), what
     `provision_sizes` provisions."""
@@ -137,6 +144,8 @@ def agent_config(spec: TrialSpec, agent: str, broker_url: str, state_dir: Path,
                  "test_fraction": spec.test_fraction},
         "emulation": emulation.model_dump(exclude_none=True),
     }
+    if spec.image_size is not None:
+        doc["data"]["image_size"] = spec.image_size
     if agent in spec.attacks:
         doc["attack"] = {"kind": spec.attacks[agent]}
     return tomli_w.dumps(doc)

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from jetsplit.data import ArrayDataset
+from jetsplit.data import Dataset
 from jetsplit.models.split import eval_mode
 
 
@@ -26,7 +26,7 @@ class Evaluation:
                 "per_class_accuracy": self.per_class, "test_loss": self.loss}
 
 
-def evaluate(model: nn.Module, test: ArrayDataset, batch: int = 512) -> Evaluation:
+def evaluate(model: nn.Module, test: Dataset, batch: int = 512) -> Evaluation:
     """Accuracy of `model` (client∘server or the full model) on the test split, computed on
     the device the model's weights are on."""
     device = next(model.parameters()).device

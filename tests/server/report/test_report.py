@@ -422,3 +422,32 @@ def test_plan_section_names_cuts_set_by_hand_and_reasons_the_plan_gives(tmp_path
     assert "- a1 (orin-nx-16gb): k = 3 (after conv3) — not the planner's choice (k = 2)." in text
     assert ("- a0, a2 (jetson-nano-4gb): k = 1 (after conv1) — the smallest activation that "
             "fits the uplink.") in text
+
+
+def test_per_class_accuracy_by_the_runs_class_names_and_skipped_images(tmp_path: Path) -> None:
+    run = _synthetic_run(tmp_path / "run", rounds=3)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for round_, row in enumerate(rows):  # cumulative counts: the last one is the run's
+        row["agents"]["a1"]["images_skipped"] = 2 * round_
+        row["agents"]["a0"]["images_skipped"] = "junk"
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps({**summary,
+                                                  "classes": ["cat", "dog|x", "fox"]}))
+    text = write_report(run).read_text()
+    assert "Per-class accuracy in the last round (%): cat: 50.00, dog\\|x: 60.00, fox: —." \
+        in text
+    header = next(line for line in text.splitlines() if line.startswith("| agent |"))
+    column = header.split(" | ").index("images skipped")
+    cells = {line.split(" | ")[0]: line.split(" | ")[column]
+             for line in text.splitlines() if line.startswith(("| a0 |", "| a1 |"))}
+    assert cells == {"| a0": "—", "| a1": "4"}
+
+
+def test_per_class_accuracy_falls_back_to_indices(tmp_path: Path) -> None:
+    run = _synthetic_run(tmp_path / "run", rounds=2)
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps({**summary, "classes": ["cat", "dog"]}))
+    text = write_report(run).read_text()  # two names for three classes: not the run's
+    assert "Per-class accuracy in the last round (%): 0: 50.00, 1: 60.00, 2: —." in text
+    assert "images skipped" not in text
