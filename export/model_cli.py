@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from jetsplit.errors import ConfigError
+
+if TYPE_CHECKING:
+    from jetsplit.data import ImageOptions
 
 
 def model(
@@ -59,7 +62,7 @@ def model(
 def predict(
     model_path: Annotated[Path, typer.Argument(help="ONNX file (from `export model`).")],
     dataset: Annotated[str, typer.Option("--dataset", help="mnist | digits | npz:PATH | "
-                                         "cifar10:DIR | folder:DIR")] = "mnist",
+                                         "cifar10:DIR | folder:DIR | csv:FILE")] = "mnist",
     split: Annotated[str, typer.Option(
         "--split", help="test: the held-out part a run evaluated on; all: every sample.")
     ] = "test",
@@ -81,20 +84,47 @@ def predict(
     if not model_path.is_file():
         raise ConfigError(f"model {model_path}: file not found")
     check_data_options(dataset)
-    data = (load_dataset_split(dataset, test_fraction, seed)[1] if split == "test"
-            else load_dataset(dataset))
     block = OnnxBlock(model_path)
+    images = _images_for(block.input_shape, seed)
+    data = (load_dataset_split(dataset, test_fraction, seed, images)[1] if split == "test"
+            else load_dataset(dataset, images))
     block.run(data.x[:1])  # warm-up (and a clear error when the input shape is wrong)
+    hits = np.zeros(data.num_classes, np.int64)
     correct, calls = 0, []
     for start in range(0, len(data), batch):
         x = np.ascontiguousarray(data.x[start:start + batch])
         t0 = time.perf_counter()
         logits = block.run(x)
         calls.append(time.perf_counter() - t0)
-        correct += int((logits.argmax(axis=1) == data.y[start:start + batch]).sum())
+        labels = data.y[start:start + batch]
+        right = logits.argmax(axis=1) == labels
+        correct += int(right.sum())
+        np.add.at(hits, labels[right], 1)
     accuracy = correct / len(data)
     per_batch = 1e3 * float(np.median(calls))
     typer.echo(f"{model_path.name} on {dataset} ({split}, {len(data)} samples): accuracy "
                f"{accuracy:.4f}; latency {per_batch:.2f} ms per batch of {batch} (median), "
                f"{1e3 * sum(calls) / len(data):.3f} ms per sample, on "
                f"{block.providers[0]}")
+    names = getattr(data, "classes", None)
+    if names is not None:  # an image folder or manifest: accuracy per class, by name
+        counts = np.bincount(data.y, minlength=data.num_classes)
+        typer.echo("per class: " + ", ".join(
+            f"{name} {hits[c] / counts[c]:.4f} ({counts[c]})" if counts[c] else f"{name} —"
+            for c, name in enumerate(names)))
+    skipped = getattr(data, "skips", None)
+    if skipped is not None and skipped.report()["skipped"]:
+        typer.echo(f"skipped {skipped.report()['skipped']} undecodable image(s), e.g. "
+                   f"{skipped.report()['skipped_examples'][0]}")
+
+
+def _images_for(input_shape: tuple[object, ...], seed: int) -> ImageOptions:
+    """Images (a folder: or csv: dataset) come out at the model's own input size and
+    channels, cropped and normalised as the run evaluated them."""
+    from jetsplit.data import ImageOptions
+
+    dims = [d if isinstance(d, int) else None for d in input_shape[1:]]
+    channels, height, width = (dims + [None, None, None])[:3]
+    size = height if height is not None and height == width else None
+    return ImageOptions(image_size=size, channels=channels if channels in (1, 3) else None,
+                        seed=seed)

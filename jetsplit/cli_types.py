@@ -49,3 +49,17 @@ def parse_agent_options(options: list[str], flag: str, what: str, example: str
                               f"once per agent")
         values[agent] = value
     return values
+
+
+def parse_cuts(values: list[str] | None) -> dict[str, int] | None:
+    """`--cut a0=2 --cut a1=5` → {"a0": 2, "a1": 5}; one error line otherwise."""
+    if not values:
+        return None
+    out = {}
+    for agent, k in parse_agent_options(values, "--cut", "K", "a0=2").items():
+        try:
+            out[agent.strip()] = int(k)
+        except ValueError:
+            raise ConfigError(f"--cut {agent}={k}: expected AGENT=K with K an integer"
+                              ) from None
+    return out

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from jetsplit import catalog
-from jetsplit.cli_types import parse_agent_options
+from jetsplit.cli_types import parse_agent_options, parse_cuts
 from jetsplit.server.run.flags import ImageSizeFlag, WeightsFlag, train_flags
 from jetsplit.server.training.settings import Settings
 
@@ -50,6 +50,7 @@ def simulate(
     provision_sizes: bool = False,
     image_size: int | None = None,
     weights: str | None = None,
+    hand_cuts: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """Partition `dataset` over `clients` in-process agents and train; returns the summary.
     The simulated agents compute on the coordinator's device (`settings.device`): one GPU
@@ -72,7 +73,8 @@ def simulate(
     would (`settings.provisioned_sizes`): a claim then weighs at most the truth.
     `image_size` sizes a `folder:`/`csv:` dataset's images (their eval crop, training
     random-resized crop and flip); `weights` is the initial weights file the model starts
-    from (jetsplit/models/initial_weights.py)."""
+    from (jetsplit/models/initial_weights.py). `hand_cuts` ({agent: cut}) sets those
+    clients' cuts over the planner's (or `split`); the deepest is the server cut."""
     from jetsplit.data import client_shards
     from jetsplit.devices import resolve_device
     from jetsplit.server.engines.seam import InProcessEngine
@@ -94,6 +96,8 @@ def simulate(
     if profiles:
         split, cuts = _profiled_cuts(settings, workers, model, test, clients, profiles,
                                      common_split, mean_shard)
+    if hand_cuts:
+        split, cuts = _with_hand_cuts(hand_cuts, cuts, split, model, test, clients)
     out_dir.mkdir(parents=True, exist_ok=True)
     if not resume:
         (out_dir / RUN_FILE).write_text(json.dumps({
@@ -102,7 +106,7 @@ def simulate(
             "test_fraction": test_fraction, "aux_ratio": aux_ratio, "profiles": profiles,
             "common_split": common_split, "attacks": attacks, "validation": validation,
             "absent": list(absent), "provision_sizes": provision_sizes,
-            "image_size": image_size, "weights": weights},
+            "image_size": image_size, "weights": weights, "hand_cuts": hand_cuts},
             indent=2))
     with tempfile.TemporaryDirectory(prefix="jetsplit-sim-") as tmp:
         archive = bundle_for(out_dir, resume, lambda: bundle or fresh_bundle(
@@ -167,6 +171,23 @@ def _profiled_cuts(settings: Settings, workers: dict[str, Any], model: str,
         rounds=settings.rounds, dataset_size=mean_shard, codec=settings.codec,
         server_profile="x86-cpu", common_split=common_split)
     return split, cuts
+
+
+def _with_hand_cuts(hand: dict[str, int], cuts: dict[str, int] | None, split: int,
+                    model: str, test: Dataset, clients: int) -> tuple[int, dict[str, int]]:
+    """(server cut, cut per client) with `--cut` laid over the planner's cuts (or `split`
+    for everyone); each named client and cut checked in one line."""
+    from jetsplit.errors import ConfigError
+    from jetsplit.server.run.preflight import check_split
+
+    names = [agent_name(i) for i in range(clients)]
+    for agent, cut in sorted(hand.items()):
+        if agent not in names:
+            raise ConfigError(f"--cut {agent}={cut}: no simulated client {agent!r} (they are "
+                              f"a0..a{clients - 1})")
+        check_split(model, test.input_shape, test.num_classes, cut, flag=f"--cut {agent}")
+    merged = {**{a: split for a in names}, **(cuts or {}), **hand}
+    return max(merged.values()), merged
 
 
 def fresh_bundle(model: str, test: Dataset, split: int, workdir: Path, *,
@@ -306,6 +327,9 @@ def simulate_command(
     )] = "mnist",
     image_size: ImageSizeFlag = None,
     weights: WeightsFlag = None,
+    cut: Annotated[list[str] | None, typer.Option(
+        "--cut", help="AGENT=K: train simulated client AGENT at cut K (repeat); the others "
+        "at --split or the planner's.")] = None,
     clients: Annotated[int, typer.Option("--agents", "--clients", help="Simulated agents K."
                                          )] = 4,
     partition: Annotated[str, typer.Option(
@@ -374,7 +398,7 @@ def simulate_command(
                            partition_scheme=partition, out_dir=out_dir, profiles=profiles,
                            common_split=common_split, attacks=attacks,
                            provision_sizes=provision_sizes, image_size=image_size,
-                           weights=weights)
+                           weights=weights, hand_cuts=parse_cuts(cut))
     _tell(summary, out_dir, algorithm, as_json)
 
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from jetsplit.cli_types import check_port, parse_agent_options
+from jetsplit.cli_types import check_port, parse_agent_options, parse_cuts
 from jetsplit.data.checks import check_data_options
 from jetsplit.edge_agent.emulation import EmulationSection
 from jetsplit.edge_agent.traces import Trace
@@ -356,20 +356,6 @@ def _server_toml(cfg: Any, broker_url: str) -> str:
     if cfg.topology.edges:
         doc["topology"] = {"edges": {e: list(c) for e, c in cfg.topology.edges.items()}}
     return tomli_w.dumps(doc)
-
-
-def parse_cuts(values: list[str] | None) -> dict[str, int] | None:
-    """`--cut a0=2 --cut a1=5` → {"a0": 2, "a1": 5}; one error line otherwise."""
-    if not values:
-        return None
-    out = {}
-    for value in values:
-        agent, _, k = value.partition("=")
-        try:
-            out[agent.strip()] = int(k)
-        except ValueError:
-            raise ConfigError(f"--cut {value!r}: expected AGENT=K with K an integer") from None
-    return out
 
 
 def load_spec(run_dir: Path) -> TrialSpec:
