@@ -70,9 +70,9 @@ def aux_hidden_width(channels: int, num_classes: int, ratio: float) -> int:
     channels is about C wide in the networks Ampere trains (ResNet, VGG, MobileNet), so
     ratio × C stands in for it. The floor keeps the hidden layer at least as wide as the
     logits (narrower, it caps their rank: an 8-channel stem cut at 0.5 would give 4 units
-    for 10 classes) and at least 16; the ceiling keeps the head light next to the server
-    block (Ampere's s_aux ≪ s_server): 512 is the widest hidden layer of the zoo's own
-    CIFAR classifiers (VGG's fc), and twice the ResNet-18 twin at the last stage (256)."""
+    for 10 classes) and at least 16; the ceiling (512, the widest feature of ResNet-18 and
+    of VGG's classifier) keeps the head light next to the server block however wide a late
+    cut is (Ampere's s_aux ≪ s_server, §4.2): at most 512·(C + K + 1) + K parameters."""
     floor = max(AUX_MIN_HIDDEN, num_classes)
     return min(AUX_MAX_HIDDEN, max(floor, int(round(ratio * channels))))
 
