@@ -51,8 +51,13 @@ class EdgeTier:
         self.block = block.to(device)
         self.input_shape = input_shape
         self.device = device
-        self.optimizer = build_optimizer(self.block.parameters(), optimizer.name, optimizer.lr,
-                                         optimizer.momentum, optimizer.weight_decay)
+        # An edge tier of parameter-free blocks (a ReLU, a pooling, a flatten of a user's
+        # network) has nothing to step; it still computes the contrastive loss and returns
+        # its gradient to the clients (docs/methods.md#auxiliary-heads-and-edge-tiers-at-any-cut).
+        params = list(self.block.parameters())
+        self.optimizer: Optional[torch.optim.Optimizer] = build_optimizer(
+            params, optimizer.name, optimizer.lr, optimizer.momentum,
+            optimizer.weight_decay) if params else None
 
     def inputs(self, smashed: Dict[str, Tensors]) -> Tuple[torch.Tensor, torch.Tensor, List[int]]:
         """Each client's activations and labels, checked (peers are untrusted), then
@@ -85,11 +90,13 @@ class EdgeTier:
         the embeddings before the update (as the loss saw them) for the cloud."""
         leaf = acts.requires_grad_(True)
         self.block.train()
-        self.optimizer.zero_grad(set_to_none=True)
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)
         z = self.block(leaf)
         loss = contrastive_loss(z, labels, margin)
         loss.backward()
-        self.optimizer.step()
+        if self.optimizer is not None:
+            self.optimizer.step()
         assert leaf.grad is not None
         return (leaf.grad.cpu().numpy(), float(loss.detach()),
                 np.ascontiguousarray(z.detach().cpu().numpy(), np.float32))

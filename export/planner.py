@@ -40,6 +40,7 @@ from jetsplit.export.cost_model import (
     CODEC_BYTES,
     OPTIMIZER_STATE,
     BlockCost,
+    LayerCost,
     LayerTime,
     MemoryEstimate,
     ModelCosts,
@@ -464,13 +465,21 @@ class ThreeTierPlan:
 
 
 def classifier_start(costs: ModelCosts) -> int:
-    """Index of the first layer of the model's trailing classifier (fc…/head layers): the
-    role-aware cloud tier holds only task-head layers (the SHeRL-FL paper, "Model
-    Partitioning")."""
+    """Index of the first layer of the model's trailing classifier: the role-aware cloud
+    tier holds only task-head layers (the SHeRL-FL paper, "Model Partitioning").
+
+    The head is the trailing layers named fc…/head (the zoo's names) or fed one vector per
+    sample (what follows a network's last pooling or flatten, whatever its blocks are
+    called: a user's network names them itself), and at least the last layer. On the zoo
+    the shape adds nothing to the names, so a factory returning a zoo model plans alike."""
     start = costs.num_layers - 1
-    while start > 0 and costs.layers[start - 1].name.startswith(CLASSIFIER_PREFIXES):
+    while start > 0 and _is_head(costs.layers[start - 1]):
         start -= 1
     return start
+
+
+def _is_head(layer: LayerCost) -> bool:
+    return layer.name.startswith(CLASSIFIER_PREFIXES) or len(layer.in_shape) == 1
 
 
 def _tightest(block: BlockCost, batch: int, profiles: list[DeviceProfile],

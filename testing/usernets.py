@@ -80,6 +80,30 @@ class PlainNet(nn.Module):
         return self.head(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
 
 
+class TokenNet(nn.Module):
+    """Patches as a token sequence, a per-token mixing layer, the token mean, and a
+    two-layer classifier named `classifier` (not fc…/head): for the aux head's token
+    pooling and the shape rule of the cloud tier's head.
+
+    Hand-listed blocks (per-sample output): embed (8,4,4), flatten (8,16), transpose
+    (16,8), mix (16,8), relu (16,8), mean (8,), classifier_0 (16,), classifier_1 (16,),
+    classifier_2 (classes,)."""
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        self.embed = nn.Conv2d(3, 8, 4, stride=4)
+        self.mix = nn.Linear(8, 8)
+        self.classifier = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = torch.flatten(self.embed(x), 2).transpose(1, 2)
+        return self.classifier(F.relu(self.mix(tokens)).mean(dim=1))
+
+
+def token_net(num_classes: int = 10) -> nn.Module:
+    return TokenNet(num_classes)
+
+
 def zoo_resnet18(num_classes: int, input_shape: tuple) -> LayeredModel:
     """The zoo's resnet18, returned by a factory: must give the zoo name's bits."""
     return build_model("resnet18", input_shape, num_classes)

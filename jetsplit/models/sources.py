@@ -178,8 +178,13 @@ def _build(spec: ModelSpec, weights: Optional[Path]) -> LayeredModel:
     if isinstance(module, LayeredModel) and module.spec == spec:
         model = module
     else:
-        model = LayeredModel(spec, to_layers(module, spec))
-        _check_output(model)
+        try:
+            model = LayeredModel(spec, to_layers(module, spec))
+            _check_output(model)
+        except RuntimeError as exc:  # the network cannot take the data's input shape
+            reason = " ".join(str(exc).strip().splitlines()[:1])[:200] or type(exc).__name__
+            raise ModelError(f"model source {spec.name}: cannot run on inputs of shape "
+                             f"{list(spec.input_shape)} ({reason})") from None
     model.initial_weights = initial
     return model
 

@@ -10,10 +10,12 @@ import torch
 from torch import nn
 
 from jetsplit.errors import ModelError
-from jetsplit.models.layers import ZooLayer
+from jetsplit.models.layers import ZooLayer, he_init
 from jetsplit.models.zoo import LayeredModel
 
 DEFAULT_AUX_RATIO = 0.5
+AUX_MIN_HIDDEN = 16  # aux_hidden_width's floor (with the class count)
+AUX_MAX_HIDDEN = 512  # and its ceiling
 
 
 def check_split(model: LayeredModel, k: int) -> None:
@@ -58,20 +60,48 @@ def activation_shape(model: LayeredModel, k: int) -> tuple[int, ...]:
     return tuple(out.shape[1:])
 
 
+def aux_hidden_width(channels: int, num_classes: int, ratio: float) -> int:
+    """Width of the hidden layer of the aux head of a block with no narrow twin.
+
+    hidden = clamp(round(ratio × C), max(AUX_MIN_HIDDEN, classes), AUX_MAX_HIDDEN), C the
+    pooled activation's features (channels of a feature map, width of a token or a vector).
+    Ampere (§3.2.2) makes the aux net's first layer the first server layer at `ratio` (0.5)
+    of its width; a user's block has no width to read, but the layer after a cut of C
+    channels is about C wide in the networks Ampere trains (ResNet, VGG, MobileNet), so
+    ratio × C stands in for it. The floor keeps the hidden layer at least as wide as the
+    logits (narrower, it caps their rank: an 8-channel stem cut at 0.5 would give 4 units
+    for 10 classes) and at least 16; the ceiling (512, the widest feature of ResNet-18 and
+    of VGG's classifier) keeps the head light next to the server block however wide a late
+    cut is (Ampere's s_aux ≪ s_server, §4.2): at most 512·(C + K + 1) + K parameters."""
+    floor = max(AUX_MIN_HIDDEN, num_classes)
+    return min(AUX_MAX_HIDDEN, max(floor, int(round(ratio * channels))))
+
+
 class AuxiliaryHead(nn.Module):
     """Ampere's auxiliary network (the Ampere paper §3.2.2): the first server layer replicated at a
     fraction of its width, global pooling, and a linear classifier, so the client block can
-    train on a local loss without server gradients. A block of a user's network has no
-    narrow twin: its head is the pooled activation and the linear classifier alone."""
+    train on a local loss without server gradients.
+
+    A block of a user's network (or any layer without a narrow twin) cannot be replicated:
+    its head is global pooling, then a hidden linear layer + ReLU of `aux_hidden_width`
+    units, then the linear classifier, the paper's two layers with the replica's
+    convolution dropped (docs/methods.md#auxiliary-heads-and-edge-tiers-at-any-cut)."""
 
     def __init__(self, first_server_layer: nn.Module, activation: torch.Tensor,
                  num_classes: int, ratio: float) -> None:
         super().__init__()
         self.ratio = ratio
-        self.replica = first_server_layer.narrow(ratio) \
-            if isinstance(first_server_layer, ZooLayer) else nn.Identity()
+        twin = isinstance(first_server_layer, ZooLayer)
+        self.replica = first_server_layer.narrow(ratio) if twin else nn.Identity()
         with eval_mode(self.replica), torch.no_grad():
             features = self.pool(self.replica(activation)).shape[1]
+        self.hidden: nn.Module = nn.Identity()
+        if not twin:
+            width = aux_hidden_width(features, num_classes, ratio)
+            fc = nn.Linear(features, width)
+            he_init(fc, "relu")
+            self.hidden = nn.Sequential(OrderedDict(fc=fc, act=nn.ReLU()))
+            features = width
         self.classifier = nn.Linear(features, num_classes)
 
     @staticmethod
@@ -84,7 +114,7 @@ class AuxiliaryHead(nn.Module):
         return x.flatten(1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.pool(self.replica(x)))
+        return self.classifier(self.hidden(self.pool(self.replica(x))))
 
 
 def build_aux_head(model: LayeredModel, k: int, ratio: float = DEFAULT_AUX_RATIO,
