@@ -68,11 +68,24 @@ def plan_cuts(algorithm: str, model: str, input_shape: tuple[int, int, int], cla
             info.update(predicted_compute_s=row.compute_ms * iters / 1e3,
                         predicted_transfer_s=row.transfer_ms * iters / 1e3,
                         predicted_memory_mb=row.memory.total / 2**20,
-                        budget_mb=row.budget_bytes / 2**20)
+                        budget_mb=row.budget_bytes / 2**20,
+                        predicted_step_s=longest_exchange_s(row, resolved[agent], iters))
         agents[agent] = info
     return server_cut, cuts, {**plan_to_dict(plan), "planned_as": planned,
                               "used_split": server_cut, "per_device": predicted,
                               "agents": agents}
+
+
+def longest_exchange_s(row: Any, profile: Any, iters: int) -> float:
+    """The planner's seconds for one device's longest exchange at its cut: an iteration
+    (compute and activation/gradient transfer, the round's weight exchange amortised), or
+    its block's weights once over its slower link, whichever is longer. What the step
+    deadlines' floor covers (server/defences/step_deadlines.py)."""
+    step_s = (row.compute_ms + row.transfer_ms) / 1e3
+    weights = max(0.0, (row.bytes_round - iters * row.bytes_iter) / 2)
+    rate = min(profile.uplink_bytes_per_s, profile.downlink_bytes_per_s)
+    weights_s = weights / rate + profile.network.rtt_ms / 1e3 if rate > 0 else 0.0
+    return max(step_s, weights_s)
 
 
 def _planning_inputs(algorithm: str, model: str, input_shape: tuple[int, int, int],

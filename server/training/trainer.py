@@ -32,6 +32,8 @@ from jetsplit.models.weights import from_arrays, load_strict, to_arrays
 from jetsplit.protocol import Kind
 from jetsplit.server.cuts.shipping import BundleShipper
 from jetsplit.server.defences.defences import Defences
+from jetsplit.server.defences.sitting_out import PROBE
+from jetsplit.server.defences.step_deadlines import StepDeadlines, predicted_floor
 from jetsplit.server.engines.seam import Command, Engine, Outcome, Reply
 from jetsplit.server.training.divergence import DivergenceGuard
 from jetsplit.server.training.evaluation import Evaluation, evaluate, summarize
@@ -61,11 +63,12 @@ class Trainer:
     """Shared machinery the methods use: exchanges, weights, timing, FLOP and byte books."""
 
     def __init__(self, engine: Engine, archive: Path, settings: Settings, test: ArrayDataset,
-                 *, bundle: Bundle | None = None, cuts: Mapping[str, int] | None = None
-                 ) -> None:
+                 *, bundle: Bundle | None = None, cuts: Mapping[str, int] | None = None,
+                 predicted_step_s: Mapping[str, float] | None = None) -> None:
         """`archive` is the whole model split at the server cut c*; `cuts` gives agents
         that train at a shallower cut theirs (the rest train at c*; see
-        server/cuts/completions.py)."""
+        server/cuts/completions.py); `predicted_step_s` (agent → the planner's seconds for
+        its longest exchange) raises the step deadlines' floor."""
         from jetsplit.server.cuts.completions import Completions, check_cuts
 
         self.engine, self.settings, self.test = engine, settings, test
@@ -106,7 +109,11 @@ class Trainer:
         # every defence's state, on the data path (server/defences/defences.py)
         self.defences = Defences(settings, self.bundle.spec.num_classes, engine.registry,
                                  self.books, fixed_batch=client_batch(settings))
-        self.books.listener = self.defences.bench.note  # who keeps missing deadlines sits out
+        # the step deadlines follow the fleet (server/defences/step_deadlines.py)
+        self.deadlines = StepDeadlines(
+            settings.deadline_s, k=settings.deadline_k, window=settings.deadline_window,
+            floor_s=predicted_floor(predicted_step_s or {}, settings.deadline_floor_s))
+        self.books.listener = self._heard
         self.guard = DivergenceGuard(settings, self.bundle.spec.num_classes)
         self.round = 0
         self.last_pool = 0
@@ -210,7 +217,37 @@ class Trainer:
         raise RoundFailed(f"{self.settings.algorithm} round {self.round}: no update from any "
                           f"of the {len(selected)} selected agents ({why})")
 
+    def _heard(self, outcome: Outcome) -> None:
+        """Every booked exchange: who keeps missing deadlines sits out, and its step time
+        joins its kind's window."""
+        self.defences.bench.note(outcome)
+        self.deadlines.observe(outcome)
+
+    def step_deadline(self, kind: str) -> float:
+        """Seconds an exchange of `kind` waits now (server/defences/step_deadlines.py)."""
+        return self.deadlines.deadline(kind)
+
     # ------------------------------------------------------------------ selection
+
+    def probe(self, agents: list[str]) -> list[str]:
+        """Proof of life: a `status` to agents that sat out or missed their last exchange,
+        with the short probe deadline; who answered (the silent sit out again:
+        server/defences/sitting_out.py). Booked like any exchange, answers in `probes`."""
+        if not agents:
+            return []
+        wait = min(self.settings.probe_deadline_s, self.settings.deadline_s)
+        with self.books.timed("probe"):
+            out = self.books.note(self.engine.broadcast(Command(PROBE), agents,
+                                                        round=self.round, deadline_s=wait))
+        for agent in agents:
+            reply = out.replies.get(agent)
+            if reply is None:
+                self.books.probes[agent] = f"no answer: {out.missed.get(agent, 'deadline')}"
+            elif reply.elapsed_s is None:
+                self.books.probes[agent] = "answered"
+            else:
+                self.books.probes[agent] = f"answered in {reply.elapsed_s:.2f} s"
+        return out.agents
 
     def live(self, agents: list[str]) -> list[str]:
         """The selected agents not known to be offline nor benched for missing deadlines,
@@ -232,7 +269,9 @@ class Trainer:
             registry.wait_for(self.last_pool, REJOIN_GRACE_S)
             pool = registry.eligible(zoo_version=ZOO_VERSION)
         self.last_pool = len(pool)
-        pool = self.defences.bench.playing(pool) or pool  # all benched: better slow than nothing
+        bench = self.defences.bench
+        self.probe(bench.to_probe(bench.playing(pool)))  # the silent are benched again
+        pool = bench.playing(pool) or pool  # all benched: better slow than nothing
         if not pool:
             return []
         count = max(1, min(len(pool), round(self.settings.fraction * len(pool))))
@@ -251,7 +290,8 @@ class Trainer:
                     for a, b in batches.items()}
         with self.books.timed("forward"):
             out = self.books.note(self.checked(self.engine.send_and_receive(
-                commands, round=self.round, step=step, deadline_s=s.deadline_s),
+                commands, round=self.round, step=step,
+                deadline_s=self.step_deadline(Kind.FORWARD.value)),
                 lambda agent, r: self.activation_problem(r.tensors, batches[agent], agent)))
         for agent, reply in out.replies.items():
             self.books.fwd_samples[agent] += int(len(reply.tensors["labels"]))
@@ -336,7 +376,8 @@ class Trainer:
                                compression=s.compression) for a, g in zip(grads, host, strict=True)}
         with self.books.timed("backward"):
             out = self.books.note(self.engine.send_and_receive(
-                commands, round=self.round, step=step, deadline_s=s.deadline_s))
+                commands, round=self.round, step=step,
+                deadline_s=self.step_deadline(Kind.BACKWARD.value)))
         for agent in out.replies:
             self.books.bwd_samples[agent] += int(grads[agent].shape[0])
         return out
@@ -348,7 +389,7 @@ class Trainer:
         with self.books.timed("distribute"):
             out = self.books.note(self.engine.broadcast(
                 Command(Kind.SET_WEIGHTS.value, {}, arrays), agents, round=self.round,
-                deadline_s=self.settings.deadline_s))
+                deadline_s=self.step_deadline(Kind.SET_WEIGHTS.value)))
         return out.agents
 
     def pull(self, agents: list[str], blocks: tuple[str, ...] = ("client",)) -> dict[str, Arrays]:
@@ -359,7 +400,7 @@ class Trainer:
             out = self.books.note(self.checked(self.engine.broadcast(
                 Command(Kind.GET_WEIGHTS.value, {"blocks": list(blocks)}, reply_bytes=bound),
                 agents,
-                round=self.round, deadline_s=self.settings.deadline_s),
+                round=self.round, deadline_s=self.step_deadline(Kind.GET_WEIGHTS.value)),
                 lambda agent, r: self.weights_problem(r.tensors, blocks, agent)))
         return {a: r.tensors for a, r in out.replies.items()}
 
@@ -369,7 +410,7 @@ class Trainer:
         if agents:
             self.books.note(self.engine.broadcast(Command(Kind.RELEASE.value), agents,
                                              round=self.round,
-                                             deadline_s=self.settings.deadline_s))
+                                             deadline_s=self.step_deadline(Kind.RELEASE.value)))
 
     # ------------------------------------------------------------------ evaluation
 
