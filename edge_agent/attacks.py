@@ -37,6 +37,7 @@ _PLAIN = ("signflip", "labelflip", "histogram-lie", "silent")
 # Faults that only an engine with a clock can show (over MQTT: a wedged agent process that
 # stays connected); the in-process engine runs every command to its answer.
 NEEDS_BROKER = ("silent",)
+SETUP_KINDS = ("bundle", "bundle_part")  # what a `silent` agent still answers
 _FLOAT = re.compile(r"-?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")  # no nan, inf, _ or space
 
 
@@ -149,9 +150,10 @@ class Attack:
         self._reference: Dict[str, np.ndarray] = {}  # what it last received, for signflip
 
     def answers(self, kind: str) -> bool:
-        """Whether it answers a command of `kind` at all: `silent` registers (and answers
-        discovery) but never answers a command, as a hung process whose connection stays up."""
-        return self.kind != "silent"
+        """Whether it answers a command of `kind` at all: `silent` registers and installs
+        its bundle, then answers nothing (not even `status`), as a process that hung after
+        setup while its connection stays up."""
+        return self.kind != "silent" or kind in SETUP_KINDS
 
     @property
     def wants_reference(self) -> bool:

@@ -383,7 +383,9 @@ class Trainer:
         return out
 
     def push(self, agents: list[str], arrays: Arrays) -> list[str]:
-        """Install `arrays` (client/…, server/… names) on agents; returns who has them."""
+        """Install `arrays` (client/…, server/… names) on agents; returns who has them
+        (agents sitting out are not asked)."""
+        agents = self.defences.bench.playing(agents)
         if not agents:
             return []
         with self.books.timed("distribute"):
@@ -393,6 +395,9 @@ class Trainer:
         return out.agents
 
     def pull(self, agents: list[str], blocks: tuple[str, ...] = ("client",)) -> dict[str, Arrays]:
+        """`blocks` from agents (those sitting out are not asked: benched mid-round, their
+        silence would cost the round another deadline)."""
+        agents = self.defences.bench.playing(agents)
         if not agents:
             return {}
         with self.books.timed("collect"):
@@ -406,7 +411,9 @@ class Trainer:
 
     def release(self, agents: list[str]) -> None:
         """Agents whose block was just averaged away free it (memory on small devices; in
-        simulations, at most the active clients hold blocks)."""
+        simulations, at most the active clients hold blocks); agents sitting out are not
+        asked."""
+        agents = self.defences.bench.playing(agents)
         if agents:
             self.books.note(self.engine.broadcast(Command(Kind.RELEASE.value), agents,
                                              round=self.round,
