@@ -3,8 +3,8 @@ on a Mosquitto the test starts, `jetsplit server run` (SCALA), and a3 running th
 fault (edge_agent/attacks.py: it registers and installs its bundle, then answers nothing,
 its connection up). Asserted on the books, not on wall time: a3 costs one whole deadline
 (its first forward, before any step time is known), two adapted ones, then only
-round-start probes at the probe deadline, never a step; the step deadlines adapt below `deadline_s` after round 0;
-the honest agents miss nothing and the report names a3."""
+round-start probes at the probe deadline, never a step; the step deadlines adapt below
+`deadline_s` after round 0; the honest agents miss nothing and the report names a3."""
 
 from __future__ import annotations
 
