@@ -205,6 +205,39 @@ def mean_dataset_size(registrations: Mapping[str, Mapping[str, Any]],
     return max(1, round(sum(sizes) / len(sizes))) if sizes else None
 
 
+def registered_steps(cfg: Any, registrations: Mapping[str, Mapping[str, Any]],
+                     cuts: Mapping[str, int], *, batch: int, local_steps: int, rounds: int,
+                     codec: str) -> dict[str, float]:
+    """`jetsplit server run`'s predictions for the step deadlines' floor: agent → the
+    planner's seconds for its longest exchange at its cut (`cuts`, else the config's
+    split), from the profile it registered with; agents without one, or a method that
+    trains the whole model on the device, predict nothing. A registered profile is the
+    agent's claim: the most a slow claim can do is keep the deadline at `deadline_s`."""
+    from jetsplit.export.cost_model import get_costs
+    from jetsplit.export.planner import ALGORITHMS, PlanSettings, device_rows
+    from jetsplit.profiles import resolve_profile
+
+    model = cfg.model
+    planned, three_tiers = _planned_as(cfg.train.algorithm)
+    if not ALGORITHMS[planned].splits:
+        return {}
+    costs = get_costs(model.name, tuple(model.input_shape), model.classes)
+    settings = PlanSettings(algorithm=planned, batch=batch, local_steps=local_steps,
+                            rounds=rounds, codec=codec, common_split=three_tiers)
+    iters = settings.iterations_per_round(ALGORITHMS[planned])
+    server = resolve_profile(SERVER_PROFILE)
+    out: dict[str, float] = {}
+    for agent, registration in sorted(registrations.items()):
+        profile = registered_profile(registration)
+        cut = cuts.get(agent, model.split)
+        if profile is None or not isinstance(cut, int):
+            continue
+        rows = {r.k: r for r in device_rows(costs, profile, server, settings)[0]}
+        if cut in rows:
+            out[agent] = longest_exchange_s(rows[cut], profile, iters)
+    return out
+
+
 def fleet_cuts(cfg: Any, registrations: Mapping[str, Mapping[str, Any]], *, batch: int,
                local_steps: int, rounds: int, codec: str) -> tuple[int, dict[str, int]]:
     """`jetsplit server run`'s cuts for the registered agents: (server cut, cut per agent).
