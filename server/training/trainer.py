@@ -32,7 +32,6 @@ from jetsplit.models.weights import from_arrays, load_strict, to_arrays
 from jetsplit.protocol import Kind
 from jetsplit.server.cuts.shipping import BundleShipper
 from jetsplit.server.defences.defences import Defences
-from jetsplit.server.defences.sitting_out import PROBE
 from jetsplit.server.defences.step_deadlines import StepDeadlines, predicted_floor
 from jetsplit.server.engines.seam import Command, Engine, Outcome, Reply
 from jetsplit.server.training.divergence import DivergenceGuard
@@ -231,23 +230,11 @@ class Trainer:
 
     def probe(self, agents: list[str]) -> list[str]:
         """Proof of life: a `status` to agents that sat out or missed their last exchange,
-        with the short probe deadline; who answered (the silent sit out again:
-        server/defences/sitting_out.py). Booked like any exchange, answers in `probes`."""
-        if not agents:
-            return []
-        wait = min(self.settings.probe_deadline_s, self.settings.deadline_s)
-        with self.books.timed("probe"):
-            out = self.books.note(self.engine.broadcast(Command(PROBE), agents,
-                                                        round=self.round, deadline_s=wait))
-        for agent in agents:
-            reply = out.replies.get(agent)
-            if reply is None:
-                self.books.probes[agent] = f"no answer: {out.missed.get(agent, 'deadline')}"
-            elif reply.elapsed_s is None:
-                self.books.probes[agent] = "answered"
-            else:
-                self.books.probes[agent] = f"answered in {reply.elapsed_s:.2f} s"
-        return out.agents
+        with the short probe deadline; who answered (server/training/proof_of_life.py)."""
+        from jetsplit.server.training.proof_of_life import probe
+
+        return probe(self.engine, self.books, agents, round=self.round,
+                     wait_s=min(self.settings.probe_deadline_s, self.settings.deadline_s))
 
     def live(self, agents: list[str]) -> list[str]:
         """The selected agents not known to be offline nor benched for missing deadlines,
