@@ -76,8 +76,8 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true",
                         help="tiny sizes (tests/benchmarks/test_benchmarks_smoke.py)")
     args = parser.parse_args()
-    if args.smoke:  # 2 rounds × 2 steps, a 15 s deadline (the silent arm waits it once)
-        args.rounds, args.local_steps, args.deadline_s = 2, 2, 15.0
+    if args.smoke:  # 2 rounds × 2 steps, a 30 s deadline (the silent arm waits it once)
+        args.rounds, args.local_steps, args.deadline_s = 2, 2, 30.0
     os.environ[ALLOW_ENV] = "1"  # the silent arm's agent process runs the fault
     print(f"command: python benchmarks/bench_silent.py --rounds {args.rounds} --local-steps "
           f"{args.local_steps} --deadline-s {args.deadline_s:g}"
@@ -106,6 +106,8 @@ def main() -> None:
             cells += [f"{row['seconds']:.1f}", "—" if forward is None else f"{forward:.1f}"]
         probes = results["silent"]["rows"][i].get("probes") or {}
         print(f"| {i + 1} | " + " | ".join(cells) + f" | {json.dumps(probes) if probes else '—'} |")
+    slow = ", ".join(sorted(results["slow"]["benched"])) or "nobody"
+    print(f"benched in the slow trial: {slow} (a slow honest device must never be)")
     clean = results["clean"]
     for arm in ("silent", "slow"):
         print(f"ratio {arm}/clean: training {results[arm]['train_s'] / clean['train_s']:.2f}, "
