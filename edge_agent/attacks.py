@@ -30,10 +30,14 @@ from jetsplit.protocol import MAX_SAMPLES
 
 ALLOW_ENV = "JETSPLIT_ALLOW_ATTACKS"
 ATTACK_SPECS = ("scale:F", "signflip", "noise:SIGMA", "labelflip", "activation-scale:F",
-                "size-lie:N", "histogram-lie")
+                "size-lie:N", "histogram-lie", "silent")
 MAX_FACTOR = 1e6  # |F| and SIGMA: large enough to wreck a model, small enough to stay finite
 MAX_SPEC_CHARS = 64
-_PLAIN = ("signflip", "labelflip", "histogram-lie")
+_PLAIN = ("signflip", "labelflip", "histogram-lie", "silent")
+# Faults that only an engine with a clock can show (over MQTT: a wedged agent process that
+# stays connected); the in-process engine runs every command to its answer.
+NEEDS_BROKER = ("silent",)
+SETUP_KINDS = ("bundle", "bundle_part")  # what a `silent` agent still answers
 _FLOAT = re.compile(r"-?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")  # no nan, inf, _ or space
 
 
@@ -144,6 +148,12 @@ class Attack:
         self._value = 0.0 if spec is None or spec.value is None else spec.value
         self._rng = np.random.default_rng(seed)
         self._reference: Dict[str, np.ndarray] = {}  # what it last received, for signflip
+
+    def answers(self, kind: str) -> bool:
+        """Whether it answers a command of `kind` at all: `silent` registers and installs
+        its bundle, then answers nothing (not even `status`), as a process that hung after
+        setup while its connection stays up."""
+        return self.kind != "silent" or kind in SETUP_KINDS
 
     @property
     def wants_reference(self) -> bool:

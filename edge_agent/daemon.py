@@ -128,6 +128,8 @@ class AgentDaemon:
         if msg.kind == Kind.DISCOVER.value:
             self._register(msg.run)
             return
+        if not self.worker.attack.answers(msg.kind):  # tests only (edge_agent/attacks.py)
+            return
         self.worker.clock.transfer(inbound.wire_bytes, "down")
         cmd = msg.meta.get("cmd", msg.seq)
         key = (msg.run, cmd if isinstance(cmd, int) else msg.seq)

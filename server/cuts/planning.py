@@ -68,11 +68,24 @@ def plan_cuts(algorithm: str, model: str, input_shape: tuple[int, int, int], cla
             info.update(predicted_compute_s=row.compute_ms * iters / 1e3,
                         predicted_transfer_s=row.transfer_ms * iters / 1e3,
                         predicted_memory_mb=row.memory.total / 2**20,
-                        budget_mb=row.budget_bytes / 2**20)
+                        budget_mb=row.budget_bytes / 2**20,
+                        predicted_step_s=longest_exchange_s(row, resolved[agent], iters))
         agents[agent] = info
     return server_cut, cuts, {**plan_to_dict(plan), "planned_as": planned,
                               "used_split": server_cut, "per_device": predicted,
                               "agents": agents}
+
+
+def longest_exchange_s(row: Any, profile: Any, iters: int) -> float:
+    """The planner's seconds for one device's longest exchange at its cut: an iteration
+    (compute and activation/gradient transfer, the round's weight exchange amortised), or
+    its block's weights once over its slower link, whichever is longer. What the step
+    deadlines' floor covers (server/defences/step_deadlines.py)."""
+    step_s = (row.compute_ms + row.transfer_ms) / 1e3
+    weights = max(0.0, (row.bytes_round - iters * row.bytes_iter) / 2)
+    rate = min(profile.uplink_bytes_per_s, profile.downlink_bytes_per_s)
+    weights_s = weights / rate + profile.network.rtt_ms / 1e3 if rate > 0 else 0.0
+    return max(step_s, weights_s)
 
 
 def _planning_inputs(algorithm: str, model: str, input_shape: tuple[int, int, int],
@@ -190,6 +203,39 @@ def mean_dataset_size(registrations: Mapping[str, Mapping[str, Any]],
     claims = {a: n for a, r in registrations.items() if (n := registered_size(r)) is not None}
     sizes = list(claim_weights(claims, claims, cap_factor, provisioned_sizes or {}).values())
     return max(1, round(sum(sizes) / len(sizes))) if sizes else None
+
+
+def registered_steps(cfg: Any, registrations: Mapping[str, Mapping[str, Any]],
+                     cuts: Mapping[str, int], *, batch: int, local_steps: int, rounds: int,
+                     codec: str) -> dict[str, float]:
+    """`jetsplit server run`'s predictions for the step deadlines' floor: agent → the
+    planner's seconds for its longest exchange at its cut (`cuts`, else the config's
+    split), from the profile it registered with; agents without one, or a method that
+    trains the whole model on the device, predict nothing. A registered profile is the
+    agent's claim: the most a slow claim can do is keep the deadline at `deadline_s`."""
+    from jetsplit.export.cost_model import get_costs
+    from jetsplit.export.planner import ALGORITHMS, PlanSettings, device_rows
+    from jetsplit.profiles import resolve_profile
+
+    model = cfg.model
+    planned, three_tiers = _planned_as(cfg.train.algorithm)
+    if not ALGORITHMS[planned].splits:
+        return {}
+    costs = get_costs(model.name, tuple(model.input_shape), model.classes)
+    settings = PlanSettings(algorithm=planned, batch=batch, local_steps=local_steps,
+                            rounds=rounds, codec=codec, common_split=three_tiers)
+    iters = settings.iterations_per_round(ALGORITHMS[planned])
+    server = resolve_profile(SERVER_PROFILE)
+    out: dict[str, float] = {}
+    for agent, registration in sorted(registrations.items()):
+        profile = registered_profile(registration)
+        cut = cuts.get(agent, model.split)
+        if profile is None or not isinstance(cut, int):
+            continue
+        rows = {r.k: r for r in device_rows(costs, profile, server, settings)[0]}
+        if cut in rows:
+            out[agent] = longest_exchange_s(rows[cut], profile, iters)
+    return out
 
 
 def fleet_cuts(cfg: Any, registrations: Mapping[str, Mapping[str, Any]], *, batch: int,

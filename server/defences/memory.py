@@ -41,7 +41,7 @@ def snapshot(defences: Defences) -> tuple[dict[str, Any], Arrays]:
     bench, direction, consistency = defences.bench, defences.direction, defences.consistency
     meta: dict[str, Any] = {
         "bench": {"misses": dict(bench.misses), "strikes": dict(bench.strikes),
-                  "until": dict(bench.until)},
+                  "until": dict(bench.until), "suspect": sorted(bench.suspect)},
         "direction": [[block, agent, direction.sums[block, agent],
                        direction.counts[block, agent], direction.last.get((block, agent)),
                        direction.opposed.get((block, agent))]
@@ -77,6 +77,7 @@ def restore(defences: Defences, meta: Mapping[str, Any], arrays: Mapping[str, np
     defences.bench.misses = _counts(bench["misses"], "bench misses")
     defences.bench.strikes = _counts(bench["strikes"], "bench strikes")
     defences.bench.until = _counts(bench["until"], "bench rounds")
+    defences.bench.suspect = {_name(a) for a in _list(bench.get("suspect", []), "suspects")}
     direction = defences.direction
     for entry in _list(saved["direction"], "direction"):
         block, agent, total, count, last, why = _list(entry, "direction entry", 6)

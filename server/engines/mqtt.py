@@ -363,7 +363,8 @@ class MqttEngine(Engine):
         """Each pending agent once, as it resolves: its reply, or why it missed (error,
         offline, deadline). Retransmits on reconnects and silence; cleans up when done or
         closed early."""
-        deadline = time.monotonic() + deadline_s
+        started = time.monotonic()
+        deadline = started + deadline_s
         open_ = {p.agent: p for p in mine}
         try:
             while open_:
@@ -374,7 +375,8 @@ class MqttEngine(Engine):
                         if p.reply is not None:
                             done.append((agent, f"error: {p.reply.meta.get('error', '?')}"
                                          if p.reply.type == MessageType.ERROR
-                                         else reply_from(agent, p.reply, p.wire_bytes)))
+                                         else _timed(reply_from(agent, p.reply, p.wire_bytes),
+                                                     time.monotonic() - started)))
                             del open_[agent]
                         elif states[agent] == "offline":
                             done.append((agent, "offline"))
@@ -399,3 +401,9 @@ class MqttEngine(Engine):
                     self._pending.pop((p.agent, p.cmd), None)
                     if self.registry.state(p.agent) == "busy":
                         self.registry.set_state(p.agent, "online")
+
+
+def _timed(reply: Reply, elapsed_s: float) -> Reply:
+    """`reply` with the seconds it took since its command went out."""
+    reply.elapsed_s = round(elapsed_s, 4)
+    return reply

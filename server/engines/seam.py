@@ -71,6 +71,9 @@ class Reply:
     meta: dict[str, Any]
     tensors: Tensors
     wire_bytes: int = 0
+    # Seconds from sending the command to this reply's arrival (the step deadlines follow
+    # it: server/defences/step_deadlines.py); None where nothing waits on a clock (in-process).
+    elapsed_s: float | None = None
 
 
 @dataclass

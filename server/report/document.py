@@ -154,6 +154,8 @@ def rounds_table(rows: Sequence[Row]) -> list[str]:
     headers = ["round", "selected", "missed", "train loss", "accuracy %", "balanced %"]
     headers += ["± std %"] * has_std + ["MB up", "MB down"] + ["eval MB"] * has_eval
     headers += ["bundle MB", "seconds"]
+    has_deadline = any(_step_deadline(r) is not None for r in rows)
+    headers += ["step deadline s"] * has_deadline
     body = []
     for i, r in enumerate(rows):
         selected = r.get("selected")
@@ -168,8 +170,19 @@ def rounds_table(rows: Sequence[Row]) -> list[str]:
             line.append(_mb(sum(sum(b.values()) for b in
                                 kind_bytes(r.get("eval_bytes")).values())))
         line += [_mb(r.get("bundle_bytes")), _fmt(finite(r.get("seconds")), ".2f")]
+        line += [_fmt(_step_deadline(r), ".1f")] * has_deadline
         body.append(line)
     return _table(headers, body)
+
+
+def _step_deadline(row: Row) -> float | None:
+    """The round's step deadline (`deadlines_s`, server/defences/step_deadlines.py): its
+    forwards', else the longest of its kinds; None where the row has none."""
+    given = as_dict(row.get("deadlines_s"))
+    if "forward" in given:
+        return finite(given["forward"], 0.0, 1e9)
+    values = [finite(v, 0.0, 1e9) for v in given.values()]
+    return max((v for v in values if v is not None), default=None)
 
 
 def _registry_facts(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -193,6 +206,9 @@ def agents_table(run: RunData) -> list[str]:
         ("max °C", lambda a: _fmt(a.max_temperature_c, ".1f")),
         ("samples", lambda a: _fmt(facts.get(a.agent, {}).get("dataset_size"))),
         ("offline events", lambda a: _fmt(facts.get(a.agent, {}).get("offline_events"))),
+        # proof of life (server/defences/sitting_out.py): rounds sat out, probes answered
+        ("rounds benched", lambda a: str(a.benched) if a.benched or a.probes else "—"),
+        ("probes answered", lambda a: f"{a.probes_answered}/{a.probes}" if a.probes else "—"),
         ("cut", lambda a: _fmt(a.cut)),  # the plan's prediction at it: "Split plan"
         ("power mode", lambda a: _fmt(a.power_mode if a.power_mode != "unknown" else None)),
         ("images skipped", lambda a: _fmt(a.images_skipped or None)),  # undecodable files

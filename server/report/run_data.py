@@ -151,6 +151,9 @@ class AgentTotals:
     estimate: dict[str, float] = field(default_factory=dict)  # the last live estimates
     images_skipped: int | None = None  # undecodable images so far (the last status)
     compute_rounds: int = 0  # rounds that reported compute_s (for per-round means)
+    benched: int = 0  # rounds it sat out (missed deadlines, or silent at a probe)
+    probes: int = 0  # round-start proof-of-life probes it was sent
+    probes_answered: int = 0
     transfer_rounds: int = 0
 
     def add_round(self, info: dict[str, Any]) -> None:
@@ -196,8 +199,8 @@ class AgentTotals:
 
 
 def agent_totals(rows: Sequence[Row]) -> dict[str, AgentTotals]:
-    """Everything known per agent, from the `agents`, `selected`, `missed` and
-    `device_gflops` fields of every row, naturally sorted by agent id."""
+    """Everything known per agent, from the `agents`, `selected`, `missed`, `benched`,
+    `probes` and `device_gflops` fields of every row, naturally sorted by agent id."""
     totals: dict[str, AgentTotals] = {}
 
     def get(agent: Any) -> AgentTotals:
@@ -212,6 +215,12 @@ def agent_totals(rows: Sequence[Row]) -> dict[str, AgentTotals]:
             get(agent).selected += 1
         for agent in as_dict(row.get("missed")):
             get(agent).missed += 1
+        benched = row.get("benched")
+        for agent in benched if isinstance(benched, list) else []:
+            get(agent).benched += 1
+        for agent, answer in as_dict(row.get("probes")).items():
+            get(agent).probes += 1
+            get(agent).probes_answered += isinstance(answer, str) and answer.startswith("answered")
         for agent, value in as_dict(row.get("device_gflops")).items():
             get(agent).gflops = _add(get(agent).gflops, value)
         for agent, cut in as_dict(row.get("cuts")).items():

@@ -90,6 +90,9 @@ class RunSpec:
     row_extras: list[RowExtras] = field(default_factory=list)  # fields added to each row
     report_title: str | None = None  # write report.md at the end (None: no report)
     replanner: Replanner | None = None  # moves cuts between rounds (server/cuts/replanning.py)
+    # agent → the planner's seconds for its longest exchange: the step deadlines' floor
+    # covers the slowest (server/defences/step_deadlines.py)
+    predicted_step_s: Mapping[str, float] = field(default_factory=dict)
 
 
 def chain_extras(extras: list[RowExtras]) -> RowExtras | None:
@@ -130,7 +133,8 @@ def execute(engine: Engine, spec: RunSpec) -> dict[str, Any]:
                            row_extras=chain_extras(spec.row_extras), resume=spec.resume,
                            checkpoint=spec.checkpoint,
                            cuts=device_cuts(spec.cuts, spec.server_cut),
-                           replanner=spec.replanner)
+                           replanner=spec.replanner,
+                           predicted_step_s=spec.predicted_step_s)
     if spec.report_title is not None:
         from jetsplit.server.report.document import write_report
 

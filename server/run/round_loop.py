@@ -52,6 +52,7 @@ def run_training(
     row_extras: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     cuts: Mapping[str, int] | None = None,
     replanner: Replanner | None = None,
+    predicted_step_s: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """Train `settings.algorithm` for `settings.rounds` rounds; returns the summary.
 
@@ -63,18 +64,21 @@ def run_training(
     `cuts` trains a fleet of per-device cuts (see Trainer and server/cuts/completions.py);
     `replanner` may move them between rounds (server/cuts/replanning.py), reading each row
     after `row_extras` (the fleet books' live estimates) and adding `replan` to the row of
-    the round after which it switched."""
+    the round after which it switched. `predicted_step_s` (agent → the planner's seconds
+    for its longest exchange) raises the step deadlines' floor."""
     with torch_threads(settings.threads):
         return _train(engine, archive, settings, test, out_dir, on_round=on_round,
                       bundle=bundle, checkpoint=checkpoint, resume=resume,
-                      row_extras=row_extras, cuts=cuts, replanner=replanner)
+                      row_extras=row_extras, cuts=cuts, replanner=replanner,
+                      predicted_step_s=predicted_step_s)
 
 
 def _train(engine: Engine, archive: Path, settings: Settings, test: Dataset,
            out_dir: Path, *, on_round: Callable[[dict[str, Any]], None] | None,
            bundle: Bundle | None, checkpoint: bool, resume: bool,
            row_extras: Callable[[dict[str, Any]], dict[str, Any]] | None,
-           cuts: Mapping[str, int] | None, replanner: Replanner | None) -> dict[str, Any]:
+           cuts: Mapping[str, int] | None, replanner: Replanner | None,
+           predicted_step_s: Mapping[str, float] | None) -> dict[str, Any]:
     from jetsplit.server.methods import build_method
     from jetsplit.server.training.checkpoints import load_checkpoint
 
@@ -83,7 +87,8 @@ def _train(engine: Engine, archive: Path, settings: Settings, test: Dataset,
     saved = load_checkpoint(out_dir / "checkpoint") if resume else None
     if saved is not None:
         archive, bundle = saved.bundle, None
-    trainer = Trainer(engine, archive, settings, test, bundle=bundle, cuts=cuts)
+    trainer = Trainer(engine, archive, settings, test, bundle=bundle, cuts=cuts,
+                      predicted_step_s=predicted_step_s)
     method = build_method(settings.algorithm, trainer)
     started = time.perf_counter()
     rows: list[dict[str, Any]] = []
@@ -157,10 +162,14 @@ def _round(round_: int, engine: Engine, settings: Settings, trainer: Trainer, me
         scores = method.evaluate()
         eval_bytes = _delta(engine.counters.by_kind(), before_eval)
     books = trainer.books
+    deadlines, full_deadlines = trainer.deadlines.new_round()
     return {
         "round": round_, "algorithm": settings.algorithm, "selected": selected,
         "missed": dict(sorted(books.missed.items())),
         "benched": trainer.defences.bench.sitting_out(),
+        "probes": dict(sorted(books.probes.items())),  # proof of life before selection
+        # kind → the round's largest step deadline; exchanges given the whole deadline_s
+        "deadlines_s": deadlines, "full_deadlines": full_deadlines,
         "aggregation": dict(sorted(books.aggregation.items())),
         "bounded": dict(sorted(books.bounded.items())),
         "down_weighted": dict(sorted(books.down_weighted.items())),
@@ -248,7 +257,8 @@ def _delta(after: dict[str, dict[str, int]], before: dict[str, dict[str, int]]
 
 # Settings a resumed run may change: how long to wait, how far to go and where the
 # coordinator computes, not what to train.
-RESUMABLE_CHANGES = {"rounds", "deadline_s", "bundle_deadline_s", "retry_s", "device", "threads"}
+RESUMABLE_CHANGES = {"rounds", "deadline_s", "bundle_deadline_s", "retry_s", "device", "threads",
+                     "deadline_k", "deadline_window", "deadline_floor_s", "probe_deadline_s"}
 
 
 def _save(directory: Path, round_: int, settings: Settings, trainer: Trainer,

@@ -91,6 +91,7 @@ def run(
                 typer.echo(f"metrics on {address}")
             online = _wait(engine, cfg)
             cfg, cuts, replanner = _plan(cfg, engine, online)
+            predicted = _predicted_steps(cfg, engine, online, cuts)
             with tempfile.TemporaryDirectory(prefix="jetsplit-server-") as tmp:
                 summary = live.execute(RunSpec(
                     cfg.settings(), bundle_for(out_dir, resume is not None,
@@ -98,7 +99,7 @@ def run(
                     test, out_dir, server_cut=int(cfg.model.split), cuts=cuts,
                     resume=resume is not None,
                     report_title=f"jetsplit run {run_name}: {cfg.train.algorithm}",
-                    replanner=replanner))
+                    replanner=replanner, predicted_step_s=predicted))
     finally:
         trackers.close()
     _tell(summary, len(online), out_dir, sorted(engine.endpoint.rejected.items()))
@@ -212,6 +213,20 @@ def _plan(cfg: ServerConfig, engine: MqttEngine, online: list[str]
     typer.echo(f"cuts: {cuts} (server cut {server_cut})")
     return cfg.model_copy(update={"model": cfg.model.model_copy(
         update={"split": server_cut})}), cuts, replanner
+
+
+def _predicted_steps(cfg: ServerConfig, engine: MqttEngine, online: list[str],
+                     cuts: dict[str, int]) -> dict[str, float]:
+    """Agent → the planner's seconds for its longest exchange, from the profiles the agents
+    registered with: the step deadlines' floor covers the slowest
+    (server/defences/step_deadlines.py)."""
+    from jetsplit.server.cuts.planning import registered_steps
+
+    t = cfg.train
+    registrations = {a: engine.registry.registration(a) for a in online}
+    return registered_steps(cfg, registrations, cuts,
+                            batch=max(1, t.batch // max(1, len(online))),
+                            local_steps=t.local_steps, rounds=t.rounds, codec=t.codec)
 
 
 def _tell(summary: dict[str, Any], agents: int, out_dir: Path,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import resource
 import sys
 import tempfile
@@ -83,6 +84,7 @@ def simulate(
     device = resolve_device(settings.device, "--device")
     run_name = folder_run_id(out_dir, "simulation", "--resume" if resume else "--out")
     attackers = simulated_attacks(attacks or {}, clients, settings.seed)
+    in_process_attacks(attacks or {})
     _check_absent(absent, clients)
     train, test = simulation_data(dataset, test_fraction, validation, settings.seed,
                                   image_size)
@@ -258,6 +260,18 @@ def simulated_attacks(attacks: dict[str, str], clients: int, seed: int,
     return built
 
 
+def in_process_attacks(attacks: dict[str, str]) -> None:
+    """Refuse the faults the in-process engine cannot show (it has no clock: a `silent`
+    agent would answer anyway), in one line."""
+    from jetsplit.edge_agent.attacks import NEEDS_BROKER, parse_attack
+    from jetsplit.errors import ConfigError
+
+    for agent, spec in sorted(attacks.items()):
+        if parse_attack(spec).kind in NEEDS_BROKER:
+            raise ConfigError(f"--attack {agent}={spec}: needs agents over a broker "
+                              f"(jetsplit trial --attack {agent}={spec})")
+
+
 def parse_attack_options(options: list[str]) -> dict[str, str]:
     """`--attack a3=scale:1000` options as {agent: spec}; a malformed one is one line."""
     return parse_agent_options(options, "--attack", "SPEC", "a3=scale:1000")
@@ -279,8 +293,16 @@ def edge_name(index: int) -> str:
     return f"e{index}"
 
 
-def sherl_topology(algorithm: str, edges: int, clients: int) -> dict[str, list[str]]:
-    """`--edges N`: N edge agents, clients dealt round-robin (sherl only, and needed)."""
+def default_edges(clients: int) -> int:
+    """SHeRL-FL's edge count when `--edges` is not given: √K rounded (at least 1, at most
+    K), so the edge tier is about as wide as each edge's group of clients (4 clients: 2
+    edges of 2; 10: 3 edges of 3 or 4; 1: 1)."""
+    return max(1, min(clients, round(math.sqrt(max(clients, 0)))))
+
+
+def sherl_topology(algorithm: str, edges: int | None, clients: int) -> dict[str, list[str]]:
+    """`--edges N`: N edge agents, clients dealt round-robin (sherl only; unset:
+    `default_edges`)."""
     from jetsplit.errors import ConfigError
     from jetsplit.server.fleet.topology import round_robin
 
@@ -290,6 +312,8 @@ def sherl_topology(algorithm: str, edges: int, clients: int) -> dict[str, list[s
             raise ConfigError(f"--edges is for --algorithm {' or '.join(three)} (three tiers), "
                               f"not {algorithm}")
         return {}
+    if edges is None:
+        edges = default_edges(clients)
     if not 1 <= edges <= clients:
         raise ConfigError(f"--algorithm {algorithm} needs 1..{clients} --edges (each edge serves "
                           f"at least one client), got {edges}")
@@ -342,8 +366,9 @@ def simulate_command(
     resume: Annotated[Path | None, typer.Option(
         "--resume", help="Continue the run in DIR from its last checkpoint (other options "
         "come from DIR).")] = None,
-    edges: Annotated[int, typer.Option(
-        "--edges", help="sherl: edge agents; clients are dealt to them round-robin.")] = 0,
+    edges: Annotated[int | None, typer.Option(
+        "--edges", help="sherl: edge agents; clients are dealt to them round-robin "
+        "(default: √K rounded).")] = None,
     edge_split: Annotated[int | None, typer.Option(
         "--edge-split", help="sherl: k2, the first cloud layer (default: the planner's).")
     ] = None,

@@ -173,6 +173,13 @@ def predicted_row(plan: dict[str, Any]) -> Any:
     return extras
 
 
+def predicted_steps(plan: dict[str, Any]) -> dict[str, float]:
+    """Agent → the planner's seconds for its longest exchange (the step deadlines' floor
+    covers the slowest emulated device: server/defences/step_deadlines.py)."""
+    return {a: float(info["predicted_step_s"]) for a, info in plan.get("agents", {}).items()
+            if isinstance(info.get("predicted_step_s"), (int, float))}
+
+
 # --------------------------------------------------------------------------- agents
 
 
@@ -336,7 +343,8 @@ def _drive(spec: TrialSpec, cfg: ServerConfig, planned: TrialPlan, traces: dict[
             return fleet.execute(RunSpec(
                 cfg.settings(), archive, test, out_dir, server_cut=planned.split,
                 cuts=planned.cuts, resume=resume, on_round=[progress.update],
-                row_extras=[predicted_row(planned.plan)], replanner=planned.replanner))
+                row_extras=[predicted_row(planned.plan)], replanner=planned.replanner,
+                predicted_step_s=predicted_steps(planned.plan)))
 
 
 def _server_toml(cfg: Any, broker_url: str) -> str:

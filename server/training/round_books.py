@@ -39,6 +39,8 @@ class RoundBooks:
     # agent → the smallest mean scale its activations got in a step (1: untouched)
     activation_scale: dict[str, float] = field(default_factory=dict)
     influence: Shares = field(default_factory=Shares)  # each device's share of the averages
+    # agent → how it answered the round-start proof-of-life probe (server/defences/sitting_out.py)
+    probes: dict[str, str] = field(default_factory=dict)
     # Also sees every noted outcome, across rounds (the trainer's Bench:
     # server/defences/sitting_out.py).
     listener: Callable[[Outcome], None] | None = None
@@ -50,7 +52,7 @@ class RoundBooks:
                       self.down_weighted, self.down_weighted_steps, self.excluded,
                       self.excluded_steps, self.gradient_clipped,
                       self.gradient_clipped_steps, self.activation_scale,
-                      self.influence):
+                      self.influence, self.probes):
             books.clear()
 
     @contextlib.contextmanager

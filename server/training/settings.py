@@ -32,6 +32,7 @@ from jetsplit.server.defences.step_bounds import (
     DEFAULT_GRADIENT_BOUND,
     DEFAULT_LOSS_BOUND,
 )
+from jetsplit.server.defences.step_deadlines import DEFAULT_FLOOR_S, DEFAULT_K, DEFAULT_WINDOW
 
 #: An agent id, as the wire and the fleet books spell it.
 AgentId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
@@ -114,6 +115,22 @@ class TrainFields(BaseModel):
     # Then 1, 2, 4 … rounds out (server/defences/sitting_out.py).
     max_misses: Annotated[int, Field(ge=0, le=1_000_000)] = _help(
         3, "Deadline misses in a row before an agent sits out 1, 2, 4 ... rounds (0: never).")
+    # The step deadline follows the fleet: k × the 95th percentile of the last `window` step
+    # times of each exchange kind, within [floor, deadline_s] (server/defences/step_deadlines.py).
+    deadline_k: Annotated[float, Field(ge=0, le=1000)] = _help(
+        DEFAULT_K, "The step deadline is this many times the 95th percentile of the fleet's "
+                   "recent step times of that kind, at most --deadline-s (0: always "
+                   "--deadline-s).")
+    deadline_window: Annotated[int, Field(ge=1, le=100_000)] = _help(
+        DEFAULT_WINDOW, "How many recent step times of each kind the deadline follows.")
+    deadline_floor_s: _Seconds = _help(
+        DEFAULT_FLOOR_S, "The least step deadline (raised to cover the slowest profiled "
+                         "device's predicted step and link).")
+    # An agent that sat out or missed its last exchange answers a `status` first
+    # (server/defences/sitting_out.py).
+    probe_deadline_s: _Seconds = _help(
+        5.0, "Seconds an agent that sat out or missed its last exchange has to answer the "
+             "round-start probe before it is selectable again.")
     # Per-step bounds (server/defences/step_bounds.py).
     activation_bound: _Factor = _help(
         DEFAULT_ACTIVATION_BOUND, "Each sample's activation norm at most this many times the "

@@ -32,6 +32,7 @@ from jetsplit.models.weights import from_arrays, load_strict, to_arrays
 from jetsplit.protocol import Kind
 from jetsplit.server.cuts.shipping import BundleShipper
 from jetsplit.server.defences.defences import Defences
+from jetsplit.server.defences.step_deadlines import StepDeadlines, predicted_floor
 from jetsplit.server.engines.seam import Command, Engine, Outcome, Reply
 from jetsplit.server.training.divergence import DivergenceGuard
 from jetsplit.server.training.evaluation import Evaluation, evaluate, summarize
@@ -61,11 +62,12 @@ class Trainer:
     """Shared machinery the methods use: exchanges, weights, timing, FLOP and byte books."""
 
     def __init__(self, engine: Engine, archive: Path, settings: Settings, test: ArrayDataset,
-                 *, bundle: Bundle | None = None, cuts: Mapping[str, int] | None = None
-                 ) -> None:
+                 *, bundle: Bundle | None = None, cuts: Mapping[str, int] | None = None,
+                 predicted_step_s: Mapping[str, float] | None = None) -> None:
         """`archive` is the whole model split at the server cut c*; `cuts` gives agents
         that train at a shallower cut theirs (the rest train at c*; see
-        server/cuts/completions.py)."""
+        server/cuts/completions.py); `predicted_step_s` (agent → the planner's seconds for
+        its longest exchange) raises the step deadlines' floor."""
         from jetsplit.server.cuts.completions import Completions, check_cuts
 
         self.engine, self.settings, self.test = engine, settings, test
@@ -106,7 +108,11 @@ class Trainer:
         # every defence's state, on the data path (server/defences/defences.py)
         self.defences = Defences(settings, self.bundle.spec.num_classes, engine.registry,
                                  self.books, fixed_batch=client_batch(settings))
-        self.books.listener = self.defences.bench.note  # who keeps missing deadlines sits out
+        # the step deadlines follow the fleet (server/defences/step_deadlines.py)
+        self.deadlines = StepDeadlines(
+            settings.deadline_s, k=settings.deadline_k, window=settings.deadline_window,
+            floor_s=predicted_floor(predicted_step_s or {}, settings.deadline_floor_s))
+        self.books.listener = self._heard
         self.guard = DivergenceGuard(settings, self.bundle.spec.num_classes)
         self.round = 0
         self.last_pool = 0
@@ -210,7 +216,25 @@ class Trainer:
         raise RoundFailed(f"{self.settings.algorithm} round {self.round}: no update from any "
                           f"of the {len(selected)} selected agents ({why})")
 
+    def _heard(self, outcome: Outcome) -> None:
+        """Every booked exchange: who keeps missing deadlines sits out, and its step time
+        joins its kind's window."""
+        self.defences.bench.note(outcome)
+        self.deadlines.observe(outcome)
+
+    def step_deadline(self, kind: str) -> float:
+        """Seconds an exchange of `kind` waits now (server/defences/step_deadlines.py)."""
+        return self.deadlines.deadline(kind)
+
     # ------------------------------------------------------------------ selection
+
+    def probe(self, agents: list[str]) -> list[str]:
+        """Proof of life: a `status` to agents that sat out or missed their last exchange,
+        with the short probe deadline; who answered (server/training/proof_of_life.py)."""
+        from jetsplit.server.training.proof_of_life import probe
+
+        return probe(self.engine, self.books, agents, round=self.round,
+                     wait_s=min(self.settings.probe_deadline_s, self.settings.deadline_s))
 
     def live(self, agents: list[str]) -> list[str]:
         """The selected agents not known to be offline nor benched for missing deadlines,
@@ -232,7 +256,9 @@ class Trainer:
             registry.wait_for(self.last_pool, REJOIN_GRACE_S)
             pool = registry.eligible(zoo_version=ZOO_VERSION)
         self.last_pool = len(pool)
-        pool = self.defences.bench.playing(pool) or pool  # all benched: better slow than nothing
+        bench = self.defences.bench
+        self.probe(bench.to_probe(bench.playing(pool)))  # the silent are benched again
+        pool = bench.playing(pool) or pool  # all benched: better slow than nothing
         if not pool:
             return []
         count = max(1, min(len(pool), round(self.settings.fraction * len(pool))))
@@ -251,7 +277,8 @@ class Trainer:
                     for a, b in batches.items()}
         with self.books.timed("forward"):
             out = self.books.note(self.checked(self.engine.send_and_receive(
-                commands, round=self.round, step=step, deadline_s=s.deadline_s),
+                commands, round=self.round, step=step,
+                deadline_s=self.step_deadline(Kind.FORWARD.value)),
                 lambda agent, r: self.activation_problem(r.tensors, batches[agent], agent)))
         for agent, reply in out.replies.items():
             self.books.fwd_samples[agent] += int(len(reply.tensors["labels"]))
@@ -336,22 +363,28 @@ class Trainer:
                                compression=s.compression) for a, g in zip(grads, host, strict=True)}
         with self.books.timed("backward"):
             out = self.books.note(self.engine.send_and_receive(
-                commands, round=self.round, step=step, deadline_s=s.deadline_s))
+                commands, round=self.round, step=step,
+                deadline_s=self.step_deadline(Kind.BACKWARD.value)))
         for agent in out.replies:
             self.books.bwd_samples[agent] += int(grads[agent].shape[0])
         return out
 
     def push(self, agents: list[str], arrays: Arrays) -> list[str]:
-        """Install `arrays` (client/…, server/… names) on agents; returns who has them."""
+        """Install `arrays` (client/…, server/… names) on agents; returns who has them
+        (agents sitting out are not asked)."""
+        agents = self.defences.bench.playing(agents)
         if not agents:
             return []
         with self.books.timed("distribute"):
             out = self.books.note(self.engine.broadcast(
                 Command(Kind.SET_WEIGHTS.value, {}, arrays), agents, round=self.round,
-                deadline_s=self.settings.deadline_s))
+                deadline_s=self.step_deadline(Kind.SET_WEIGHTS.value)))
         return out.agents
 
     def pull(self, agents: list[str], blocks: tuple[str, ...] = ("client",)) -> dict[str, Arrays]:
+        """`blocks` from agents (those sitting out are not asked: benched mid-round, their
+        silence would cost the round another deadline)."""
+        agents = self.defences.bench.playing(agents)
         if not agents:
             return {}
         with self.books.timed("collect"):
@@ -359,17 +392,19 @@ class Trainer:
             out = self.books.note(self.checked(self.engine.broadcast(
                 Command(Kind.GET_WEIGHTS.value, {"blocks": list(blocks)}, reply_bytes=bound),
                 agents,
-                round=self.round, deadline_s=self.settings.deadline_s),
+                round=self.round, deadline_s=self.step_deadline(Kind.GET_WEIGHTS.value)),
                 lambda agent, r: self.weights_problem(r.tensors, blocks, agent)))
         return {a: r.tensors for a, r in out.replies.items()}
 
     def release(self, agents: list[str]) -> None:
         """Agents whose block was just averaged away free it (memory on small devices; in
-        simulations, at most the active clients hold blocks)."""
+        simulations, at most the active clients hold blocks); agents sitting out are not
+        asked."""
+        agents = self.defences.bench.playing(agents)
         if agents:
             self.books.note(self.engine.broadcast(Command(Kind.RELEASE.value), agents,
                                              round=self.round,
-                                             deadline_s=self.settings.deadline_s))
+                                             deadline_s=self.step_deadline(Kind.RELEASE.value)))
 
     # ------------------------------------------------------------------ evaluation
 

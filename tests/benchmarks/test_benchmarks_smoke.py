@@ -30,6 +30,10 @@ EXPECTED: dict[str, tuple[str, ...]] = {
                       "ratio training / client step: ", "peak RSS N=24 / N=8: "),
     "bench_emulation.py": ("ratio books", "median measured/expected: books"),
     "bench_hetero.py": ("mean round wall-time ratio per-device/common",),
+    "bench_silent.py": ("command: python benchmarks/bench_silent.py",
+                        "| trial | training s | trial wall s | final accuracy | benched (times) |",
+                        "| silent | ", "ratio silent/clean: training ", "ratio slow/clean: ",
+                        "benched in the slow trial: nobody"),
     "bench_adaptive.py": ("| round s re-plan | round s plan-once | ratio | predicted |",
                           "mean round-time ratio re-plan/plan-once after the change:"),
     "bench_defence_cost.py": ("| label check, per step | ", "| direction check, per average | ",
@@ -65,7 +69,7 @@ def test_every_benchmark_has_a_smoke_run() -> None:
 
 # Their smoke runs are whole emulated trials (minutes each on 2 cores): in the slow tier,
 # so that `make test` stays near 20 minutes.
-SLOW_SMOKE = ("bench_hetero.py", "bench_scale.py")
+SLOW_SMOKE = ("bench_hetero.py", "bench_scale.py", "bench_silent.py")
 
 
 @pytest.mark.parametrize("script", [

@@ -22,6 +22,7 @@ from jetsplit.server.defences.size_claims import (
     registered_size,
     size_cap,
 )
+from jetsplit.server.defences.step_deadlines import StepDeadlines
 from jetsplit.server.engines.registry import FleetRegistry
 from jetsplit.server.engines.seam import Outcome, Reply
 from jetsplit.server.training.round_books import RoundBooks
@@ -231,6 +232,7 @@ def test_the_coordinator_counts_what_each_reply_carries() -> None:
     trainer.defences = _trainer(4.0)
     trainer.defences.labels = LabelTally(3)
     trainer.books = RoundBooks()
+    trainer.deadlines = StepDeadlines(60.0)  # the step deadlines: nothing timed yet
     trainer.settings = Settings(codec="fp32")
     trainer.round, trainer.device = 0, torch.device("cpu")
     trainer.activation_problem = lambda tensors, batch, agent="": None  # type: ignore[method-assign]

@@ -34,6 +34,7 @@ def _remembering() -> Defences:
     trainer = _fresh()
     trainer.bench.misses, trainer.bench.strikes, trainer.bench.until = (
         {"a1": 2}, {"a2": 1}, {"a2": 7})
+    trainer.bench.suspect = {"a1", "a2"}  # they must answer a probe before playing again
     trainer.direction.sums = {("model", "a3"): -1.5, ("model", "a0"): 0.75}
     trainer.direction.counts = {("model", "a3"): 1.9, ("model", "a0"): 1.9}
     trainer.direction.last = {("model", "a3"): -0.8, ("model", "a0"): 0.4}
@@ -56,7 +57,8 @@ def _remembering() -> Defences:
 def _state(trainer: Defences) -> dict[str, Any]:
     c = trainer.consistency
     return {
-        "bench": (trainer.bench.misses, trainer.bench.strikes, trainer.bench.until),
+        "bench": (trainer.bench.misses, trainer.bench.strikes, trainer.bench.until,
+                  trainer.bench.suspect),
         "direction": (trainer.direction.sums, trainer.direction.counts,
                       trainer.direction.last, trainer.direction.opposed),
         "outliers": trainer.outliers,
@@ -88,6 +90,8 @@ def test_every_defence_comes_back_as_it_was() -> None:
 @pytest.mark.parametrize(("path", "bad"), [
     (("bench", "until", "a2"), -1),
     (("bench", "misses", "a1"), 1.5),
+    (("bench", "suspect"), "a1"),
+    (("bench", "suspect", 0), 7),
     (("direction", 0, 2), float("nan")),
     (("direction", 0, 1), ""),
     (("direction", 0), ["model", "a0", 0.75]),

@@ -1,0 +1,97 @@
+"""Step deadlines that follow the fleet, so a silent device costs seconds where steps take
+seconds, not the configured minute.
+
+The deadline of an exchange kind (forward, backward, set_weights, …) is `k` × the 95th
+percentile of that kind's recent step times, clamped to [floor, `deadline_s`]. A step time
+is how long the slowest *answering* agent of one exchange took (`Reply.elapsed_s`); an
+agent that missed gives no sample, so silence never stretches the deadline, and a slow
+but honest device that answers keeps its own times in the window. The floor is the larger
+of `deadline_floor_s` and a margin over the slowest profiled device's predicted step
+(compute and link, from the planner: server/cuts/planning.py), so such a device is never
+benched for being slow before the window knows it. Until a kind has `MIN_SAMPLES` samples,
+its deadline is the configured `deadline_s`.
+
+Wall time only decides how long the coordinator waits; nothing deterministic (the model
+clock of re-planning, selection, training) reads it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Mapping
+from typing import Protocol
+
+MIN_SAMPLES = 1  # step times of a kind before its deadline adapts (the floor guards the first)
+FLOOR_MARGIN = 3.0  # × the slowest profiled device's predicted step (prediction error)
+DEFAULT_K = 4.0
+DEFAULT_WINDOW = 50
+DEFAULT_FLOOR_S = 10.0
+
+
+class _Timed(Protocol):
+    elapsed_s: float | None
+
+
+class _Outcome(Protocol):
+    kind: str
+
+    @property
+    def replies(self) -> Mapping[str, _Timed]: ...
+
+
+def percentile95(values: Iterable[float]) -> float:
+    """The nearest-rank 95th percentile: the ⌈0.95·n⌉-th smallest value (no
+    interpolation, so a hand count checks it)."""
+    ordered = sorted(values)
+    if not ordered:
+        raise ValueError("no values")
+    return ordered[math.ceil(0.95 * len(ordered)) - 1]
+
+
+def predicted_floor(predicted_step_s: Mapping[str, float], floor_s: float) -> float:
+    """The least deadline: `floor_s`, or `FLOOR_MARGIN` × the slowest device's predicted
+    step (agent → seconds) when that is longer. Non-finite or negative predictions are
+    ignored (a plan is computed, but its inputs are profiles)."""
+    usable = [float(v) for v in predicted_step_s.values()
+              if isinstance(v, (int, float)) and math.isfinite(v) and v >= 0]
+    return max([floor_s, *(FLOOR_MARGIN * v for v in usable)])
+
+
+class StepDeadlines:
+    """Recent step times per exchange kind, and the deadline each kind gets now."""
+
+    def __init__(self, ceiling_s: float, *, k: float = DEFAULT_K, window: int = DEFAULT_WINDOW,
+                 floor_s: float = DEFAULT_FLOOR_S) -> None:
+        if window < 1:
+            raise ValueError("window must be at least 1")
+        self.ceiling_s, self.k, self.window = float(ceiling_s), float(k), int(window)
+        self.floor_s = min(float(floor_s), self.ceiling_s)  # the configured ceiling wins
+        self.samples: dict[str, deque[float]] = {}
+        self.used: dict[str, float] = {}  # kind → the largest deadline given this round
+        self.full: dict[str, int] = {}  # kind → exchanges this round given the whole ceiling
+
+    def deadline(self, kind: str) -> float:
+        """Seconds an exchange of `kind` waits now (and books the value for the round)."""
+        times = self.samples.get(kind, ())
+        if self.k <= 0 or len(times) < MIN_SAMPLES:
+            value = self.ceiling_s
+        else:
+            value = min(self.ceiling_s, max(self.floor_s, self.k * percentile95(times)))
+        self.used[kind] = max(self.used.get(kind, 0.0), value)
+        self.full[kind] = self.full.get(kind, 0) + (value >= self.ceiling_s)
+        return value
+
+    def observe(self, outcome: _Outcome) -> None:
+        """One exchange's step time: its slowest timed reply (none answered: nothing)."""
+        times = [r.elapsed_s for r in outcome.replies.values()
+                 if r.elapsed_s is not None and math.isfinite(r.elapsed_s) and r.elapsed_s >= 0]
+        if times and outcome.kind:
+            self.samples.setdefault(outcome.kind, deque(maxlen=self.window)).append(max(times))
+
+    def new_round(self) -> tuple[dict[str, float], dict[str, int]]:
+        """The round's books, and a fresh record for the next: per kind, the largest
+        deadline given, and how many exchanges were given the whole configured one."""
+        used, full = dict(sorted(self.used.items())), dict(sorted(self.full.items()))
+        self.used, self.full = {}, {}
+        return used, full
