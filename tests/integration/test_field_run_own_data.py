@@ -71,7 +71,7 @@ def test_own_folders_agree_classes_by_name(mosquitto: MosquittoProcess, tmp_path
             f'[data]\ndataset = "folder:{held}"\nown = true\nimage_size = 16\n'
             "mean = [0.5, 0.5, 0.5]\nstd = [0.25, 0.25, 0.25]\n"
             '[train]\nalgorithm = "splitfed-v1"\nrounds = 2\nlocal_steps = 3\nbatch = 8\n'
-            "deadline_s = 120\n")
+            "deadline_s = 120\ndeadline_k = 0\n")
         done = server_run(config, url, env=env, timeout=600)
     finally:
         for process in processes:
