@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from jetsplit import catalog
 from jetsplit.cli_types import check_port, parse_agent_options, parse_cuts
 from jetsplit.data.checks import check_data_options
 from jetsplit.edge_agent.emulation import EmulationSection
@@ -40,6 +41,7 @@ from jetsplit.server.run.preflight import (
     wait_for_fleet,
 )
 from jetsplit.server.run.simulate import (
+    default_edges,
     parse_attack_options,
     sherl_topology,
     simulated_attacks,
@@ -347,6 +349,15 @@ def _drive(spec: TrialSpec, cfg: ServerConfig, planned: TrialPlan, traces: dict[
                 predicted_step_s=predicted_steps(planned.plan)))
 
 
+def trial_edges(train: dict[str, Any], edges: int | None, agents: int) -> int:
+    """`--edges`, or for a three-tier method without it `default_edges` (as `simulate`);
+    0 for the other methods."""
+    if edges is not None:
+        return edges
+    algorithm = TrialSpec(train=train).training().algorithm
+    return default_edges(agents) if catalog.three_tier(algorithm) else 0
+
+
 def _server_toml(cfg: Any, broker_url: str) -> str:
     """The coordinator config this trial ran with, as a server.toml users can reuse."""
     import tomli_w
@@ -405,8 +416,9 @@ _CommonSplit = Annotated[bool, typer.Option(
 _Cut = Annotated[list[str] | None, typer.Option(
     "--cut", help="AGENT=K: train agent AGENT at cut K (repeat); checked against its "
     "profile's memory.")]
-_Edges = Annotated[int, typer.Option(
-    "--edges", help="sherl: edge agents (emulating --edge-profile) serving the clients.")]
+_Edges = Annotated[int | None, typer.Option(
+    "--edges", help="sherl: edge agents (emulating --edge-profile) serving the clients "
+    "(default: √agents, rounded).")]
 _EdgeProfile = Annotated[str, typer.Option(
     "--edge-profile", help="sherl: device profile of the edge agents.")]
 _NoEmulation = Annotated[bool, typer.Option(
@@ -454,7 +466,7 @@ def trial_command(
     split: _Split = None,
     common_split: _CommonSplit = False,
     cut: _Cut = None,
-    edges: _Edges = 0,
+    edges: _Edges = None,
     edge_profile: _EdgeProfile = "orin-nx-16gb",
     no_emulation: _NoEmulation = False,
     metrics_port: _MetricsPort = None,
@@ -477,7 +489,8 @@ def trial_command(
                          profiles=profiles or list(DEFAULT_PROFILES), model=model,
                          dataset=dataset, image_size=image_size, weights=weights,
                          partition=partition, seed=seed, broker=broker,
-                         emulate=not no_emulation, split=split, edges=edges,
+                         emulate=not no_emulation, split=split,
+                         edges=trial_edges(train, edges, agents),
                          edge_profile=edge_profile, device=device,
                          common_split=common_split, cuts=parse_cuts(cut),
                          agents_per_process=agents_per_process,

@@ -35,3 +35,13 @@ def test_simulate_sherl_runs_at_its_defaults(tmp_path: Path,
     # the default 4 agents: 2 edges of 2
     assert summary["settings"]["edges"] == {"e0": ["a0", "a2"], "e1": ["a1", "a3"]}
     assert summary["final_accuracy"] is not None
+
+
+@pytest.mark.parametrize(("algorithm", "edges", "agents", "want"), [
+    ("sherl", None, 4, 2), ("sherl", None, 10, 3), ("sherl", 1, 10, 1), ("scala", None, 4, 0),
+])
+def test_a_trial_derives_its_edge_count_like_simulate(algorithm: str, edges: int | None,
+                                                      agents: int, want: int) -> None:
+    from jetsplit.server.run.trial import trial_edges
+
+    assert trial_edges({"algorithm": algorithm}, edges, agents) == want
