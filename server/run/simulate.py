@@ -164,13 +164,15 @@ def _profiled_cuts(settings: Settings, workers: dict[str, Any], model: str,
 def fresh_bundle(model: str, test: ArrayDataset, split: int, workdir: Path, *,
                  aux_ratio: float | None, seed: int) -> Path:
     """A bundle archive of `model` (shaped for `test`) split at `split`, written in
-    `workdir`."""
+    `workdir`, stored uncompressed (gzip level 0): only this process reads it (the
+    agents get device bundles cut from it), and deflating the weights cost seconds of
+    CPU per run for a few percent of their size."""
     from jetsplit.export.bundle_writer import write_bundle
     from jetsplit.models import ModelSpec
 
     spec = ModelSpec(model, test.input_shape, test.num_classes)
     report = write_bundle(spec, split, workdir / "bundle", aux_ratio=aux_ratio, seed=seed,
-                          tar=True)
+                          tar=True, compresslevel=0)
     assert report.tar_path is not None
     return report.tar_path
 
