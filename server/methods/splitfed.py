@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import torch
 from torch import nn
 
 from jetsplit.models.weights import from_arrays, load_strict
@@ -38,8 +39,9 @@ class SplitFedV1(SplitMethod):
             loss.backward()
             optimizer.step()
             grads[agent] = leaf.grad
-            losses.append(float(loss.detach()))
-        return float(np.mean(losses)), grads
+            losses.append(loss.detach())
+        # the losses read back once per step, not once per client (a host sync each on a GPU)
+        return float(np.mean(torch.stack(losses).tolist())), grads
 
     def end_round(self, participants: list[str]) -> None:
         t = self.trainer
