@@ -16,8 +16,14 @@ dirichlet:0.5 (the CLI's default), 5 rounds × 10 local steps × batch 64, seed 
 CLI's per-round checkpoint. Each process's imports and data loading are included on both
 sides: they are what a researcher pays per run.
 
+With `--fleets 100:0.2,1000:0.02` it then runs SplitFed V1 and SCALA (`--scale-methods`)
+on fleets of those sizes at those fractions, each in its own subprocess, and prints peak
+RSS and seconds per round: a simulation's memory must grow with the clients a round
+selects, not with the fleet (simulated clients that are not selected hold only their
+shard).
+
 Run: `OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_overhead.py [--methods ...]
-[--repeats 3] [--rounds 5] [--local-steps 10] [--smoke]`
+[--repeats 3] [--rounds 5] [--local-steps 10] [--fleets 100:0.2,1000:0.02] [--smoke]`
 """
 
 from __future__ import annotations
@@ -87,7 +93,11 @@ def run_method(args: argparse.Namespace, method: str) -> dict[str, Any]:
         summary = simulate(settings, model=args.model, split=args.split, dataset=args.dataset,
                            clients=args.agents, partition_scheme=args.partition,
                            out_dir=Path(out) / "run")
-    return {"final_accuracy": summary["final_accuracy"]}
+        rows = [json.loads(line) for line in
+                (Path(out) / "run" / "metrics.jsonl").read_text().splitlines()]
+    return {"final_accuracy": summary["final_accuracy"],
+            "round_seconds": [r["seconds"] for r in rows],
+            "selected": statistics.mean(len(r["selected"]) for r in rows)}
 
 
 def child(args: argparse.Namespace) -> None:
@@ -102,7 +112,7 @@ def child(args: argparse.Namespace) -> None:
     print(json.dumps(result), flush=True)
 
 
-def measure(args: argparse.Namespace, run: str) -> dict[str, float]:
+def measure(args: argparse.Namespace, run: str) -> dict[str, Any]:
     """Run `run` in a fresh subprocess; its own user, sys CPU seconds and peak RSS."""
     command = [sys.executable, str(Path(__file__).resolve()), "--child", run,
                *shlex.split(shape_flags(args))]
@@ -121,7 +131,9 @@ def measure(args: argparse.Namespace, run: str) -> dict[str, float]:
     result = json.loads(out.strip().splitlines()[-1])
     return {"user": usage.ru_utime, "sys": usage.ru_stime, "cpu": usage.ru_utime + usage.ru_stime,
             "rss_mb": usage.ru_maxrss / 1024, "wall": wall,
-            "accuracy": float(result["final_accuracy"] or 0.0)}
+            "accuracy": float(result["final_accuracy"] or 0.0),
+            "round_seconds": result.get("round_seconds", []),
+            "selected": result.get("selected", args.agents)}
 
 
 def shape_flags(args: argparse.Namespace) -> str:
@@ -131,10 +143,43 @@ def shape_flags(args: argparse.Namespace) -> str:
             f"--seed {args.seed}")
 
 
-def table(runs: list[str], results: dict[str, list[dict[str, float]]]) -> list[str]:
+def parse_fleets(text: str) -> list[tuple[int, float]]:
+    """`100:0.2,1000:0.02` as [(clients, fraction)]; a malformed one is one error line."""
+    fleets = []
+    for item in filter(None, text.split(",")):
+        try:
+            clients, fraction = item.split(":")
+            fleets.append((int(clients), float(fraction)))
+        except ValueError:
+            raise SystemExit(f"error: --fleets {item!r}: want CLIENTS:FRACTION") from None
+        if not (1 <= fleets[-1][0] <= 100_000 and 0 < fleets[-1][1] <= 1):
+            raise SystemExit(f"error: --fleets {item!r}: 1..100000 clients, fraction in (0, 1]")
+    return fleets
+
+
+def scale(args: argparse.Namespace, fleets: list[tuple[int, float]]) -> list[str]:
+    """Peak RSS and seconds per round (after the first: bundle installs) per fleet size."""
+    lines = ["| method | clients | fraction | selected | peak RSS MB | user+sys CPU s "
+             "| wall s per round (after the first) |", "|---|---|---|---|---|---|---|"]
+    rss: dict[str, list[float]] = {}
+    for method in args.scale_methods:
+        for clients, fraction in fleets:
+            shape = argparse.Namespace(**{**vars(args), "agents": clients, "fraction": fraction})
+            m = measure(shape, method)
+            later = m["round_seconds"][1:] or m["round_seconds"]
+            lines.append(f"| {method} | {clients} | {fraction:g} | {m['selected']:.0f} | "
+                         f"{m['rss_mb']:.0f} | {m['cpu']:.1f} | {statistics.mean(later):.2f} |")
+            rss.setdefault(method, []).append(m["rss_mb"])
+    for method, values in rss.items():
+        lines.append(f"peak RSS {method} {fleets[-1][0]} / {fleets[0][0]} clients: "
+                     f"{values[-1] / values[0]:.2f}")
+    return lines
+
+
+def table(runs: list[str], results: dict[str, list[dict[str, Any]]]) -> list[str]:
     """Medians per run and their ratios to the plain loop's (same repeat count each)."""
-    med = {r: {k: statistics.median(m[k] for m in results[r]) for k in results[r][0]}
-           for r in runs}
+    med = {r: {k: statistics.median(m[k] for m in results[r])
+               for k in ("cpu", "sys", "rss_mb", "wall", "accuracy")} for r in runs}
     base = med[PLAIN]
     lines = ["| run | user+sys CPU s | × plain | peak RSS MB | × plain | sys s | × plain "
              "| wall s | final accuracy |", "|---|---|---|---|---|---|---|---|---|"]
@@ -153,7 +198,7 @@ def main() -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--methods", nargs="+", default=list(NAMES), choices=NAMES)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="0: only the --fleets table")
     parser.add_argument("--model", default="alexnet")
     parser.add_argument("--split", type=int, default=2)
     parser.add_argument("--dataset", default="mnist")
@@ -164,9 +209,13 @@ def main() -> int:
     parser.add_argument("--local-steps", type=int, default=10)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--fleets", default="",
+                        help="CLIENTS:FRACTION,...: also the scale table (e.g. 100:0.2,1000:0.02)")
+    parser.add_argument("--scale-methods", nargs="+", default=SMOKE_METHODS, choices=NAMES)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--smoke", action="store_true",
-                        help="tiny: digits, 2 methods, 1 repeat, 2 rounds × 2 steps (seconds)")
+                        help="tiny: digits, 2 methods, 1 repeat, 2 rounds × 2 steps, fleets "
+                             "of 4 and 16 (seconds)")
     args = parser.parse_args()
     if args.child:
         child(args)
@@ -175,9 +224,11 @@ def main() -> int:
     if args.smoke:
         args.methods, args.repeats, args.rounds, args.local_steps = SMOKE_METHODS, 1, 2, 2
         args.dataset, args.model, args.agents, args.batch = "digits", "vgg11", 2, 16
+        args.fleets = "4:0.5,16:0.125"
+    fleets = parse_fleets(args.fleets)
     runs = [PLAIN, *args.methods]
     print(f"# {shape_flags(args)}, {args.repeats} repeats, one torch thread each", flush=True)
-    results: dict[str, list[dict[str, float]]] = {r: [] for r in runs}
+    results: dict[str, list[dict[str, Any]]] = {r: [] for r in runs}
     for repeat in range(args.repeats):
         for run in runs:  # interleaved: a busy minute hits every run alike
             m = measure(args, run)
@@ -185,11 +236,15 @@ def main() -> int:
             print(f"repeat {repeat} {run}: cpu {m['cpu']:.1f}s (sys {m['sys']:.1f}s), "
                   f"peak RSS {m['rss_mb']:.0f} MB, wall {m['wall']:.1f}s", flush=True)
     print(f"\ncommand: {command}\n")
-    print("\n".join(table(runs, results)))
-    base = statistics.median(m["cpu"] for m in results[PLAIN])
-    for r in args.methods:
-        cpu = statistics.median(m["cpu"] for m in results[r])
-        print(f"ratio {r} / plain CPU: {cpu / base:.2f}")
+    if args.repeats > 0:  # 0: the scale table alone
+        print("\n".join(table(runs, results)))
+        base = statistics.median(m["cpu"] for m in results[PLAIN])
+        for r in args.methods:
+            cpu = statistics.median(m["cpu"] for m in results[r])
+            print(f"ratio {r} / plain CPU: {cpu / base:.2f}")
+    if fleets:
+        print(f"\n# scale: {args.rounds} rounds × {args.local_steps} steps, batch {args.batch}")
+        print("\n".join(scale(args, fleets)))
     return 0
 
 
