@@ -38,6 +38,8 @@ class SplitFedV1(SplitMethod):
             loss = nn.functional.cross_entropy(server(leaf), y)
             loss.backward()
             optimizer.step()
+            # its gradients freed now, not at its next step: one copy's alive at a time
+            optimizer.zero_grad(set_to_none=True)
             grads[agent] = leaf.grad
             losses.append(loss.detach())
         # the losses read back once per step, not once per client (a host sync each on a GPU)
