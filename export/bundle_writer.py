@@ -125,11 +125,11 @@ def _export_checked(module: nn.Module, shape: tuple[int, ...], path: Path, opset
     return diffs
 
 
-def _write_tar(src: Path, archive: Path) -> None:
+def _write_tar(src: Path, archive: Path, compresslevel: int = 9) -> None:
     """Reproducible .tar.gz: flat regular files, sorted, no owners, zero mtimes."""
     tmp = archive.with_name(f".{archive.name}.tmp")
     with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw,
-                                               mtime=0) as gz, \
+                                               mtime=0, compresslevel=compresslevel) as gz, \
             tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for path in sorted(src.iterdir()):
             info = tarfile.TarInfo(path.name)
@@ -214,9 +214,12 @@ def write_bundle(
     tar: bool = False,
     initial_weights: str | Path | None = None,
     classes: Sequence[str] | None = None,
+    compresslevel: int = 9,
 ) -> BundleReport:
     """Build the (seeded or given) model, split it at `k`, and write a verified bundle to
-    `out_dir` (and `<out_dir>.tar.gz` with `tar`). `aux_ratio=None` ships no aux head;
+    `out_dir` (and `<out_dir>.tar.gz` with `tar`, gzip level `compresslevel`: 0 stores,
+    for an archive only the writing process reads, whose float weights deflate barely
+    shrinks). `aux_ratio=None` ships no aux head;
     `weights` is a full-model state dict, with the aux head's tensors under `aux.`;
     `initial_weights` a weights file the model starts from (jetsplit/models/initial_weights.py);
     `classes` the run's class names in label order (agents map their own labels to them).
@@ -271,6 +274,6 @@ def write_bundle(
     tar_path = None
     if tar:
         tar_path = out_dir.with_name(out_dir.name + ".tar.gz")
-        _write_tar(out_dir, tar_path)
+        _write_tar(out_dir, tar_path, compresslevel)
     return BundleReport(path=out_dir, manifest=manifest, max_abs_diff=diffs, tar_path=tar_path,
                         files=files, notes=() if initial is None else (initial.note(),))

@@ -56,6 +56,7 @@ class LLASFL(_RegisteredPriors, SplitFedV1):
             loss, (grad,) = scala_math.lla_sfl_server_step(
                 self.copies[agent], [x], [y], self.num_classes, self.optimizers[agent],
                 client_priors=[self.label_prior(agent)])
+            self.optimizers[agent].zero_grad(set_to_none=True)  # as SplitFed V1: freed now
             grads[agent] = grad
             losses.append(loss)
         return float(np.mean(losses)), grads

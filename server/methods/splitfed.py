@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
+import torch
 from torch import nn
 
-from jetsplit.models.weights import from_arrays, load_strict, to_arrays
+from jetsplit.models.weights import from_arrays, load_strict
 from jetsplit.server.methods.base import SplitMethod
+from jetsplit.server.methods.server_copies import ServerCopies, array_views
 
 
 class SplitFedV1(SplitMethod):
@@ -18,12 +18,15 @@ class SplitFedV1(SplitMethod):
     to bound)."""
 
     name = "splitfed-v1"
+    pool: ServerCopies | None = None  # the copies' storage, made on the first round
 
     def begin_round(self, selected: list[str]) -> None:
+        """Each selected client's copy starts from the global block with a fresh optimiser
+        (slots reused across rounds: server/methods/server_copies.py)."""
         t = self.trainer
-        self.copies = {a: copy.deepcopy(t.server) for a in selected}
-        self.optimizers = {a: t.server_optimizer.for_module(m)
-                           for a, m in self.copies.items()}
+        if self.pool is None:
+            self.pool = ServerCopies(t.server_optimizer.for_module)
+        self.copies, self.optimizers = self.pool.checkout(t.server, selected)
 
     def server_update(self, agents, acts, labels):  # noqa: ANN001, ANN201
         grads, losses = {}, []
@@ -35,18 +38,24 @@ class SplitFedV1(SplitMethod):
             loss = nn.functional.cross_entropy(server(leaf), y)
             loss.backward()
             optimizer.step()
+            # its gradients freed now, not at its next step: one copy's alive at a time
+            optimizer.zero_grad(set_to_none=True)
             grads[agent] = leaf.grad
-            losses.append(float(loss.detach()))
-        return float(np.mean(losses)), grads
+            losses.append(loss.detach())
+        # the losses read back once per step, not once per client (a host sync each on a GPU)
+        return float(np.mean(torch.stack(losses).tolist())), grads
 
     def end_round(self, participants: list[str]) -> None:
         t = self.trainer
         if participants:
-            states = {a: to_arrays(self.copies[a], "server") for a in participants}
+            # the copies and the global block read in place: nothing here writes to them
+            # before the average is loaded (which copies it)
+            states = {a: array_views(self.copies[a], "server") for a in participants}
             with t.books.timed("aggregate"):  # under [train] aggregator, like client blocks
                 merged = t.defences.aggregate(
                     states, t.defences.sizes(participants),
-                    reference=to_arrays(t.server, "server"), block="server copy", uploaded=False)
+                    reference=array_views(t.server, "server"), block="server copy",
+                    uploaded=False)
             load_strict(t.server, from_arrays(merged, "server"), "server average")
         self.copies, self.optimizers = {}, {}
 

@@ -195,7 +195,10 @@ def _with_hand_cuts(hand: dict[str, int], cuts: dict[str, int] | None, split: in
 def fresh_bundle(model: str, test: Dataset, split: int, workdir: Path, *,
                  aux_ratio: float | None, seed: int, weights: str | None = None) -> Path:
     """A bundle archive of `model` (shaped for `test`, naming its classes) split at
-    `split`, written in `workdir`, starting from `weights` when given."""
+    `split`, written in `workdir`, starting from `weights` when given; stored
+    uncompressed (gzip level 0): only this process reads it (the agents get device
+    bundles cut from it), and deflating the weights cost seconds of CPU per run for a few
+    percent of their size."""
     from jetsplit.export.bundle_writer import write_bundle
     from jetsplit.models import ModelSpec
     from jetsplit.server.run.assembly import tell_bundle_notes
@@ -203,7 +206,8 @@ def fresh_bundle(model: str, test: Dataset, split: int, workdir: Path, *,
 
     spec = ModelSpec(model, test.input_shape, test.num_classes)
     report = write_bundle(spec, split, workdir / "bundle", aux_ratio=aux_ratio, seed=seed,
-                          tar=True, initial_weights=weights, classes=run_classes(test))
+                          tar=True, initial_weights=weights, classes=run_classes(test),
+                          compresslevel=0)
     tell_bundle_notes(report.notes)
     assert report.tar_path is not None
     return report.tar_path

@@ -223,6 +223,23 @@ def test_tar_round_trip(written: Path, original, tmp_path: Path) -> None:
     assert (target / "manifest.json").is_file()
 
 
+def test_stored_archive_holds_the_same_tar_and_loads(written: Path, original,
+                                                     tmp_path: Path) -> None:
+    """A simulation's archive (gzip level 0, `compresslevel=0`): the same tar, byte for
+    byte, as the default archive's, stored rather than deflated, and it loads the same."""
+    import gzip
+
+    from jetsplit.export.bundle_writer import _write_tar
+
+    stored = tmp_path / "stored.tar.gz"
+    _write_tar(written, stored, compresslevel=0)
+    default = written.with_name(written.name + ".tar.gz")
+    tar_bytes = gzip.decompress(default.read_bytes())
+    assert gzip.decompress(stored.read_bytes()) == tar_bytes
+    assert stored.stat().st_size > len(tar_bytes) > default.stat().st_size  # not deflated
+    _assert_same(load_bundle(stored).client_module(), original["client"])
+
+
 def test_tar_of_a_folder_loads(written: Path, tmp_path: Path) -> None:
     archive = tmp_path / "b.tar"
     with tarfile.open(archive, "w") as tar:

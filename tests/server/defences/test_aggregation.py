@@ -39,3 +39,36 @@ def test_layerwise_fedavg_renormalises_over_each_layers_holders() -> None:
     assert list(out) == ["l1", "l2"]
     assert out["l1"].tolist() == pytest.approx([34 / 6], abs=1e-12)
     assert out["l2"].tolist() == [32.5]
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 1 << 18])
+def test_fedavg_in_slices_is_the_whole_tensor_sum_bit_for_bit(
+        chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The weighted sum a slice at a time (FEDAVG_CHUNK elements) against the whole-tensor
+    float64 sum it replaced: sizes that are and are not multiples of the slice, a
+    transposed (non-contiguous) upload, float16 and float32, a scalar, an empty tensor,
+    five agents with unequal weights; every bit equal, shapes and dtypes kept."""
+    from jetsplit.server.defences import aggregators
+
+    monkeypatch.setattr(aggregators, "FEDAVG_CHUNK", chunk)
+    rng = np.random.default_rng(0)
+    shapes = {"w": (5, 9), "t": (9, 5), "h": (23,), "s": (), "e": (0, 3)}
+    dtypes = {"w": np.float32, "t": np.float32, "h": np.float16, "s": np.float32,
+              "e": np.float32}
+    states = {}
+    for agent in "abcde":
+        arrays = {n: rng.standard_normal(shape).astype(dtypes[n]) * 1e3 for n, shape in
+                  shapes.items()}
+        arrays["t"] = np.ascontiguousarray(arrays["t"].T).T  # non-contiguous view
+        states[agent] = arrays
+    weights = {"a": 40, "b": 70, "c": 130, "d": 1, "e": 3}
+    total = float(sum(weights.values()))
+    out = fedavg(states, weights)
+    for name in shapes:
+        want = np.zeros(shapes[name], np.float64)
+        for agent in sorted(states):
+            want += states[agent][name].astype(np.float64) * (weights[agent] / total)
+        want = want.astype(dtypes[name])
+        assert out[name].shape == want.shape and out[name].dtype == want.dtype, name
+        assert out[name].tobytes() == want.tobytes(), name
+    assert not states["a"]["t"].flags.c_contiguous
