@@ -167,7 +167,7 @@ class Ampere(PhaseTwoUploads, Method):
 
     def _device_epoch(self, selected: list[str]) -> float | None:
         """One epoch of eqs 8–10: local client+aux training, FedAvg, validation."""
-        t, s = self.trainer, self.trainer.settings
+        t = self.trainer
         live = t.live(selected)
         if self.epoch > 0:
             live = t.push_client(live, t.global_client, self.aux)
@@ -177,8 +177,8 @@ class Ampere(PhaseTwoUploads, Method):
             "target": "aux", "batch": batches[a], "lr": t.client_optimizer.lr,
             "steps": math.ceil(claims[a] / batches[a])}) for a in live}
         with t.books.timed("local_train"):
-            out = t.books.note(t.engine.send_and_receive(commands, round=t.round,
-                                                    deadline_s=s.deadline_s))
+            out = t.books.note(t.engine.send_and_receive(
+                commands, round=t.round, deadline_s=t.step_deadline(Kind.TRAIN.value)))
         loss = self._train_loss(out, commands)
         states = t.pull(out.agents, ("client", "aux"))
         t.release(out.agents)

@@ -34,8 +34,8 @@ class FedAvg(Method):
                                                   "lr": t.client_optimizer.lr})
                     for a in live}
         with t.books.timed("local_train"):
-            out = t.books.note(t.engine.send_and_receive(commands, round=t.round,
-                                                    deadline_s=t.settings.deadline_s))
+            out = t.books.note(t.engine.send_and_receive(
+                commands, round=t.round, deadline_s=t.step_deadline(Kind.TRAIN.value)))
         losses = []
         for agent, reply in out.replies.items():
             samples, loss = reply.meta.get("samples"), reply.meta.get("loss")

@@ -278,8 +278,8 @@ class SHeRL(Method):
                                 "clients": list(self.groups[e])}, weights)
                     for e in edges}
         with t.books.timed("distribute"):
-            out = t.books.note(t.engine.send_and_receive(commands, round=t.round,
-                                                   deadline_s=t.settings.deadline_s))
+            out = t.books.note(t.engine.send_and_receive(
+                commands, round=t.round, deadline_s=t.step_deadline(Kind.EDGE_LOAD.value)))
         self.ready = set(out.agents)
 
     def _iterate(self, step: int, period: _Period) -> tuple[float | None, list[float]] | None:
@@ -316,7 +316,8 @@ class SHeRL(Method):
                     for c, b in batches.items()}
         with t.books.timed("forward"):
             out = t.books.note(t.checked(t.engine.send_and_receive(
-                commands, round=t.round, step=step, deadline_s=s.deadline_s),
+                commands, round=t.round, step=step,
+                deadline_s=t.step_deadline(Kind.FORWARD.value)),
                 lambda c, r: None if _count(r.meta.get("samples"), batches[c])
                 else f"samples {r.meta.get('samples')!r}, expected 1..{batches[c]}"))
         for client, reply in out.replies.items():
@@ -338,7 +339,8 @@ class SHeRL(Method):
         edges that fail sit out the rest of the round (their clients' forwards would be
         wasted)."""
         t, s = self.trainer, self.trainer.settings
-        wait_s = float(s.deadline_s) / 2  # late smashed data: still time to reply without it
+        deadline_s = t.step_deadline(Kind.EDGE_STEP.value)
+        wait_s = deadline_s / 2  # late smashed data: still time to reply without it
         commands = {e: Command(Kind.EDGE_STEP.value,
                                {"clients": cs, "margin": self.options.margin, "codec": s.codec,
                                 "compression": s.compression, "wait_s": wait_s})
@@ -346,7 +348,7 @@ class SHeRL(Method):
         with t.books.timed("edge"):
             out = t.books.note(t.checked(
                 t.engine.send_and_receive(commands, round=t.round, step=step,
-                                          deadline_s=s.deadline_s),
+                                          deadline_s=deadline_s),
                 lambda e, r: self._step_problem(r, members[e], samples)))
         for edge in out.missed:
             self.ready.discard(edge)
@@ -355,14 +357,14 @@ class SHeRL(Method):
     def _backward(self, clients: list[str], samples: dict[str, int], step: int) -> Outcome:
         """Clients apply the gradients their edge sent them directly; nothing from the
         cloud reaches the clients or the edges."""
-        t, s = self.trainer, self.trainer.settings
-        command = Command(Kind.BACKWARD.value, {"direct": True,
-                                                "wait_s": float(s.deadline_s) / 2})
+        t = self.trainer
+        deadline_s = t.step_deadline(Kind.BACKWARD.value)
+        command = Command(Kind.BACKWARD.value, {"direct": True, "wait_s": deadline_s / 2})
         if not clients:
             return Outcome({})
         with t.books.timed("backward"):
             out = t.books.note(t.engine.broadcast(command, clients, round=t.round, step=step,
-                                            deadline_s=s.deadline_s))
+                                                  deadline_s=deadline_s))
         for client in out.replies:
             t.books.bwd_samples[client] += samples[client]
         return out
@@ -452,7 +454,7 @@ class SHeRL(Method):
         with t.books.timed("collect"):
             out = t.books.note(t.checked(
                 t.engine.broadcast(command, t.live(edges), round=t.round,
-                                   deadline_s=t.settings.deadline_s),
+                                   deadline_s=t.step_deadline(Kind.GET_WEIGHTS.value)),
                 lambda e, r: self._edge_weights_problem(r.tensors)))
         return {e: r.tensors for e, r in out.replies.items()}
 
