@@ -1,0 +1,381 @@
+"""Fast tier: what each round STARTS from, for every method in the catalog, over three
+rounds at mixed cuts (1, 3, 1, 3 on a tiny model; FedAvg and SHeRL-FL, common-cut methods,
+at one cut; Ampere at 1, 2, 1, 2), with SGD momentum so that optimiser state exists.
+
+Each method's pieces are pinned elsewhere one at a time; these tests pin the wiring between a
+method and the pieces it drives over several rounds. The expected start of round r is worked
+out here with plain NumPy/torch from what round r-1 ended with (every float tensor, within
+an ulp of the float64 mean): the global client block, each device's block, each shallow
+device's completion copy and its optimiser, the server block (or, for SplitFed V1 and
+LLA-SFL, each device's server copy, recomputed step by step from the activations it got),
+the server's optimiser state, aux heads. A method that forgets a reset (stale copies, a
+carried momentum) fails, and so does one that resets what it must keep (PSL's and GAPSL's own
+blocks and their optimisers, the shared server block and its momentum).
+
+Observed through the trainer's and engine's calls (`forward`, `pull`, `send_and_receive`)
+and the `Completions` interface, never through a method's own attributes."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from jetsplit import catalog
+from jetsplit.data import load_dataset_split
+from jetsplit.edge_agent.worker import AgentWorker
+from jetsplit.export.bundle_writer import write_bundle
+from jetsplit.models import ModelSpec
+from jetsplit.models.weights import to_arrays
+from jetsplit.server.engines.seam import InProcessEngine
+from jetsplit.server.methods import build_method
+from jetsplit.server.training.settings import Settings
+from jetsplit.server.training.trainer import Trainer
+
+pytestmark = pytest.mark.fast
+
+Arrays = dict[str, np.ndarray]
+SPEC = ModelSpec("mobilenetv3-small", (1, 8, 8), 10)
+SERVER_CUT = 3
+ROUNDS = 3
+LR, MOMENTUM = 0.05, 0.9
+SIZES = {"a0": 40, "a1": 70, "a2": 90, "a3": 60}  # |D_k|, all unequal
+MIXED = {"a0": 1, "a1": 3, "a2": 1, "a3": 3}
+#: Ampere's two variants train client + aux head on the devices (their own test below).
+AVERAGING = [n for n, e in catalog.METHODS.items() if e.splits and e.aggregates_clients
+             and not e.common_cut and not e.implementation.startswith("ampere:")]
+OWN_BLOCKS = [n for n, e in catalog.METHODS.items() if e.splits and not e.aggregates_clients]
+SERVER_COPIES = {"splitfed-v1", "lla-sfl"}  # a server-block copy per device per round
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(one_torch_thread: None) -> None:
+    """Agents and server share this process: one torch thread each (conftest)."""
+
+
+@pytest.fixture(scope="module")
+def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    report = write_bundle(SPEC, SERVER_CUT, tmp_path_factory.mktemp("wiring") / "k", seed=3,
+                          tar=True, aux_ratio=None)
+    assert report.tar_path is not None
+    return report.tar_path
+
+
+@pytest.fixture(scope="module")
+def aux_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    report = write_bundle(SPEC, 2, tmp_path_factory.mktemp("wiring-aux") / "k", seed=3,
+                          tar=True)
+    assert report.tar_path is not None
+    return report.tar_path
+
+
+def _workers() -> dict[str, AgentWorker]:
+    train, _ = load_dataset_split("digits", 0.2, 0)
+    order = np.random.default_rng(0).permutation(len(train))
+    workers, start = {}, 0
+    for i, (agent, size) in enumerate(SIZES.items()):
+        workers[agent] = AgentWorker(agent, train.subset(order[start:start + size]), seed=i)
+        start += size
+    return workers
+
+
+def _trainer(archive: Path, algorithm: str, cuts: dict[str, int] | None,
+             **settings: Any) -> Trainer:
+    _, test = load_dataset_split("digits", 0.2, 0)
+    torch.manual_seed(0)
+    base: dict[str, Any] = dict(algorithm=algorithm, rounds=ROUNDS, local_steps=2, batch=32,
+                                lr=LR, optimizer="sgd", momentum=MOMENTUM, seed=0)
+    return Trainer(InProcessEngine(_workers()), archive, Settings(**{**base, **settings}),
+                   test, cuts=cuts)
+
+
+# ---------------------------------------------------------------- by hand
+
+
+def _floats(arrays: Arrays) -> Arrays:
+    return {k: v for k, v in arrays.items() if v.dtype.kind == "f"}
+
+
+def _mean(states: dict[str, Arrays], weights: dict[str, int]) -> Arrays:
+    """Σ_k w_k·state_k / Σ_k w_k in float64, over every float tensor any of them holds
+    (a tensor held by some devices only is averaged over those)."""
+    names = sorted({n for s in states.values() for n in _floats(s)})
+    out = {}
+    for name in names:
+        holders = [a for a in states if name in states[a]]
+        total = sum(weights[a] for a in holders)
+        out[name] = sum(states[a][name].astype(np.float64) * (weights[a] / total)
+                        for a in holders)
+    return out
+
+
+def _close(got: Arrays, want: Arrays, what: str, ulps: int = 2) -> None:
+    """float64 means cast to float32: within an ulp or two of the hand value."""
+    assert want, what
+    missing = sorted(set(want) - set(got))
+    assert not missing, f"{what}: missing {missing[:3]}"
+    for name, value in want.items():
+        np.testing.assert_allclose(got[name], value, rtol=ulps * 1.2e-7, atol=1e-12,
+                                   err_msg=f"{what}: {name}")
+
+
+def _equal(got: Arrays, want: Arrays, what: str) -> None:
+    assert sorted(got) == sorted(want), what
+    for name, value in want.items():
+        assert np.array_equal(got[name], value), f"{what}: {name}"
+
+
+def _layers_after(arrays: Arrays, names: list[str]) -> Arrays:
+    return {n: arrays[n] for n in names if n in arrays}
+
+
+def _names_by_cut(global_client: Arrays) -> dict[int, list[str]]:
+    """Client tensor names of layers 1..k, by k (layers in the block's order)."""
+    layers: list[str] = []
+    for name in global_client:
+        layer = name.split("/", 1)[1].split(".", 1)[0]
+        if layer not in layers:
+            layers.append(layer)
+    return {k: [n for n in global_client if n.split("/", 1)[1].split(".", 1)[0]
+                in layers[:k]] for k in range(1, len(layers) + 1)}
+
+
+def _optimiser_state(optimizer: torch.optim.Optimizer) -> list[np.ndarray]:
+    """Every state tensor (momentum buffers), in parameter order."""
+    state = optimizer.state_dict()["state"]
+    return [v.detach().cpu().numpy().copy() for i in sorted(state)
+            for _, v in sorted(state[i].items()) if torch.is_tensor(v)]
+
+
+def _log_prior(worker: AgentWorker) -> torch.Tensor:
+    """log P_k from the device's own labels (SCALA eq. 15, floored at 1e-12)."""
+    counts = np.bincount(worker.data.y, minlength=SPEC.num_classes).astype(np.float64)
+    p = (counts / counts.sum() + 1e-12) / (1.0 + SPEC.num_classes * 1e-12)
+    return torch.log(torch.tensor(p, dtype=torch.float32))
+
+
+# ---------------------------------------------------------------- observing a run
+
+
+class Recorder:
+    """Snapshots at the first device exchange of each round (`start`) and just before the
+    round's end hook (`end`), and the server updates (SplitFed V1's copies, by hand)."""
+
+    def __init__(self, t: Trainer, method: Any, blocks: tuple[str, ...] = ("client",),
+                 first: str = "forward") -> None:
+        self.t, self.method, self.blocks = t, method, blocks
+        self.start: dict[int, dict[str, Any]] = {}
+        self.end: dict[int, dict[str, Any]] = {}
+        self.updates: dict[int, list[tuple]] = {}
+        if first == "forward":
+            self._wrap(t, "forward", lambda *a, **k: self._first())
+        else:
+            engine = t.engine
+
+            def on_send(commands: dict, **kwargs: Any) -> None:
+                if any(c.kind == "train" for c in commands.values()):
+                    self._first()
+            self._wrap(engine, "send_and_receive", on_send)
+        if hasattr(method, "end_round"):
+            self._wrap(method, "end_round", lambda *a, **k: self._snap(self.end))
+        if hasattr(method, "server_update"):
+            original = method.server_update
+
+            def server_update(agents, acts, labels):  # noqa: ANN001, ANN202
+                loss, grads = original(agents, acts, labels)
+                self.updates.setdefault(t.round, []).append(
+                    (list(agents), [x.detach().clone() for x in acts],
+                     [y.clone() for y in labels],
+                     {a: g.detach().clone() for a, g in grads.items()}))
+                return loss, grads
+            method.server_update = server_update
+
+    @staticmethod
+    def _wrap(obj: Any, name: str, before: Callable[..., None]) -> None:
+        original = getattr(obj, name)
+
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            before(*args, **kwargs)
+            return original(*args, **kwargs)
+        setattr(obj, name, wrapped)
+
+    def _first(self) -> None:
+        if self.t.round not in self.start:
+            self._snap(self.start)
+
+    def _snap(self, into: dict[int, dict[str, Any]]) -> None:
+        t = self.t
+        agents = sorted(SIZES)
+        into[t.round] = {
+            "global": {k: v.copy() for k, v in t.global_client.items()},
+            "devices": t.pull(agents, self.blocks),
+            "completions": {a: t.completions.state(a) for a in agents},
+            "completion_optimisers": {a: _optimiser_state(t.completions.optimizers[a])
+                                      for a in agents if a in t.completions.optimizers},
+            "device_optimisers": {a: bool(w._optimizers) for a, w in t.engine.workers.items()},
+            "server": to_arrays(t.server, "server"),
+            "server_module": copy.deepcopy(t.server),
+            "server_optimiser": _optimiser_state(t.optimizer),
+        }
+
+
+def _run(t: Trainer, method: Any, rounds: int = ROUNDS) -> None:
+    """The round loop's calls: train the round, then evaluate."""
+    for r in range(rounds):
+        t.round = r
+        method.run_round(sorted(SIZES))
+        method.evaluate()
+
+
+def _server_copies_by_hand(start: dict[str, Any], updates: list[tuple],
+                           loss: Callable[[str, torch.Tensor, torch.Tensor], torch.Tensor]
+                           ) -> Arrays:
+    """SplitFed V1's round on the server, by hand: each device's copy starts from the
+    round's server block with a fresh SGD(momentum) and steps on its own activations; each
+    step's activation gradient must be what the device got; returns the |D_k| mean."""
+    copies: dict[str, tuple[nn.Module, torch.optim.Optimizer]] = {}
+    for agents, acts, labels, grads in updates:
+        for agent, x, y in zip(agents, acts, labels, strict=True):
+            if agent not in copies:
+                module = copy.deepcopy(start["server_module"])
+                copies[agent] = (module, torch.optim.SGD(module.parameters(), lr=LR,
+                                                         momentum=MOMENTUM))
+            module, optimizer = copies[agent]
+            leaf = x.clone().requires_grad_(True)
+            module.train()
+            optimizer.zero_grad(set_to_none=True)
+            loss(agent, module(leaf), y).backward()
+            optimizer.step()
+            np.testing.assert_allclose(grads[agent].numpy(), leaf.grad.numpy(), rtol=1e-4,
+                                       atol=1e-7, err_msg=f"{agent}'s activation gradient")
+    assert sorted(copies) == sorted(SIZES)
+    return _mean({a: to_arrays(m, "server") for a, (m, _) in copies.items()}, SIZES)
+
+
+# ---------------------------------------------------------------- split methods, mixed cuts
+
+
+@pytest.mark.parametrize("algorithm", AVERAGING)
+def test_an_averaging_method_starts_every_round_from_the_global_block(
+        archive: Path, algorithm: str) -> None:
+    """Every round starts each device from the |D_k|-weighted mean of last round's whole
+    blocks (device layers ∪ completion copy) and no optimiser state, each shallow device's
+    completion copy from the same mean's layers c_k+1..c* with a fresh optimiser; the
+    server block (and its momentum) carries over, or, with server copies, is the |D_k|
+    mean of copies that each started from it with a fresh optimiser."""
+    t = _trainer(archive, algorithm, MIXED)
+    method = build_method(algorithm, t)
+    initial = {k: v.copy() for k, v in t.global_client.items()}
+    names = _names_by_cut(initial)
+    rec = Recorder(t, method)
+    _run(t, method)
+    assert sorted(rec.start) == sorted(rec.end) == list(range(ROUNDS))
+    want_server: Arrays | None = None
+    prior = {a: _log_prior(w) for a, w in t.engine.workers.items()}
+
+    def loss(agent: str, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The copy's loss: CE, on logits + log P_k for LLA-SFL (its registered prior)."""
+        adjusted = logits + prior[agent] if algorithm == "lla-sfl" else logits
+        return nn.functional.cross_entropy(adjusted, y)
+
+    for r in range(ROUNDS + 1):
+        if r == 0:
+            want = _floats(initial)
+        else:
+            end = rec.end[r - 1]
+            whole = {a: {**end["devices"][a], **end["completions"][a]} for a in SIZES}
+            assert all(sorted(w) == sorted(initial) for w in whole.values())
+            want = _mean(whole, SIZES)
+        if r == ROUNDS:  # after the last round: the global block only
+            _close(t.global_client, want, f"global block after round {r - 1}")
+            break
+        start = rec.start[r]
+        _close(start["global"], want, f"round {r}: global block")
+        for agent, cut in MIXED.items():
+            device = start["devices"][agent]
+            assert sorted(device) == sorted(names[cut]), agent
+            _close(device, _layers_after(want, names[cut]), f"round {r}: {agent}'s block")
+            tail = [n for n in initial if n not in names[cut]]
+            if tail:
+                _close(start["completions"][agent], _layers_after(want, tail),
+                       f"round {r}: {agent}'s completion copy")
+                assert start["completion_optimisers"][agent] == [], (r, agent)
+            else:
+                assert start["completions"][agent] == {}, agent
+            assert not start["device_optimisers"][agent], (r, agent)
+        if algorithm in SERVER_COPIES:
+            if r == 0:
+                _equal(start["server"], rec.start[0]["server"], "server block")
+            else:
+                assert want_server is not None
+                _close(start["server"], want_server, f"round {r}: server block", ulps=40)
+            assert start["server_optimiser"] == []  # the shared block never steps
+            want_server = _server_copies_by_hand(start, rec.updates[r], loss)
+        elif r > 0:  # one shared server block: kept, momentum and all
+            _equal(start["server"], rec.end[r - 1]["server"], f"round {r}: server block")
+            kept = rec.end[r - 1]["server_optimiser"]
+            assert kept and all(np.array_equal(a, b) for a, b in zip(
+                start["server_optimiser"], kept, strict=True)), f"round {r}: server momentum"
+    if algorithm in SERVER_COPIES:
+        assert want_server is not None
+        _close(to_arrays(t.server, "server"), want_server, "server after the last round",
+               ulps=40)
+
+
+@pytest.mark.parametrize("algorithm", OWN_BLOCKS)
+def test_a_method_without_client_averaging_keeps_every_devices_own_block(
+        archive: Path, algorithm: str) -> None:
+    """PSL/GAPSL: the global client block never moves; each round starts each device
+    from its own block as last round left it (device layers and completion copy, bit for
+    bit) with its optimiser state kept on both sides; the server block and its momentum
+    carry over. Round 0 starts everyone from the bundle's block."""
+    t = _trainer(archive, algorithm, MIXED)
+    method = build_method(algorithm, t)
+    initial = {k: v.copy() for k, v in t.global_client.items()}
+    names = _names_by_cut(initial)
+    rec = Recorder(t, method)
+    _run(t, method)
+    assert sorted(rec.start) == sorted(rec.end) == list(range(ROUNDS))
+    moved = kept_optimisers = kept_momenta = 0
+    for r in range(ROUNDS):
+        start = rec.start[r]
+        _equal(start["global"], initial, f"round {r}: global block")
+        for agent, cut in MIXED.items():
+            tail = [n for n in initial if n not in names[cut]]
+            if r == 0:
+                _equal(start["devices"][agent], _layers_after(initial, names[cut]), agent)
+                _equal(start["completions"][agent], _layers_after(initial, tail) if tail
+                       else {}, agent)
+                assert not start["device_optimisers"][agent]
+                continue
+            end = rec.end[r - 1]
+            _equal(start["devices"][agent], end["devices"][agent], f"round {r}: {agent}")
+            _equal(start["completions"][agent], end["completions"][agent],
+                   f"round {r}: {agent}'s completion copy")
+            moved += not np.array_equal(start["devices"][agent][names[1][0]],
+                                        initial[names[1][0]])
+            # an optimiser a device built stays (GAPSL: one never chosen has none yet)
+            assert start["device_optimisers"][agent] == end["device_optimisers"][agent], (
+                f"round {r}: {agent}'s optimiser")
+            kept_optimisers += end["device_optimisers"][agent]
+            if tail:
+                kept = end["completion_optimisers"][agent]
+                got = start["completion_optimisers"][agent]
+                assert len(got) == len(kept) and all(
+                    np.array_equal(a, b) for a, b in zip(got, kept, strict=True)), (r, agent)
+                kept_momenta += bool(kept)
+        if r > 0:
+            _equal(start["server"], rec.end[r - 1]["server"], f"round {r}: server block")
+            kept = rec.end[r - 1]["server_optimiser"]
+            assert kept and all(np.array_equal(a, b) for a, b in zip(
+                start["server_optimiser"], kept, strict=True)), f"round {r}: server momentum"
+    # the blocks really trained and really differ, so a reset to the global block shows
+    assert moved >= 4 and kept_optimisers >= 4 and kept_momenta >= 1
+    ends = rec.end[ROUNDS - 1]["devices"]
+    assert not np.array_equal(ends["a0"][names[1][0]], ends["a2"][names[1][0]])
