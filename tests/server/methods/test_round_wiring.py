@@ -379,3 +379,110 @@ def test_a_method_without_client_averaging_keeps_every_devices_own_block(
     assert moved >= 4 and kept_optimisers >= 4 and kept_momenta >= 1
     ends = rec.end[ROUNDS - 1]["devices"]
     assert not np.array_equal(ends["a0"][names[1][0]], ends["a2"][names[1][0]])
+
+
+# ---------------------------------------------------------------- methods training on devices
+
+
+class TrainRecorder:
+    """For methods whose devices train on their own (`train` commands): what every device
+    holds at the round's first `train`, and the states the method pulls after it."""
+
+    def __init__(self, t: Trainer, blocks: tuple[str, ...]) -> None:
+        self.t, self.blocks = t, blocks
+        self.start: dict[int, dict[str, Any]] = {}
+        self.end: dict[int, dict[str, Arrays]] = {}
+        send, pull = t.engine.send_and_receive, t.pull
+
+        def send_and_receive(commands: dict, **kwargs: Any) -> Any:
+            if t.round not in self.start and any(c.kind == "train" for c in commands.values()):
+                self.start[t.round] = {
+                    "devices": pull(sorted(SIZES), blocks),
+                    "device_optimisers": {a: bool(w._optimizers)
+                                          for a, w in t.engine.workers.items()},
+                    "global": {k: v.copy() for k, v in t.global_client.items()},
+                    "server": to_arrays(t.server, "server")}
+            return send(commands, **kwargs)
+
+        def spy_pull(agents: list[str], blocks: tuple[str, ...] = ("client",)) -> dict:
+            states = pull(agents, blocks)
+            if t.round in self.start and t.round not in self.end and blocks == self.blocks:
+                self.end[t.round] = {a: {k: v.copy() for k, v in s.items()}
+                                     for a, s in states.items()}
+            return states
+
+        t.engine.send_and_receive, t.pull = send_and_receive, spy_pull  # type: ignore
+
+
+def test_fedavg_starts_every_round_from_the_average_of_the_whole_models(archive: Path) -> None:
+    """FedAvg (one common cut: the whole model trains on each device): every round starts
+    each device from the |D_k|-weighted mean of last round's client AND server parts, with
+    no optimiser state; the coordinator's global client block and server block are that
+    mean too."""
+    t = _trainer(archive, "fedavg", None)
+    method = build_method("fedavg", t)
+    initial = {**t.global_client, **to_arrays(t.server, "server")}
+    rec = TrainRecorder(t, ("client", "server"))
+    _run(t, method)
+    assert sorted(rec.start) == sorted(rec.end) == list(range(ROUNDS))
+    for r in range(ROUNDS + 1):
+        want = _floats(initial) if r == 0 else _mean(rec.end[r - 1], SIZES)
+        if r > 0:  # the devices really trained apart, so a wrong or missing average shows
+            ends = rec.end[r - 1]
+            assert sum(not np.array_equal(v, ends["a2"][k]) for k, v in ends["a0"].items()
+                       if v.dtype.kind == "f") > 20
+        if r == ROUNDS:
+            _close({**t.global_client, **to_arrays(t.server, "server")}, want,
+                   "after the last round")
+            break
+        start = rec.start[r]
+        _close({**start["global"], **start["server"]}, want, f"round {r}: coordinator")
+        for agent in SIZES:
+            assert sorted(start["devices"][agent]) == sorted(initial), agent
+            _close(start["devices"][agent], want, f"round {r}: {agent}")
+            assert not start["device_optimisers"][agent], (r, agent)
+
+
+AMPERE = [n for n, e in catalog.METHODS.items() if e.implementation.startswith("ampere:")]
+AMPERE_CUTS = {"a0": 1, "a1": 2, "a2": 1, "a3": 2}
+
+
+@pytest.mark.parametrize("algorithm", AMPERE)
+def test_ampere_starts_every_device_epoch_from_the_layerwise_average_and_its_cuts_head(
+        aux_archive: Path, tmp_path: Path, algorithm: str) -> None:
+    """Ampere's phase 1 at cuts 1, 2, 1, 2, three device epochs: each epoch starts every
+    device from layer l averaged over the devices holding it (|D_k| weights), its own
+    cut's aux head averaged over the devices at that cut, and no optimiser state; epoch 0
+    from the bundle's block, the devices at one cut from one head."""
+    t = _trainer(aux_archive, algorithm, AMPERE_CUTS, rounds=6, device_epochs=4, patience=9,
+                 activation_dir=str(tmp_path / "work"))
+    method = build_method(algorithm, t)
+    initial = {k: v.copy() for k, v in t.global_client.items()}
+    names = _names_by_cut(initial)
+    rec = TrainRecorder(t, ("client", "aux"))
+    _run(t, method)
+    assert sorted(rec.start) == sorted(rec.end) == list(range(ROUNDS))
+    groups = {c: [a for a, k in AMPERE_CUTS.items() if k == c] for c in (1, 2)}
+    for r in range(ROUNDS):
+        start = rec.start[r]
+        if r == 0:
+            client = _floats(initial)
+            heads = {c: {k: v for k, v in start["devices"][group[0]].items()
+                         if k.startswith("aux/")} for c, group in groups.items()}
+            assert {k: v.shape for k, v in heads[1].items()} != {
+                k: v.shape for k, v in heads[2].items()}
+        else:
+            end = rec.end[r - 1]
+            client = _mean({a: {k: v for k, v in s.items() if k.startswith("client/")}
+                            for a, s in end.items()}, SIZES)
+            heads = {c: _mean({a: {k: v for k, v in end[a].items() if k.startswith("aux/")}
+                               for a in group}, SIZES) for c, group in groups.items()}
+            # the heads and layer 1 really differ between devices, so a wrong group shows
+            assert not np.array_equal(end["a0"][names[1][0]], end["a2"][names[1][0]])
+        _close(start["global"], client, f"round {r}: global block")
+        for agent, cut in AMPERE_CUTS.items():
+            device = start["devices"][agent]
+            assert sorted(k for k in device if k.startswith("client/")) == sorted(names[cut])
+            _close(device, _layers_after(client, names[cut]), f"round {r}: {agent}'s block")
+            _close(device, _floats(heads[cut]), f"round {r}: {agent}'s head")
+            assert not start["device_optimisers"][agent], (r, agent)
