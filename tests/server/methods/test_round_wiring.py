@@ -33,7 +33,7 @@ from jetsplit.edge_agent.worker import AgentWorker
 from jetsplit.export.bundle_writer import write_bundle
 from jetsplit.models import ModelSpec
 from jetsplit.models.weights import to_arrays
-from jetsplit.server.engines.seam import InProcessEngine
+from jetsplit.server.engines.seam import Command, InProcessEngine
 from jetsplit.server.methods import build_method
 from jetsplit.server.training.settings import Settings
 from jetsplit.server.training.trainer import Trainer
@@ -486,3 +486,88 @@ def test_ampere_starts_every_device_epoch_from_the_layerwise_average_and_its_cut
             _close(device, _layers_after(client, names[cut]), f"round {r}: {agent}'s block")
             _close(device, _floats(heads[cut]), f"round {r}: {agent}'s head")
             assert not start["device_optimisers"][agent], (r, agent)
+
+
+def test_sherl_starts_every_round_from_the_cloud_average_of_both_tiers(archive: Path) -> None:
+    """SHeRL-FL (one common cut; edges e0 serving a0, a2 and e1 serving a1, a3; τ1 = 1,
+    τ2 = T = 2): every round starts each client from the flat |D_k| mean of last round's
+    client blocks with no optimiser state, each edge from the Σ|D_k|-weighted mean of last
+    round's edge blocks, and the cloud head (and its momentum) where it was."""
+    from jetsplit.edge_agent.edge import no_data
+
+    edges = {"e0": ["a0", "a2"], "e1": ["a1", "a3"]}
+    t = _trainer(archive, "sherl", None, edges=edges, edge_split=4, tau1=1, tau2=2)
+    for i, edge in enumerate(edges):
+        t.engine.workers[edge] = AgentWorker(edge, no_data(), role="edge", seed=10 + i)
+    t.engine = InProcessEngine(t.engine.workers)
+    t = Trainer(t.engine, archive, t.settings, t.test)
+    method = build_method("sherl", t)
+    initial = {k: v.copy() for k, v in t.global_client.items()}
+    start: dict[int, dict[str, Any]] = {}
+    end: dict[int, dict[str, Any]] = {}
+    send, broadcast = t.engine.send_and_receive, t.engine.broadcast
+
+    def weights(agents: list[str], block: str) -> dict[str, Arrays]:
+        command = Command("get_weights", {"blocks": [block]})
+        return {a: r.tensors for a, r in broadcast(command, agents, round=t.round).replies.items()}
+
+    def spy_send(commands: dict, **kwargs: Any) -> Any:
+        if t.round not in start and any(c.kind == "forward" for c in commands.values()):
+            start[t.round] = {
+                "clients": weights(sorted(SIZES), "client"), "edges": weights(
+                    sorted(edges), "edge"),
+                "device_optimisers": {a: bool(t.engine.workers[a]._optimizers) for a in SIZES},
+                "global": {k: v.copy() for k, v in t.global_client.items()},
+                "server": to_arrays(t.server, "server"),
+                "server_optimiser": _optimiser_state(t.optimizer)}
+        return send(commands, **kwargs)
+
+    def spy_broadcast(command: Command, agents: list[str], **kwargs: Any) -> Any:
+        out = broadcast(command, agents, **kwargs)
+        if command.kind == "get_weights" and t.round in start:  # the last ones of the round
+            block = command.meta["blocks"][0]
+            end.setdefault(t.round, {})[block] = {a: {k: v.copy() for k, v in r.tensors.items()}
+                                                  for a, r in out.replies.items()}
+        return out
+
+    evaluate = method.evaluate
+
+    def spy_evaluate() -> dict[str, Any]:  # the round loop's next call after the round
+        end[t.round].update(server=to_arrays(t.server, "server"),
+                            server_optimiser=_optimiser_state(t.optimizer))
+        return evaluate()
+
+    t.engine.send_and_receive, t.engine.broadcast = spy_send, spy_broadcast  # type: ignore
+    method.evaluate = spy_evaluate
+    _run(t, method)
+    assert sorted(start) == sorted(end) == list(range(ROUNDS))
+    behind = {e: sum(SIZES[c] for c in cs) for e, cs in edges.items()}
+    for r in range(ROUNDS + 1):
+        if r == 0:
+            clients, edge_block = _floats(initial), None
+        else:
+            last = end[r - 1]
+            assert sorted(last["client"]) == sorted(SIZES) and sorted(last["edge"]) == ["e0",
+                                                                                        "e1"]
+            clients = _mean(last["client"], SIZES)
+            edge_block = _mean(last["edge"], behind)
+            # the two edges really trained apart, so a wrong weight shows
+            assert sum(not np.array_equal(v, last["edge"]["e1"][n])
+                       for n, v in last["edge"]["e0"].items()) > 5
+        if r == ROUNDS:
+            _close(t.global_client, clients, "global block after the last round")
+            break
+        now = start[r]
+        _close(now["global"], clients, f"round {r}: global block")
+        for agent in SIZES:
+            _close(now["clients"][agent], clients, f"round {r}: {agent}")
+            assert not now["device_optimisers"][agent], (r, agent)
+        if edge_block is None:
+            _equal(now["edges"]["e0"], now["edges"]["e1"], "round 0: edges")
+        else:
+            for edge in edges:
+                _close(now["edges"][edge], edge_block, f"round {r}: {edge}'s block", ulps=2)
+            _equal(now["server"], end[r - 1]["server"], f"round {r}: cloud head")
+            kept = end[r - 1]["server_optimiser"]
+            assert kept and all(np.array_equal(a, b) for a, b in zip(
+                now["server_optimiser"], kept, strict=True)), f"round {r}: cloud momentum"
