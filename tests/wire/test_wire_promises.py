@@ -78,6 +78,113 @@ def test_a_floor_refuses_at_and_below_it_for_its_sender_only() -> None:
     guard.check("a0", 1, NOW, now=NOW)
 
 
+def test_the_first_message_of_a_sender_is_accepted_whatever_its_seq_and_window() -> None:
+    """seq 0 is a valid first seq (no floor, no history), even with a window of 0 or 1."""
+    for window in (0, 1):
+        guard = ReplayGuard(window=window)
+        guard.check("a0", 0, NOW, now=NOW)
+        with pytest.raises(wire_errors.ReplayedMessage):
+            guard.check("a0", 0, NOW, now=NOW)
+
+
+def test_the_default_window_and_skew() -> None:
+    """Defaults: 4096 seqs back and 300 s either way, each edge exact."""
+    guard = ReplayGuard()
+    guard.check("a0", 10_000, NOW, now=NOW)
+    with pytest.raises(wire_errors.ReplayedMessage, match="window"):
+        guard.check("a0", 10_000 - 4096, NOW, now=NOW)
+    guard.check("a0", 10_000 - 4095, NOW, now=NOW)
+    guard.check("b0", 1, NOW - 300, now=NOW)
+    guard.check("b1", 1, NOW + 300, now=NOW)
+    for ts in (NOW - 300.5, NOW + 300.5):
+        with pytest.raises(wire_errors.ReplayedMessage, match="off now"):
+            guard.check("a2", 1, ts, now=NOW)
+
+
+def test_a_refusal_names_how_far_off_the_timestamp_is() -> None:
+    with pytest.raises(wire_errors.ReplayedMessage, match=r"a0 seq 3: timestamp \+20s off now"):
+        ReplayGuard(max_skew_s=10).check("a0", 3, NOW - 20, now=NOW)
+
+
+def test_the_guard_remembers_the_most_recent_senders_within_its_bound() -> None:
+    """4096 senders by default: the 4097th pushes out the oldest (bounded memory), never a
+    more recent one, and a known sender's message pushes out nobody."""
+    guard = ReplayGuard()
+    for i in range(4096):
+        guard.check(f"s{i}", 5, NOW, now=NOW)
+    guard.check("s1", 6, NOW, now=NOW)  # known: nobody is pushed out
+    with pytest.raises(wire_errors.ReplayedMessage):
+        guard.check("s0", 5, NOW, now=NOW)
+    guard.check("new", 5, NOW, now=NOW)  # the 4097th: s0, the oldest, goes
+    guard.check("s0", 5, NOW, now=NOW)
+    for sender in ("s2", "s4095", "new"):
+        with pytest.raises(wire_errors.ReplayedMessage):
+            guard.check(sender, 5, NOW, now=NOW)
+
+
+def test_sequence_numbers_are_integers_from_the_clock_in_microseconds() -> None:
+    import time
+
+    from jetsplit.wire import SequenceCounter
+
+    before = time.time_ns() // 1000
+    first = SequenceCounter().next()
+    after = time.time_ns() // 1000
+    assert type(first) is int and before <= first <= after
+
+
+def test_reserve_hands_out_consecutive_numbers_for_a_messages_chunks() -> None:
+    from jetsplit.wire import SequenceCounter
+
+    counter = SequenceCounter(100)
+    assert counter.reserve(5) == 100
+    assert counter.next() == 105
+    assert counter.reserve(1) == 106 and counter.next() == 107
+
+
+def test_presence_defaults_a_day_for_presence_a_month_for_the_last_will() -> None:
+    """Defaults: presence up to 24 h old and 300 s ahead, the last will up to 30 days old;
+    each edge exact. Only `offline` is a last will: any other state is aged as presence."""
+    from jetsplit.wire import PresenceGuard
+
+    day, month = 24 * 3600.0, 30 * 24 * 3600.0
+    guard = PresenceGuard()
+    guard.check("a0", 1, NOW - day, now=NOW)
+    guard.check("a1", 1, NOW + 300, now=NOW)
+    guard.check("a2", 1, NOW - month, "".join(["off", "line"]), now=NOW)  # not interned
+    for sender, ts, state in (("b0", NOW - day - 0.5, "online"), ("b1", NOW + 300.5, "online"),
+                              ("b3", NOW - month - 0.5, "offline"),
+                              ("b4", NOW - 2 * day, "busy")):
+        with pytest.raises(wire_errors.StalePresence, match="off now"):
+            guard.check(sender, 1, ts, state, now=NOW)
+
+
+def test_a_stale_presence_refusal_names_how_far_off_it_is() -> None:
+    from jetsplit.wire import PresenceGuard
+
+    with pytest.raises(wire_errors.StalePresence, match=r"a0 presence \(online\): timestamp "
+                       r"\+90000s off now"):
+        PresenceGuard().check("a0", 1, NOW - 90_000, now=NOW)
+
+
+def test_presence_remembers_the_most_recent_senders_within_its_bound() -> None:
+    """4096 (sender, state) pairs by default: a new one pushes out the oldest, never the
+    newest, and a known one pushes out nobody."""
+    from jetsplit.wire import PresenceGuard
+
+    guard = PresenceGuard()
+    for i in range(4096):
+        guard.check(f"s{i}", 5, NOW - 10, now=NOW)
+    guard.check("s1", 6, NOW - 5, now=NOW)  # known
+    with pytest.raises(wire_errors.StalePresence, match="older"):
+        guard.check("s0", 4, NOW - 20, now=NOW)
+    guard.check("new", 5, NOW - 10, now=NOW)  # pushes out s0
+    guard.check("s0", 4, NOW - 20, now=NOW)  # forgotten, so taken again
+    for sender in ("s2", "s4095", "new"):
+        with pytest.raises(wire_errors.StalePresence, match="older"):
+            guard.check(sender, 4, NOW - 20, now=NOW)
+
+
 # ---------------------------------------------------------------- a chunk index is checked
 
 
