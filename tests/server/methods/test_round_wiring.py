@@ -18,6 +18,7 @@ and the `Completions` interface, never through a method's own attributes."""
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -75,8 +76,16 @@ def aux_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return report.tar_path
 
 
+@functools.cache
+def _digits() -> tuple[Any, Any]:
+    """The digits split, loaded once per module (read-only: shards are subsets); the
+    held-out part cut to 64 samples, as evaluation is not what these tests pin."""
+    train, test = load_dataset_split("digits", 0.2, 0)
+    return train, test.subset(np.arange(64))
+
+
 def _workers() -> dict[str, AgentWorker]:
-    train, _ = load_dataset_split("digits", 0.2, 0)
+    train, _ = _digits()
     order = np.random.default_rng(0).permutation(len(train))
     workers, start = {}, 0
     for i, (agent, size) in enumerate(SIZES.items()):
@@ -87,7 +96,7 @@ def _workers() -> dict[str, AgentWorker]:
 
 def _trainer(archive: Path, algorithm: str, cuts: dict[str, int] | None,
              **settings: Any) -> Trainer:
-    _, test = load_dataset_split("digits", 0.2, 0)
+    _, test = _digits()
     torch.manual_seed(0)
     base: dict[str, Any] = dict(algorithm=algorithm, rounds=ROUNDS, local_steps=2, batch=32,
                                 lr=LR, optimizer="sgd", momentum=MOMENTUM, seed=0)
