@@ -141,6 +141,7 @@ def test_reserve_hands_out_consecutive_numbers_for_a_messages_chunks() -> None:
     assert counter.reserve(5) == 100
     assert counter.next() == 105
     assert counter.reserve(1) == 106 and counter.next() == 107
+    assert counter.reserve(4) == 108 and counter.next() == 112  # an even count too
 
 
 def test_presence_defaults_a_day_for_presence_a_month_for_the_last_will() -> None:
