@@ -234,12 +234,17 @@ class Recorder:
         }
 
 
-def _run(t: Trainer, method: Any, rounds: int = ROUNDS) -> None:
-    """The round loop's calls: train the round, then evaluate."""
+def _run(t: Trainer, method: Any, rounds: int = ROUNDS) -> list[int]:
+    """The round loop's calls: train the round, then evaluate; returns the bytes of weights
+    pushed to the devices (`set_weights`) in each round."""
+    pushed = []
     for r in range(rounds):
         t.round = r
+        before = t.engine.counters.by_kind()["down"].get("set_weights", 0)
         method.run_round(sorted(SIZES))
+        pushed.append(t.engine.counters.by_kind()["down"].get("set_weights", 0) - before)
         method.evaluate()
+    return pushed
 
 
 def _server_copies_by_hand(start: dict[str, Any], updates: list[tuple],
@@ -283,8 +288,10 @@ def test_an_averaging_method_starts_every_round_from_the_global_block(
     initial = {k: v.copy() for k, v in t.global_client.items()}
     names = _names_by_cut(initial)
     rec = Recorder(t, method)
-    _run(t, method)
+    pushed = _run(t, method)
     assert sorted(rec.start) == sorted(rec.end) == list(range(ROUNDS))
+    # round 0 starts from the bundle's block, which the devices already hold: no push
+    assert pushed[0] == 0 and all(p > 0 for p in pushed[1:]), pushed
     want_server: Arrays | None = None
     prior = {a: _log_prior(w) for a, w in t.engine.workers.items()}
 
