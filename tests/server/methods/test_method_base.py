@@ -125,3 +125,35 @@ def test_switch_cuts_moves_only_the_agents_whose_cut_changes(archive: Path) -> N
     moved = method.switch_cuts({"a0": 1, "a1": 1, "a2": 3, "a3": 3})
     assert moved == ["a1", "a2"]
     assert {a: t.cut(a) for a in SIZES} == {"a0": 1, "a1": 1, "a2": 3, "a3": 3}
+
+
+def test_a_round_returns_the_mean_of_its_iterations_losses(archive: Path) -> None:
+    """run_round's loss (the metrics row's train_loss, the divergence guard's input) is the
+    mean over the round's iterations of what the server update reported."""
+    t = _trainer(archive, "scala", MIXED)
+    method = build_method("scala", t)
+    update, seen = method.server_update, []
+
+    def spy(agents, acts, labels):  # noqa: ANN001, ANN202
+        loss, grads = update(agents, acts, labels)
+        seen.append(loss)
+        return loss, grads
+    method.server_update = spy
+    loss = method.run_round(sorted(SIZES))
+    assert len(seen) == 2 and loss == pytest.approx(float(np.mean(seen)), rel=1e-12)
+
+
+def test_the_base_classes_are_abstract() -> None:
+    """A method without its round (or a split method without its server update) cannot be
+    built: an incomplete method fails at once, not in the middle of a run."""
+    from jetsplit.server.methods.base import SplitMethod
+
+    class NoRound(Method):
+        name = "scala"
+
+    class NoUpdate(SplitMethod):
+        name = "scala"
+
+    for cls in (NoRound, NoUpdate):
+        with pytest.raises(TypeError, match="abstract"):
+            cls(None)  # type: ignore[arg-type]
