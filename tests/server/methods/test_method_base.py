@@ -157,3 +157,13 @@ def test_the_base_classes_are_abstract() -> None:
     for cls in (NoRound, NoUpdate):
         with pytest.raises(TypeError, match="abstract"):
             cls(None)  # type: ignore[arg-type]
+
+
+def test_a_common_cut_method_refuses_per_device_cuts_in_one_line(archive: Path) -> None:
+    """FedAvg trains the whole model at one cut: mixed cuts are refused when it is built,
+    equal cuts (or none) are not."""
+    from jetsplit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="fedavg trains every device at one common cut"):
+        build_method("fedavg", _trainer(archive, "fedavg", MIXED))
+    assert build_method("fedavg", _trainer(archive, "fedavg", dict.fromkeys(SIZES, 3)))
