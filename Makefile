@@ -42,7 +42,9 @@ fast: setup
 # Mutation testing, outside `make test`: cosmic-ray mutates the code in place, one mutant at
 # a time, and runs the fast tests against each (configs in mutation/; MUTATION=aggregators
 # runs one). Sessions and the survivors' report land in runs/mutation/.
-MUTATION ?= aggregators algorithm_math completions tiers partition
+MUTATION ?= aggregators algorithm_math completions tiers partition \
+	methods_base methods_splitfed methods_scala methods_psl methods_ampere methods_sherl \
+	wire_replay wire_chunking wire_envelope transport
 mutation: setup
 	$(PIP) install --quiet "cosmic-ray>=8.7,<9"
 	@mkdir -p runs/mutation

@@ -1,0 +1,311 @@
+"""What the wire's docstrings promise, one test per promise, each written to fail when the
+promise is broken in a plausible way (a check dropped, a bound off by one, a repeat counted
+again, another sender's message evicted): a replay is refused, a chunk's index and length
+are checked against its message, and one sender cannot starve another in the reassembler.
+Torch-free (`device_pure`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from jetsplit.wire import Limits, Message, MessageType, Reassembler, ReplayGuard
+from jetsplit.wire import errors as wire_errors
+
+pytestmark = pytest.mark.device_pure
+
+NOW = 1_000_000.0
+
+
+# ---------------------------------------------------------------- a replay is refused
+
+
+def test_a_replay_is_refused_per_sender_and_only_a_replay() -> None:
+    """(a0, 7) twice: refused; (a1, 7): another sender's, accepted; an unseen seq below
+    the highest but inside the window (reordering on the broker): accepted once."""
+    guard = ReplayGuard(window=4, max_skew_s=10)
+    guard.check("a0", 7, NOW, now=NOW)
+    with pytest.raises(wire_errors.ReplayedMessage, match="already seen"):
+        guard.check("a0", 7, NOW, now=NOW)
+    guard.check("a1", 7, NOW, now=NOW)
+    guard.check("a0", 10, NOW, now=NOW)
+    guard.check("a0", 8, NOW, now=NOW)  # 8 > 10 - 4: inside the window, never seen
+    with pytest.raises(wire_errors.ReplayedMessage):
+        guard.check("a0", 8, NOW, now=NOW)
+
+
+def test_the_window_edge_is_exact() -> None:
+    """Highest 20, window 4: 16 is at the edge (20 - 4) and refused unseen, 17 accepted."""
+    guard = ReplayGuard(window=4, max_skew_s=10)
+    guard.check("a0", 20, NOW, now=NOW)
+    with pytest.raises(wire_errors.ReplayedMessage, match="window"):
+        guard.check("a0", 16, NOW, now=NOW)
+    guard.check("a0", 17, NOW, now=NOW)
+
+
+def test_a_replay_is_refused_after_the_window_forgets_it() -> None:
+    """Once a seq has slid out of the remembered set, the window's floor still refuses it:
+    seqs 1..12 with window 4, then every one of 1..8 again."""
+    guard = ReplayGuard(window=4, max_skew_s=10)
+    for seq in range(1, 13):
+        guard.check("a0", seq, NOW, now=NOW)
+    for seq in range(1, 13):
+        with pytest.raises(wire_errors.ReplayedMessage):
+            guard.check("a0", seq, NOW, now=NOW)
+
+
+@pytest.mark.parametrize(("offset", "accepted"), [(10.0, True), (-10.0, True),
+                                                   (10.5, False), (-10.5, False)])
+def test_the_timestamp_skew_is_bounded_both_ways(offset: float, accepted: bool) -> None:
+    guard = ReplayGuard(window=4, max_skew_s=10)
+    if accepted:
+        guard.check("a0", 1, NOW + offset, now=NOW)
+        with pytest.raises(wire_errors.ReplayedMessage):  # and remembered
+            guard.check("a0", 1, NOW + offset, now=NOW)
+    else:
+        with pytest.raises(wire_errors.ReplayedMessage, match="off now"):
+            guard.check("a0", 1, NOW + offset, now=NOW)
+        guard.check("a0", 1, NOW, now=NOW)  # a refusal books nothing
+
+
+def test_a_floor_refuses_at_and_below_it_for_its_sender_only() -> None:
+    guard = ReplayGuard(floors={"coordinator": 100, "e0": 5})
+    for sender, seq in (("coordinator", 100), ("coordinator", 3), ("e0", 5)):
+        with pytest.raises(wire_errors.ReplayedMessage, match="restarted"):
+            guard.check(sender, seq, NOW, now=NOW)
+    guard.check("coordinator", 101, NOW, now=NOW)
+    guard.check("e0", 6, NOW, now=NOW)
+    guard.check("a0", 1, NOW, now=NOW)
+
+
+def test_the_first_message_of_a_sender_is_accepted_whatever_its_seq_and_window() -> None:
+    """seq 0 is a valid first seq (no floor, no history), even with a window of 0 or 1."""
+    for window in (0, 1):
+        guard = ReplayGuard(window=window)
+        guard.check("a0", 0, NOW, now=NOW)
+        with pytest.raises(wire_errors.ReplayedMessage):
+            guard.check("a0", 0, NOW, now=NOW)
+
+
+def test_the_default_window_and_skew() -> None:
+    """Defaults: 4096 seqs back and 300 s either way, each edge exact."""
+    guard = ReplayGuard()
+    guard.check("a0", 10_000, NOW, now=NOW)
+    with pytest.raises(wire_errors.ReplayedMessage, match="window"):
+        guard.check("a0", 10_000 - 4096, NOW, now=NOW)
+    guard.check("a0", 10_000 - 4095, NOW, now=NOW)
+    guard.check("b0", 1, NOW - 300, now=NOW)
+    guard.check("b1", 1, NOW + 300, now=NOW)
+    for ts in (NOW - 300.5, NOW + 300.5):
+        with pytest.raises(wire_errors.ReplayedMessage, match="off now"):
+            guard.check("a2", 1, ts, now=NOW)
+
+
+def test_a_refusal_names_how_far_off_the_timestamp_is() -> None:
+    with pytest.raises(wire_errors.ReplayedMessage,
+                       match=r"a0 seq 3: timestamp \+600000s off now"):
+        ReplayGuard(max_skew_s=10).check("a0", 3, NOW - 600_000, now=NOW)
+
+
+def test_the_guard_remembers_the_most_recent_senders_within_its_bound() -> None:
+    """4096 senders by default: the 4097th pushes out the oldest (bounded memory), never a
+    more recent one, and a known sender's message pushes out nobody."""
+    guard = ReplayGuard()
+    for i in range(4096):
+        guard.check(f"s{i}", 5, NOW, now=NOW)
+    guard.check("s1", 6, NOW, now=NOW)  # known: nobody is pushed out
+    with pytest.raises(wire_errors.ReplayedMessage):
+        guard.check("s0", 5, NOW, now=NOW)
+    guard.check("new", 5, NOW, now=NOW)  # the 4097th: s0, the oldest, goes
+    guard.check("s0", 5, NOW, now=NOW)
+    for sender in ("s2", "s4095", "new"):
+        with pytest.raises(wire_errors.ReplayedMessage):
+            guard.check(sender, 5, NOW, now=NOW)
+
+
+def test_sequence_numbers_are_integers_from_the_clock_in_microseconds() -> None:
+    import time
+
+    from jetsplit.wire import SequenceCounter
+
+    before = time.time_ns() // 1000
+    first = SequenceCounter().next()
+    after = time.time_ns() // 1000
+    assert type(first) is int and before <= first <= after
+
+
+def test_reserve_hands_out_consecutive_numbers_for_a_messages_chunks() -> None:
+    from jetsplit.wire import SequenceCounter
+
+    counter = SequenceCounter(100)
+    assert counter.reserve(5) == 100
+    assert counter.next() == 105
+    assert counter.reserve(1) == 106 and counter.next() == 107
+    assert counter.reserve(4) == 108 and counter.next() == 112  # an even count too
+
+
+def test_presence_defaults_a_day_for_presence_a_month_for_the_last_will() -> None:
+    """Defaults: presence up to 24 h old and 300 s ahead, the last will up to 30 days old;
+    each edge exact. Only `offline` is a last will: any other state is aged as presence."""
+    from jetsplit.wire import PresenceGuard
+
+    day, month = 24 * 3600.0, 30 * 24 * 3600.0
+    guard = PresenceGuard()
+    guard.check("a0", 1, NOW - day, now=NOW)
+    guard.check("a1", 1, NOW + 300, now=NOW)
+    guard.check("a2", 1, NOW - month, "".join(["off", "line"]), now=NOW)  # not interned
+    for sender, ts, state in (("b0", NOW - day - 0.5, "online"), ("b1", NOW + 300.5, "online"),
+                              ("b3", NOW - month - 0.5, "offline"),
+                              ("b4", NOW - 2 * day, "busy")):
+        with pytest.raises(wire_errors.StalePresence, match="off now"):
+            guard.check(sender, 1, ts, state, now=NOW)
+
+
+def test_a_stale_presence_refusal_names_how_far_off_it_is() -> None:
+    from jetsplit.wire import PresenceGuard
+
+    with pytest.raises(wire_errors.StalePresence, match=r"a0 presence \(online\): timestamp "
+                       r"\+600000s off now"):
+        PresenceGuard().check("a0", 1, NOW - 600_000, now=NOW)
+
+
+def test_presence_remembers_the_most_recent_senders_within_its_bound() -> None:
+    """4096 (sender, state) pairs by default: a new one pushes out the oldest, never the
+    newest, and a known one pushes out nobody."""
+    from jetsplit.wire import PresenceGuard
+
+    guard = PresenceGuard()
+    for i in range(4096):
+        guard.check(f"s{i}", 5, NOW - 10, now=NOW)
+    guard.check("s1", 6, NOW - 5, now=NOW)  # known
+    with pytest.raises(wire_errors.StalePresence, match="older"):
+        guard.check("s0", 4, NOW - 20, now=NOW)
+    guard.check("new", 5, NOW - 10, now=NOW)  # pushes out s0
+    guard.check("s0", 4, NOW - 20, now=NOW)  # forgotten, so taken again
+    for sender in ("s2", "s4095", "new"):
+        with pytest.raises(wire_errors.StalePresence, match="older"):
+            guard.check(sender, 4, NOW - 20, now=NOW)
+
+
+# ---------------------------------------------------------------- a chunk index is checked
+
+
+def _chunk(sender: str, msg_id: str, index: int, count: int, total: int, size: int,
+           nbytes: int | None = None, fill: int = 0) -> Message:
+    """A decoded CHUNK as a peer may forge it: every header field chosen by the sender."""
+    if nbytes is None:
+        nbytes = size if index < count - 1 else total - size * (count - 1)
+    return Message(MessageType.CHUNK, run="r", sender=sender, seq=index + 1, kind="chunk",
+                   meta={"id": msg_id, "index": index, "count": count, "total": total,
+                         "size": size},
+                   tensors={"data": np.full(max(nbytes, 0), fill, np.uint8)})
+
+
+@pytest.mark.parametrize("index", [-1, 3, 4, 1 << 40])
+def test_a_chunk_index_outside_its_message_is_refused(index: int) -> None:
+    """A message of 3 chunks (total 250, size 100): index -1, 3 (= count), 4 and a huge
+    one are out of range, and nothing is held for them."""
+    reassembler = Reassembler()
+    with pytest.raises(wire_errors.ReassemblyError, match="out of range"):
+        reassembler.feed(_chunk("a0", "m", index, 3, 250, 100, nbytes=100))
+    assert reassembler.buffered_bytes == 0
+
+
+@pytest.mark.parametrize(("count", "total", "size"), [(2, 250, 100), (4, 250, 100),
+                                                      (3, 250, 0), (3, 250, -100)])
+def test_a_count_that_does_not_follow_from_total_and_size_is_refused(
+        count: int, total: int, size: int) -> None:
+    with pytest.raises(wire_errors.ReassemblyError, match="out of range"):
+        Reassembler().feed(_chunk("a0", "m", 0, count, total, size, nbytes=100))
+
+
+@pytest.mark.parametrize(("index", "nbytes"), [(0, 99), (0, 101), (2, 49), (2, 51), (2, 100)])
+def test_a_chunk_of_the_wrong_length_for_its_index_is_refused(index: int, nbytes: int) -> None:
+    """Chunks 0 and 1 carry `size` bytes, the last one the rest (250 - 200 = 50)."""
+    with pytest.raises(wire_errors.ReassemblyError, match="expected"):
+        Reassembler().feed(_chunk("a0", "m", index, 3, 250, 100, nbytes=nbytes))
+
+
+def test_a_chunk_disagreeing_with_its_message_is_refused_and_the_message_still_completes(
+        ) -> None:
+    """a0's first chunk fixes its message at 250 bytes in 3 chunks of 100; a later chunk
+    of the same id claiming 350 in 4 is refused, and the honest chunks still complete it
+    in index order (bytes placed by index, not by arrival)."""
+    reassembler = Reassembler()
+    assert reassembler.feed(_chunk("a0", "m", 2, 3, 250, 100, fill=3)) is None
+    with pytest.raises(wire_errors.ReassemblyError, match="disagrees"):
+        reassembler.feed(_chunk("a0", "m", 1, 4, 350, 100, fill=9))
+    assert reassembler.feed(_chunk("a0", "m", 0, 3, 250, 100, fill=1)) is None
+    done = reassembler.feed(_chunk("a0", "m", 1, 3, 250, 100, fill=2))
+    assert done == bytes([1] * 100 + [2] * 100 + [3] * 50)
+    assert reassembler.buffered_bytes == 0
+
+
+# ---------------------------------------------------------------- no sender starves another
+
+
+def test_a_repeated_chunk_is_held_once_and_does_not_complete_a_message() -> None:
+    """Chunk 0 of 2 sent 50 times: held once (100 bytes), the message not complete; the
+    buffer holds exactly a0's chunk plus a1's whole message, and a1's message completes."""
+    reassembler = Reassembler(max_buffered_bytes=100 + 150)
+    for _ in range(50):
+        assert reassembler.feed(_chunk("a0", "m", 0, 2, 150, 100)) is None
+    assert reassembler.buffered_bytes == 100
+    assert reassembler.feed(_chunk("a1", "x", 0, 2, 150, 100, fill=5)) is None
+    assert reassembler.feed(_chunk("a1", "x", 1, 2, 150, 100, fill=6)) == bytes(
+        [5] * 100 + [6] * 50)
+    assert reassembler.feed(_chunk("a0", "m", 1, 2, 150, 100)) == bytes(150)
+
+
+def test_a_sender_over_its_in_flight_budget_loses_its_own_oldest_message_only() -> None:
+    """a1 opens one message, then a0 opens 5 with a budget of 2 in flight: a0 loses m0..m2
+    (oldest first), keeps m3 and m4, and a1's message and a0's m4 both complete."""
+    reassembler = Reassembler(per_sender_in_flight=2)
+    reassembler.feed(_chunk("a1", "x", 0, 2, 150, 100, fill=1))
+    for i in range(5):
+        reassembler.feed(_chunk("a0", f"m{i}", 0, 2, 150, 100, fill=i))
+    assert reassembler.evicted == 3
+    assert reassembler.feed(_chunk("a1", "x", 1, 2, 150, 100, fill=2)) == bytes(
+        [1] * 100 + [2] * 50)
+    assert reassembler.feed(_chunk("a0", "m4", 1, 2, 150, 100, fill=9)) == bytes(
+        [4] * 100 + [9] * 50)
+    # m3 is still there (evicting it would have been one more than needed), m0 is gone
+    assert reassembler.feed(_chunk("a0", "m3", 1, 2, 150, 100)) is not None
+    assert reassembler.feed(_chunk("a0", "m0", 1, 2, 150, 100)) is None
+
+
+def test_a_sender_over_its_byte_budget_evicts_its_own_and_a_full_table_refuses_newcomers(
+        ) -> None:
+    """Byte budget 450 per sender: a0's three messages of 150 declared bytes fill it, a
+    fourth evicts a0's oldest, never a1's; with the table at max_in_flight a new message is
+    refused (no other sender's message is evicted to make room)."""
+    reassembler = Reassembler(per_sender_bytes=450, max_in_flight=5, per_sender_in_flight=8)
+    reassembler.feed(_chunk("a1", "x", 0, 2, 150, 100, fill=1))
+    for i in range(4):
+        reassembler.feed(_chunk("a0", f"m{i}", 0, 2, 150, 100))
+    assert reassembler.evicted == 1 and reassembler.buffered_bytes == 400
+    reassembler.feed(_chunk("a2", "y", 0, 2, 150, 100))  # table: x, m1..m3, y: 5
+    with pytest.raises(wire_errors.OversizedMessage, match="in flight"):
+        reassembler.feed(_chunk("a3", "z", 0, 2, 150, 100))
+    assert reassembler.feed(_chunk("a1", "x", 1, 2, 150, 100, fill=2)) == bytes(
+        [1] * 100 + [2] * 50)
+    assert reassembler.feed(_chunk("a2", "y", 1, 2, 150, 100)) is not None
+    assert reassembler.feed(_chunk("a0", "m1", 1, 2, 150, 100)) is not None
+    assert reassembler.feed(_chunk("a0", "m0", 1, 2, 150, 100)) is None  # m0 was evicted
+
+
+def test_an_accounted_message_counts_against_no_budget() -> None:
+    """A 1000-byte message over the 500-byte limit, accounted for a0's `weights`: taken,
+    and a0's byte budget (300) still holds its ordinary messages beside it."""
+    reassembler = Reassembler(Limits(max_message_bytes=500), per_sender_bytes=300,
+                              allowance=lambda s, k: 1000 if (s, k) == ("a0", "weights")
+                              else None)
+    big = _chunk("a0", "w", 0, 10, 1000, 100)
+    big.meta["of"] = "weights"
+    reassembler.feed(big)
+    reassembler.feed(_chunk("a0", "m", 0, 2, 150, 100))
+    assert reassembler.evicted == 0 and reassembler.buffered_bytes == 200
+    other = _chunk("a1", "w", 0, 10, 1000, 100)
+    other.meta["of"] = "weights"
+    with pytest.raises(wire_errors.OversizedMessage):
+        reassembler.feed(other)
