@@ -67,9 +67,13 @@ CHECKOUT = "/home/jetson/jetsplit"  # where the user's checkout lies on the devi
 COORDINATOR_SUITE = "bookworm"
 COORDINATOR_TORCH = "torch==2.5.1"
 COORDINATOR_VENV = "/opt/coordinator"
-# Orin's Cortex-A78AE is an Armv8.2-A core like this model. The emulated coordinator still
-# ends in a segfault after the agents register, under this model and QEMU's default alike.
+# Orin's Cortex-A78AE is an Armv8.2-A core like this model.
 COORDINATOR_CPU = "neoverse-n1"
+# Under QEMU user mode PyPI's onnxruntime 1.32.0 for aarch64 dies on import (signal 11, before
+# any session: the coordinator then died as it wrote the first bundle); 1.19.2, what the agents'
+# userland runs, imports and runs. Only this emulated coordinator is held to it: a Jetson has
+# NVIDIA's onnxruntime-gpu.
+COORDINATOR_ORT = "onnxruntime==1.19.2"
 # export: onnx for the bundles it sends; data: scikit-learn for the digits it evaluates on
 COORDINATOR_EXTRAS = "server,export,data"
 VENV = "/opt/jetsplit/venv"  # edge_agent/install.py's VENV
@@ -538,6 +542,10 @@ def arm64_coordinator(stack: contextlib.ExitStack, stages: Stages, logs: Path, b
         coordinator.run([f"{COORDINATOR_VENV}/bin/python", "-m", "pip", "install", "--quiet",
                          f"{CHECKOUT}[{COORDINATOR_EXTRAS}]"],
                         log=logs / "coordinator-install.log")
+        coordinator.run([f"{COORDINATOR_VENV}/bin/python", "-m", "pip", "install", "--quiet",
+                         COORDINATOR_ORT], log=logs / "coordinator-install.log")
+        print(f"   {COORDINATOR_ORT} for the emulated coordinator (newer aarch64 wheels die "
+              "on import under QEMU)")
         found = coordinator.run([f"{COORDINATOR_VENV}/bin/python", "-c",
                                  "import sys, platform, torch, numpy; print(platform.machine(), "
                                  "sys.version.split()[0], torch.__version__, numpy.__version__)"])
