@@ -115,8 +115,11 @@ def test_a_trial_over_mqtt_then_export_and_predict(camera: Path, weights: Path, 
     assert summary["classes"] == CLASSES and all(r["cuts"] == CUTS for r in rows)
     report = (out / "report.md").read_text()
     assert "Per-class accuracy in the last round (%): blue: " in report
-    skipped = [r["agents"][a].get("images_skipped") for r in rows[-1:] for a in CUTS]
-    assert all(isinstance(n, int) for n in skipped) and sum(skipped) >= 1  # the cut file
+    # every agent met the truncated file (its statistics sample covers the whole folder);
+    # an agent sitting out at the last poll would report nothing, not zero
+    reported = [info["images_skipped"] for info in rows[-1]["agents"].values()
+                if "images_skipped" in info]
+    assert reported and all(n >= 1 for n in reported)
     capsys.readouterr()
 
     assert main(["export", "model", str(out)]) == 0
