@@ -9,15 +9,14 @@ forward, backward and local training, weights out, the emulation books and telem
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from device_bundles import client_manifest, offer  # testing/, on the path in tests
 
-from jetsplit.bundle import MANIFEST_NAME, role_files
 from jetsplit.data import ArrayDataset, load_dataset_split
 from jetsplit.edge_agent.emulation import DeviceClock, EmulationSection
 from jetsplit.edge_agent.telemetry import Telemetry
@@ -48,26 +47,9 @@ def data() -> ArrayDataset:
     return load_dataset_split("digits", 0.2, 0)[0].subset(range(96))
 
 
-def client_manifest(bundle_dir: Path) -> bytes:
-    """The role-true manifest a client receives: the written bundle's, narrowed to the
-    files a client runs (as the coordinator narrows it)."""
-    manifest = json.loads((bundle_dir / MANIFEST_NAME).read_bytes())
-    keep = role_files("client", aux=True)
-    manifest["role"] = "client"
-    manifest["files"] = {k: v for k, v in manifest["files"].items() if k in keep}
-    return json.dumps(manifest, sort_keys=True).encode()
-
-
 def install(worker: AgentWorker, bundle_dir: Path) -> dict:
-    """Put every file the manifest names into the agent's cache (as `bundle_part`s would),
-    then offer the manifest (as the `bundle` command does)."""
-    raw = client_manifest(bundle_dir)
-    for name, entry in json.loads(raw)["files"].items():
-        blob = (bundle_dir / name).read_bytes()
-        assert worker.files.write(entry["sha256"], len(blob), 0, blob) == len(blob)
-    meta = {"sha256": hashlib.sha256(raw).hexdigest(), "role": "client",
-            "optimizer": {"name": "sgd", "lr": LR}}
-    return worker.handle("bundle", 0, 0, meta, {"manifest": np.frombuffer(raw, np.uint8)}).meta
+    """Offer the client bundle as the coordinator would (testing/device_bundles.py)."""
+    return offer(worker, bundle_dir, LR)
 
 
 @pytest.fixture()

@@ -7,15 +7,12 @@ the run's classes taken from the bundle by name, a truncated picture skipped and
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from jetsplit.bundle import MANIFEST_NAME, role_files
 from jetsplit.data import ImageOptions, load_image_folder
 from jetsplit.edge_agent.worker import AgentWorker
 from jetsplit.models import ModelSpec
@@ -24,6 +21,7 @@ pytestmark = pytest.mark.device_torch
 pytest.importorskip("PIL.Image")
 
 from camera_folders import write_folder  # noqa: E402  (testing/, on the path in tests)
+from device_bundles import offer  # noqa: E402
 
 RUN = ["blue", "green", "red"]
 SPEC = ModelSpec("usernets:tiny_resnet", (3, 16, 16), 3)
@@ -38,20 +36,6 @@ def bundle_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def _install(worker: AgentWorker, bundle_dir: Path) -> dict:
-    manifest = json.loads((bundle_dir / MANIFEST_NAME).read_bytes())
-    manifest["role"] = "client"
-    manifest["files"] = {k: v for k, v in manifest["files"].items()
-                         if k in role_files("client", aux=True)}
-    raw = json.dumps(manifest, sort_keys=True).encode()
-    for name, entry in manifest["files"].items():
-        blob = (bundle_dir / name).read_bytes()
-        worker.files.write(entry["sha256"], len(blob), 0, blob)
-    meta = {"sha256": hashlib.sha256(raw).hexdigest(), "role": "client",
-            "optimizer": {"name": "sgd", "lr": 0.05}}
-    return worker.handle("bundle", 0, 0, meta, {"manifest": np.frombuffer(raw, np.uint8)}).meta
-
-
 def test_own_pictures_train_a_user_network_in_the_runs_classes(bundle_dir: Path,
                                                                tmp_path: Path) -> None:
     folder = write_folder(tmp_path / "camera", per_class=8, seed=4, classes=("green", "red"))
@@ -59,7 +43,7 @@ def test_own_pictures_train_a_user_network_in_the_runs_classes(bundle_dir: Path,
     assert data.classes == ("green", "red")
     own = np.asarray(data.y).copy()
     worker = AgentWorker("cam0", data, seed=1, state_dir=tmp_path / "state")
-    assert _install(worker, bundle_dir)["installed"] is True
+    assert offer(worker, bundle_dir, 0.05)["installed"] is True
     assert worker.data.classes == tuple(RUN)
     assert np.array_equal(worker.data.y, own + 1)  # green → 1, red → 2 by name
 

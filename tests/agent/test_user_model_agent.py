@@ -3,14 +3,12 @@ the code the bundle was built with; nothing executable arrives with it."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+from device_bundles import offer  # testing/, on the path in tests
 
-from jetsplit.bundle import MANIFEST_NAME, role_files
 from jetsplit.data import ArrayDataset
 from jetsplit.edge_agent.worker import AgentWorker
 from jetsplit.errors import BundleError
@@ -29,17 +27,7 @@ def bundle_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _offer(worker: AgentWorker, bundle_dir: Path, **changes: object) -> dict:
-    manifest = json.loads((bundle_dir / MANIFEST_NAME).read_bytes())
-    keep = role_files("client", aux=True)
-    manifest.update(role="client", files={k: v for k, v in manifest["files"].items()
-                                          if k in keep}, **changes)
-    raw = json.dumps(manifest, sort_keys=True).encode()
-    for name, entry in manifest["files"].items():
-        blob = (bundle_dir / name).read_bytes()
-        worker.files.write(entry["sha256"], len(blob), 0, blob)
-    meta = {"sha256": hashlib.sha256(raw).hexdigest(), "role": "client",
-            "optimizer": {"name": "sgd", "lr": 0.01}}
-    return worker.handle("bundle", 0, 0, meta, {"manifest": np.frombuffer(raw, np.uint8)}).meta
+    return offer(worker, bundle_dir, 0.01, **changes)
 
 
 def _data() -> ArrayDataset:
