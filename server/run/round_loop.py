@@ -30,6 +30,7 @@ from jetsplit.protocol import Kind
 from jetsplit.server.cuts.replanning import Replanner
 from jetsplit.server.defences import memory as defence_memory
 from jetsplit.server.engines.seam import Engine
+from jetsplit.server.run.held_out import run_classes
 from jetsplit.server.training.settings import Settings
 from jetsplit.server.training.trainer import Trainer
 
@@ -128,17 +129,11 @@ def _train(engine: Engine, archive: Path, settings: Settings, test: Dataset,
         raise JetsplitError(f"nothing to train: the checkpoint already covers all "
                             f"{settings.rounds} rounds")
     summary = _summary(rows, engine, settings, trainer, time.perf_counter() - started)
-    summary["classes"] = _class_names(test)
+    classes = run_classes(test)  # what the report names the classes by
+    summary["classes"] = None if classes is None else list(classes)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     method.save(out_dir)
     return summary
-
-
-def _class_names(test: Any) -> list[str] | None:
-    """The held-out set's class names in label order (what the report names classes by);
-    None for an array dataset."""
-    classes = getattr(test, "classes", None)
-    return None if classes is None else [str(name) for name in classes]
 
 
 def _round(round_: int, engine: Engine, settings: Settings, trainer: Trainer, method: Any
