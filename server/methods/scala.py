@@ -40,6 +40,14 @@ class _RegisteredPriors:
     def label_prior(self, agent: str) -> torch.Tensor:
         return registered_prior(self.trainer.defences, agent, self.num_classes)
 
+    def step_priors(self, agents: list[str]) -> list[torch.Tensor]:
+        """P_k of each agent on the server block's device, crossing in one transfer (on
+        CUDA, one small pageable copy per agent would wait for the GPU each time)."""
+        priors, device = torch.stack([self.label_prior(a) for a in agents]), self.trainer.device
+        if device.type == "cuda":
+            priors = priors.pin_memory()
+        return list(priors.to(device, non_blocking=True).unbind())
+
 
 class LLASFL(_RegisteredPriors, SplitFedV1):
     """LLA-SFL (SCALA's journal version §5.2): SplitFed V1 (a server-block copy per client, copies
@@ -73,7 +81,7 @@ class _ScalaFamily(_RegisteredPriors, SplitMethod):
         defences (given the slices' losses, and under `gradient_shares = "all"` their
         shares of the server gradient), then the two backwards (scala_math)."""
         t, d = self.trainer, self.trainer.defences
-        priors = [self.label_prior(a) for a in agents] if self.adjusted else None
+        priors = self.step_priors(agents) if self.adjusted else None
         step = scala_math.concatenated_forward(t.server, acts, labels, self.num_classes,
                                                adjust=self.adjusted,
                                                tau=1.0 if self.adjusted else 0.0,
@@ -113,5 +121,5 @@ class LLASFLShared(_RegisteredPriors, SplitMethod):
         t = self.trainer
         loss, grads = scala_math.lla_sfl_server_step(
             t.server, acts, labels, self.num_classes, t.optimizer,
-            client_priors=[self.label_prior(a) for a in agents])
+            client_priors=self.step_priors(agents))
         return loss, dict(zip(agents, grads, strict=True))

@@ -58,10 +58,14 @@ def label_prior(labels: torch.Tensor, num_classes: int, eps: float = PRIOR_EPS, 
         raise ValueError(f"num_classes must be >= 1, got {num_classes}")
     if not eps > 0:
         raise ValueError(f"eps must be > 0 so that log P(y) is finite, got {eps}")
-    lo, hi = int(labels.min()), int(labels.max())
+    labels = labels.long()
+    lo, hi = torch.stack((labels.min(), labels.max())).tolist()  # one host read, not two
     if lo < 0 or hi >= num_classes:
         raise ValueError(f"labels must lie in [0, {num_classes - 1}], got [{lo}, {hi}]")
-    counts = torch.bincount(labels.long(), minlength=num_classes).to(torch.float64)
+    # Counted by index_add_, not bincount: on CUDA bincount reads min and max to the host
+    # again to size its output. Whole numbers in float64: the same counts, bit for bit.
+    counts = torch.zeros(num_classes, dtype=torch.float64, device=labels.device).index_add_(
+        0, labels, torch.ones(labels.shape, dtype=torch.float64, device=labels.device))
     prior = (counts / labels.numel() + eps) / (1.0 + num_classes * eps)
     return prior.to(dtype)
 

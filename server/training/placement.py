@@ -24,12 +24,15 @@ def to_device(arrays: list[np.ndarray], dtype: type[np.generic], device: torch.d
     crossed in a single copy."""
     if not arrays:
         return []
-    flat = np.concatenate([np.asarray(a, dtype=dtype).reshape(-1) for a in arrays])
-    host = torch.from_numpy(flat)
-    if device.type == "cuda":
-        host = host.pin_memory()
-    buffer = host.to(device, non_blocking=True)
     sizes = [math.prod(a.shape) for a in arrays]
+    parts = [np.asarray(a, dtype=dtype).reshape(-1) for a in arrays]
+    if device.type == "cuda":  # gathered straight into pinned memory: one host copy, not two
+        host = torch.empty(sum(sizes), dtype=torch.from_numpy(np.empty(0, dtype)).dtype,
+                           pin_memory=True)
+        np.concatenate(parts, out=host.numpy())
+    else:
+        host = torch.from_numpy(np.concatenate(parts))
+    buffer = host.to(device, non_blocking=True)
     return [part.view(a.shape) for part, a in zip(buffer.split(sizes), arrays, strict=True)]
 
 
@@ -37,7 +40,10 @@ def to_host(tensors: list[torch.Tensor]) -> list[np.ndarray]:
     """Device tensors as float32 NumPy arrays (same shapes) after one copy to the host."""
     if not tensors:
         return []
-    flat = torch.cat([t.detach().reshape(-1).float() for t in tensors]).cpu().numpy()
+    flat = torch.cat([t.detach().reshape(-1).float() for t in tensors])
+    if flat.is_cuda:  # into pinned memory: a device→host copy at full speed
+        flat = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True).copy_(flat)
+    flat = flat.cpu().numpy()
     sizes = np.cumsum([t.numel() for t in tensors])[:-1]
     return [part.reshape(t.shape) for part, t in zip(np.split(flat, sizes), tensors,
                                                        strict=True)]

@@ -17,7 +17,7 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     "bench_transport.py": ("# 1. codecs", "ratio MQTT / in-process per step: mean",
                            "losses: max |MQTT - in-process| over all steps = 0 ",
                            "Mosquitto / embedded throughput:"),
-    "bench_server.py": ("ms/step",),
+    "bench_server.py": ("coordinator / plain",),
     "bench_overhead.py": ("command: python benchmarks/bench_overhead.py --smoke",
                           "| run | user+sys CPU s | × plain | peak RSS MB | × plain |",
                           "| plain PyTorch loop | ", "| simulate --algorithm splitfed-v1 | ",

@@ -205,17 +205,39 @@ def test_torch_threads_restores_the_count() -> None:
 
 def test_bench_server_runs_here_and_says_when_there_is_no_cuda(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    """benchmarks/bench_server.py on a tiny workload: the same step code, a CPU timing, and
-    on a machine without CUDA one "no CUDA" line (on a GPU machine: a ratio)."""
+    """benchmarks/bench_server.py on a tiny workload: the coordinator's own step (a real
+    trainer and SCALA over a replay engine) against the plain step, a CPU timing, and on a
+    machine without CUDA one "no CUDA" line (on a GPU machine: a ratio)."""
     path = Path(__file__).resolve().parents[3] / "benchmarks" / "bench_server.py"
     module = runpy.run_path(str(path))  # defines main() without running it
     monkeypatch.setattr(sys, "argv", [str(path), "--model", "mobilenetv3-small", "--clients",
-                                      "2", "--samples", "4", "--repeats", "1", "--warmup", "0",
+                                      "3", "--samples", "4", "--repeats", "1", "--warmup", "0",
                                       "--threads", "1"])
     module["main"]()
     lines = capsys.readouterr().out.splitlines()
-    assert any(line.startswith("cpu (") and "ms/step" in line for line in lines)
+    cpu = [line for line in lines if line.startswith("cpu (1 threads): coordinator step")]
+    assert len(cpu) == 1
+    ratio = float(cpu[0].split("coordinator / plain ")[1].rstrip("x"))
+    assert ratio > 0
     if torch.cuda.is_available():
-        assert any(line.startswith("ratio cpu / cuda:") for line in lines)
+        assert any(line.startswith("ratio cpu / cuda, coordinator step:") for line in lines)
     else:
         assert sum(line.startswith("no CUDA: ") for line in lines) == 1
+
+
+def test_the_replay_engine_answers_forwards_with_its_activations() -> None:
+    """The bench's engine: a forward gets the agent's own activations and labels, other
+    kinds an empty reply, and every agent is registered with its label histogram."""
+    path = Path(__file__).resolve().parents[3] / "benchmarks" / "bench_server.py"
+    module = runpy.run_path(str(path))
+    from jetsplit.server.engines.seam import Command
+
+    acts = {"a": np.ones((2, 3), np.float32), "b": np.zeros((3, 3), np.float32)}
+    labels = {"a": np.array([1, 1]), "b": np.array([0, 2, 2])}
+    engine = module["ReplayEngine"](acts, labels)
+    out = engine.send_and_receive({"a": Command("forward"), "b": Command("forward")})
+    assert out.agents == ["a", "b"]
+    assert out["b"].tensors["activations"] is acts["b"]
+    assert out["b"].tensors["labels"] is labels["b"]
+    assert engine.registry.registration("b")["dataset"]["label_histogram"][:3] == [1, 0, 2]
+    assert engine.send_and_receive({"a": Command("backward")})["a"].tensors == {}
