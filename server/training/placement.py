@@ -49,6 +49,13 @@ def to_host(tensors: list[torch.Tensor]) -> list[np.ndarray]:
                                                        strict=True)]
 
 
+def all_finite(tensors: list[torch.Tensor]) -> list[bool]:
+    """Whether each tensor holds only finite values, read to the host in one transfer."""
+    if not tensors:
+        return []
+    return [bool(v) for v in torch.stack([torch.isfinite(t).all() for t in tensors]).tolist()]
+
+
 def autocast(device: torch.device, mode: str) -> contextlib.AbstractContextManager[None]:
     """`off`: nothing; `bf16` / `fp16`: the server block runs its matmuls and convolutions
     in that precision (weights, optimizer state and the gradients sent back stay fp32).

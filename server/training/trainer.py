@@ -36,13 +36,14 @@ from jetsplit.server.defences.step_deadlines import StepDeadlines, predicted_flo
 from jetsplit.server.engines.seam import Command, Engine, Outcome, Reply
 from jetsplit.server.training.divergence import DivergenceGuard
 from jetsplit.server.training.evaluation import Evaluation, evaluate, summarize
-from jetsplit.server.training.placement import autocast, to_device, to_host
+from jetsplit.server.training.placement import all_finite, autocast, to_device, to_host
 from jetsplit.server.training.round_books import RoundBooks
 from jetsplit.server.training.settings import Settings
 from jetsplit.wire import accounted_bound
 
 log = logging.getLogger("jetsplit.coordinator")
 Arrays = dict[str, np.ndarray]
+NON_FINITE = "activations contain NaN or infinity"
 REJOIN_GRACE_S = 3.0  # after an outage, how long to wait for the rest of the fleet
 
 
@@ -86,6 +87,9 @@ class Trainer:
         self.cuts: dict[str, int] = check_cuts(cuts or {}, self.bundle.split,
                                                self.bundle.spec.name)
         self.device = torch.device(resolve_device(settings.device, "device"))
+        # On CUDA a forward's finiteness is checked where its activations land: one pass at
+        # the card's bandwidth and one host read, not a host pass over every byte.
+        self.finite_on_device = self.device.type == "cuda"
         self.server: nn.Module = self.bundle.server_module().to(self.device)
         self.optimizer = self.server_optimizer.for_module(self.server)
         client = self.bundle.client_module()
@@ -275,22 +279,42 @@ class Trainer:
         commands = {a: Command(Kind.FORWARD.value, {"batch": b, "codec": s.codec,
                                                     "compression": s.compression})
                     for a, b in batches.items()}
+        on_device = self.finite_on_device
         with self.books.timed("forward"):
-            out = self.books.note(self.checked(self.engine.send_and_receive(
+            out = self.checked(self.engine.send_and_receive(
                 commands, round=self.round, step=step,
                 deadline_s=self.step_deadline(Kind.FORWARD.value)),
-                lambda agent, r: self.activation_problem(r.tensors, batches[agent], agent)))
-        for agent, reply in out.replies.items():
-            self.books.fwd_samples[agent] += int(len(reply.tensors["labels"]))
-            self.defences.labels.add(agent, reply.tensors["labels"])
+                lambda agent, r: self.activation_problem(r.tensors, batches[agent], agent,
+                                                         finite=not on_device))
         agents = out.agents
         acts = to_device([out[a].tensors["activations"] for a in agents], np.float32,
                          self.device)
         labels = to_device([out[a].tensors["labels"] for a in agents], np.int64, self.device)
+        if on_device:
+            agents, acts, labels = self._finite_only(out, agents, acts, labels)
+        self.books.note(out)
+        for agent, reply in out.replies.items():
+            self.books.fwd_samples[agent] += int(len(reply.tensors["labels"]))
+            self.defences.labels.add(agent, reply.tensors["labels"])
         return agents, acts, labels
 
-    def activation_problem(self, tensors: Arrays, batch: int, agent: str = "") -> str | None:
-        """Why a forward reply cannot be trained on, or None (replies are untrusted)."""
+    def _finite_only(self, out: Outcome, agents: list[str], acts: list[torch.Tensor],
+                     labels: list[torch.Tensor]
+                     ) -> tuple[list[str], list[torch.Tensor], list[torch.Tensor]]:
+        """The replies whose activations, on the device, are all finite; the others move
+        to `out`'s misses with the reason the host check would have given."""
+        finite = dict(zip(agents, all_finite(acts), strict=True))
+        if all(finite.values()):
+            return agents, acts, labels
+        self.checked(out, lambda agent, r: None if finite[agent] else NON_FINITE)
+        kept = [i for i, a in enumerate(agents) if finite[a]]
+        return ([agents[i] for i in kept], [acts[i] for i in kept],
+                [labels[i] for i in kept])
+
+    def activation_problem(self, tensors: Arrays, batch: int, agent: str = "", *,
+                           finite: bool = True) -> str | None:
+        """Why a forward reply cannot be trained on, or None (replies are untrusted);
+        `finite` False leaves the NaN/infinity check to the caller (on the device)."""
         shape = self.activation_shape_at(self.cut(agent))
         acts, labels = tensors.get("activations"), tensors.get("labels")
         if acts is None or labels is None:
@@ -303,8 +327,8 @@ class Trainer:
         if acts.dtype != np.float32 or tuple(acts.shape) != (n, *shape):
             return (f"activations {acts.dtype} {list(acts.shape)}, expected float32 "
                     f"{[n, *shape]}")
-        if not np.isfinite(acts).all():
-            return "activations contain NaN or infinity"
+        if finite and not np.isfinite(acts).all():
+            return NON_FINITE
         return None
 
     def expected_weights(self, blocks: tuple[str, ...], agent: str | None = None, *,

@@ -234,8 +234,8 @@ def test_the_coordinator_counts_what_each_reply_carries() -> None:
     trainer.books = RoundBooks()
     trainer.deadlines = StepDeadlines(60.0)  # the step deadlines: nothing timed yet
     trainer.settings = Settings(codec="fp32")
-    trainer.round, trainer.device = 0, torch.device("cpu")
-    trainer.activation_problem = lambda tensors, batch, agent="": None  # type: ignore[method-assign]
+    trainer.round, trainer.device, trainer.finite_on_device = 0, torch.device("cpu"), False
+    trainer.activation_problem = lambda tensors, batch, agent="", **_: None  # type: ignore[method-assign]
     replies = {"a0": [0, 2, 2], "a1": [1, 1]}
     trainer.engine = SimpleNamespace(  # type: ignore[assignment]
         send_and_receive=lambda commands, **kw: Outcome(
