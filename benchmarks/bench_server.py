@@ -12,7 +12,7 @@ Three timings per device, each the median of `--repeats` after `--warmup`:
 - **plain step**: the same server block on the same concatenated batch, already on the
   device: forward, the gradient with respect to the inputs (kept graph) and the backward
   to the parameters (SCALA's two backward passes), an SGD step; then synchronised.
-- **copies**: the step's bytes alone, host→device from pinned memory and device→host.
+- **copies**: the step's bytes alone, between pinned host buffers and the device, each way.
 
 Printed ratios: coordinator / plain, coordinator / (plain + copies), and CPU / CUDA. On
 CUDA it also counts the host synchronisations inside one coordinator step
@@ -138,11 +138,12 @@ def copies(device: torch.device, acts: np.ndarray, labels: np.ndarray) -> Callab
     """The step's bytes alone: activations and labels in (pinned), gradients out."""
     a, y = torch.from_numpy(acts).pin_memory(), torch.from_numpy(labels).pin_memory()
     grads = torch.empty(acts.shape, device=device)
+    back = torch.empty(acts.shape, pin_memory=True)
 
     def step() -> None:
         a.to(device, non_blocking=True)
         y.to(device, non_blocking=True)
-        grads.cpu()
+        back.copy_(grads)  # waits for all three
 
     return step
 

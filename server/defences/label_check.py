@@ -103,27 +103,32 @@ class LabelConsistency:
 
     def _judge(self, shape: tuple[int, ...], sent: set[str]) -> None:
         """Judge the devices of `shape` that sent samples this step; a verdict changes on
-        its CONFIRM-th judgement in a row against it."""
+        its CONFIRM-th judgement in a row against it. The centroids' medians and distances
+        are taken where the activations are, and read to the host once (on CUDA each read
+        waits for the card)."""
         import torch
 
         sums, counts = self.sums[shape], self.counts[shape]
         agents = sorted(sums)
         count = torch.stack([counts[a] for a in agents])  # devices × C, where the acts are
         centroid = torch.stack([sums[a] for a in agents]) / count.clamp_min(1e-12)[..., None]
-        count = count.cpu()  # the verdicts are taken on the host: two transfers per step
         held = count >= MIN_SAMPLES  # devices × C
-        holders = held.sum(dim=0).tolist()
-        fleet = [c for c in range(self.classes) if holders[c] >= MIN_HOLDERS]
-        if len(fleet) < 2:
+        fleet = held.sum(dim=0) >= MIN_HOLDERS  # C: the classes with a fleet centroid
+        # Each class's median over its holders: the others are NaN, which nanmedian skips,
+        # taking the same lower middle value as a median over the holders alone.
+        medians = torch.where(held[..., None], centroid, float("nan")).nanmedian(dim=0).values
+        distance = torch.cdist(centroid.flatten(0, 1), medians)  # (devices·C) × C
+        nearest = distance.masked_fill(~fleet, float("inf")).argmin(dim=1)  # a fleet class
+        host = torch.cat([count.flatten(), nearest.to(count.dtype)]).cpu()  # the one read
+        count = host[:count.numel()].view(len(agents), self.classes)
+        nearest = host[count.numel():].long().view(len(agents), self.classes)
+        held = count >= MIN_SAMPLES
+        fleet = held.sum(dim=0) >= MIN_HOLDERS
+        if int(fleet.sum()) < 2:
             for agent in sent & set(agents):
                 self._verdict(agent, None)
             return
-        medians = torch.stack([centroid[held[:, c].to(centroid.device), c].median(dim=0).values
-                               for c in fleet])
-        distance = torch.cdist(centroid.flatten(0, 1), medians)  # (devices·C) × fleet classes
-        nearest = torch.tensor(fleet)[distance.argmin(dim=1).cpu()].view(len(agents),
-                                                                          self.classes)
-        judged = held & torch.isin(torch.arange(self.classes), torch.tensor(fleet))
+        judged = held & fleet
         wrong = judged & (nearest != torch.arange(self.classes))
         judged_n = (count * judged).sum(dim=1).tolist()
         wrong_n = (count * wrong).sum(dim=1).tolist()

@@ -26,14 +26,27 @@ def to_device(arrays: list[np.ndarray], dtype: type[np.generic], device: torch.d
         return []
     sizes = [math.prod(a.shape) for a in arrays]
     parts = [np.asarray(a, dtype=dtype).reshape(-1) for a in arrays]
-    if device.type == "cuda":  # gathered straight into pinned memory: one host copy, not two
-        host = torch.empty(sum(sizes), dtype=torch.from_numpy(np.empty(0, dtype)).dtype,
-                           pin_memory=True)
-        np.concatenate(parts, out=host.numpy())
+    if device.type == "cuda":
+        buffer = _pinned_pipeline(parts, sizes, device)
     else:
-        host = torch.from_numpy(np.concatenate(parts))
-    buffer = host.to(device, non_blocking=True)
+        buffer = torch.from_numpy(np.concatenate(parts))
     return [part.view(a.shape) for part, a in zip(buffer.split(sizes), arrays, strict=True)]
+
+
+def _pinned_pipeline(parts: list[np.ndarray], sizes: list[int], device: torch.device
+                     ) -> torch.Tensor:
+    """`parts` gathered into one pinned host buffer and copied to one device buffer part by
+    part: each part's copy to the card runs while the next part is gathered (the caching
+    host allocator keeps the pinned block until its copies are done)."""
+    dtype = torch.from_numpy(np.empty(0, parts[0].dtype)).dtype
+    host = torch.empty(sum(sizes), dtype=dtype, pin_memory=True)
+    buffer = torch.empty(sum(sizes), dtype=dtype, device=device)
+    staged, offset = host.numpy(), 0
+    for part, n in zip(parts, sizes, strict=True):
+        staged[offset:offset + n] = part
+        buffer[offset:offset + n].copy_(host[offset:offset + n], non_blocking=True)
+        offset += n
+    return buffer
 
 
 def to_host(tensors: list[torch.Tensor]) -> list[np.ndarray]:
