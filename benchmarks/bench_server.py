@@ -173,6 +173,19 @@ def traced_syncs(step: Callable[[], None]) -> collections.Counter[str]:
     return found
 
 
+def host_profile(step: Step, top: int = 12) -> str:
+    """Where one step's host time goes (cProfile, by own time)."""
+    import cProfile
+    import io
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.runcall(step)
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
+    return text.getvalue()
+
+
 def rows(archive: Path, args: argparse.Namespace, device: str, acts: dict[str, np.ndarray],
          labels: dict[str, np.ndarray], precision: str = "off") -> dict[str, float]:
     method, step = coordinator(archive, args.method, device, acts, labels, precision)
@@ -189,6 +202,8 @@ def rows(archive: Path, args: argparse.Namespace, device: str, acts: dict[str, n
         both = np.concatenate(list(acts.values()))
         result["copies"] = median_ms(copies(dev, both, np.concatenate(list(labels.values()))),
                                      args.repeats, args.warmup)
+        if args.profile:
+            print(host_profile(step))
         syncs = traced_syncs(step)
         result["syncs"] = float(sum(syncs.values()))
         print(f"  host syncs in one coordinator step on {device} ({precision}): "
@@ -219,6 +234,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0,
                         help="CPU intra-op threads (0: torch's default here)")
     parser.add_argument("--no-cpu", action="store_true", help="CUDA rows only")
+    parser.add_argument("--profile", action="store_true",
+                        help="also where one CUDA step's host time goes (cProfile)")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny sizes, seconds (tests/benchmarks/test_benchmarks_smoke.py)")
     args = parser.parse_args()
