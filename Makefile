@@ -90,7 +90,7 @@ device-check-server: setup
 # CUDA against CPU, method by method, on a machine with a GPU (skipped where torch sees none),
 # then the server step's CPU/CUDA ratio.
 cuda-check: setup
-	$(PY) -m pytest -q -o addopts= tests/server/training/test_cuda.py -rs
+	$(PY) -m pytest -q -o addopts= tests/server/training/test_cuda.py tests/server/training/test_forward_finite_fast.py -rs
 	$(PY) benchmarks/bench_server.py
 
 clean:
