@@ -8,8 +8,11 @@ link is 2 Mbit/s both ways, trained at cut 1. Printed per trial: the training se
 (`summary.json`), the whole trial's wall time, who sat out and how often, the probes, and
 per round its seconds and step deadline (`deadlines_s`: the forwards'); then the ratios
 silent/clean and slow/clean. The step deadlines follow the fleet
-(server/defences/step_deadlines.py), and a benched agent must answer a probe before it is
-selected again (server/defences/sitting_out.py).
+(server/defences/step_deadlines.py), the rest of an exchange is cut off once the others
+answered (server/engines/cutoff.py), an agent that missed a step sits out until it answers
+a probe (server/training/rejoin.py), and a benched agent must answer a probe before it is
+selected again (server/defences/sitting_out.py); the probes a round's row shows were booked
+at its start.
 
     JETSPLIT_ALLOW_ATTACKS=1 OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_silent.py \
         [--rounds 10] [--local-steps 10] [--deadline-s 60]

@@ -9,10 +9,13 @@ comes back at once, and an offline agent is already dropped from each step at on
 
 Proof of life: an agent that sat out, or missed (by deadline) its last exchange, is a
 suspect. At the start of a round, before selection, the trainer sends each suspect it could
-select a cheap `status` probe (`PROBE`) with a short deadline (`probe_deadline_s`); an
-answer of any kind clears it (so does any other answer), silence benches it again for the
-next 1, 2, 4 … rounds (its strikes go on doubling), so a device that has not answered
-anything since it was benched never costs a round a step deadline.
+select a cheap `status` probe (`PROBE`); an answer of any kind clears it (so does any other
+answer), silence benches it again for the next 1, 2, 4 … rounds (its strikes go on
+doubling), so a device that has not answered anything since it was benched never costs a
+round a step deadline. In one process the probe is an exchange with `probe_deadline_s`
+(server/training/proof_of_life.py); over MQTT it is posted without waiting, the suspect is
+out of that round, and the probe's outcome reaches `note` at the next round's start, as do
+the probes sent to agents that missed a step (server/training/rejoin.py).
 """
 
 from __future__ import annotations

@@ -9,7 +9,9 @@ but honest device that answers keeps its own times in the window. The floor is t
 of `deadline_floor_s` and a margin over the slowest profiled device's predicted step
 (compute and link, from the planner: server/cuts/planning.py), so such a device is never
 benched for being slow before the window knows it. Until a kind has `MIN_SAMPLES` samples,
-its deadline is the configured `deadline_s`.
+its deadline is the configured `deadline_s`; over MQTT the in-exchange cutoff
+(server/engines/cutoff.py, above the same floor) ends that first wait once the other
+agents answered, so a silent device costs seconds even then.
 
 Wall time only decides how long the coordinator waits; nothing deterministic (the model
 clock of re-planning, selection, training) reads it.

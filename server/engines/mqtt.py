@@ -9,7 +9,9 @@ Reliability rules, all here:
   after `retry_s` of silence (at least the command's own `retry_s`, e.g. the time its bytes
   need on the agent's downlink), backing off ×2 per retry up to `MAX_RETRY_S`;
 * an agent whose presence turns `offline` (its last will) is dropped from the step at once;
-  one that stays silent is dropped at the deadline; both are recorded as missed.
+  one that stays silent is dropped at the deadline, or earlier by the in-exchange cutoff
+  once the others answered (server/engines/cutoff.py); both are recorded as missed;
+* `post` sends without waiting (a probe alongside a step) and `collect` reads its answers.
 
 Scale rules: a step costs O(selected) here, whatever the fleet's size (the registry keeps the
 online set indexed); the receive pump drains what has arrived and handles replies before
@@ -34,6 +36,7 @@ from jetsplit.server.engines.seam import (
     Command,
     Engine,
     Outcome,
+    Posted,
     Reply,
     command_message,
     reply_from,
@@ -72,6 +75,8 @@ def _grouped(commands: Mapping[str, Command]) -> list[tuple[Command, list[str]]]
 
 class MqttEngine(Engine):
     """Coordinator side of the MQTT runtime (one instance per fleet and run)."""
+
+    clocked = True  # a silent agent costs wall time: the cutoff and rejoin rules apply
 
     def __init__(self, address: BrokerAddress, fleet: str, *, run_id: str,
                  options: EndpointOptions = EndpointOptions(),
@@ -123,11 +128,14 @@ class MqttEngine(Engine):
                       and p.command.reply_bytes is not None]
         return max(bounds) if bounds else None
 
-    def _silence(self, p: _Pending) -> str:
-        """Why a pending command missed its deadline: silence, or a reply we refused."""
+    def _silence(self, p: _Pending, waited_s: float = 0.0, cut: bool = False) -> str:
+        """Why a pending command missed its deadline: silence, or a reply we refused; `cut`:
+        the in-exchange cutoff ended the wait early (server/engines/cutoff.py)."""
         refused = self.endpoint.refused.get(p.agent)
         if refused is not None and refused[0] >= p.first_sent:
             return f"deadline (its reply was refused: {refused[1]})"
+        if cut:
+            return f"deadline (cut off after {waited_s:.1f} s: the others had answered)"
         return "deadline"
 
     # ------------------------------------------------------------------ receiving
@@ -309,6 +317,41 @@ class MqttEngine(Engine):
                   deadline_s: float = 60.0) -> Outcome:
         return self._exchange([(command, sorted(agents))], round, step, deadline_s)
 
+    def post(self, command: Command, agents: list[str], *, round: int = 0, step: int = 0
+             ) -> Posted:
+        """Send `command` and return at once; its replies are kept for `collect` (a probe
+        that rides alongside the next step). Not retransmitted: probes are cheap, and the
+        next round sends a fresh one."""
+        mine, missed = self._send([(command, sorted(agents))], round, step)
+        with self._cond:  # nobody waits on it: the agents stay selectable
+            for p in mine:
+                if self.registry.state(p.agent) == "busy":
+                    self.registry.set_state(p.agent, "online")
+        return Posted(command.kind, sorted(agents), round, step, dict(missed), pending=mine)
+
+    def collect(self, posted: Posted, *, final: bool = False) -> Outcome:
+        """What `posted`'s agents answered since the last collect (replies, errors, gone
+        offline); `final`: the silent rest missed by "deadline", and forgotten."""
+        done, posted.resolved = posted.resolved, {}
+        still: list[_Pending] = []
+        with self._cond:
+            states = self.registry.states([p.agent for p in posted.pending or []])
+            for p in posted.pending or []:
+                if p.reply is not None:
+                    done[p.agent] = _result(p.agent, p, time.monotonic() - p.first_sent)
+                elif states[p.agent] == "offline":
+                    done[p.agent] = "offline"
+                elif final:
+                    done[p.agent] = self._silence(p)
+                else:
+                    still.append(p)
+                    continue
+                self._pending.pop((p.agent, p.cmd), None)
+        posted.pending = still
+        replies = {a: r for a, r in done.items() if isinstance(r, Reply)}
+        missed = {a: r for a, r in done.items() if isinstance(r, str)}
+        return self._finish(replies, missed, posted.kind, posted.round, posted.step)
+
     def _exchange(self, groups: list[tuple[Command, list[str]]], round: int, step: int,
                   deadline_s: float) -> Outcome:
         """Send each group's command (once per group when it has several agents) and wait."""
@@ -364,8 +407,10 @@ class MqttEngine(Engine):
         offline, deadline). Retransmits on reconnects and silence; cleans up when done or
         closed early."""
         started = time.monotonic()
-        deadline = started + deadline_s
         open_ = {p.agent: p for p in mine}
+        cutoff = self.cutoff if mine and self.cutoff is not None \
+            and self.cutoff.applies(mine[0].command.kind) else None
+        answered: dict[str, float] = {}  # agent → seconds its reply took (the cutoff's input)
         try:
             while open_:
                 done: list[tuple[str, Reply | str]] = []
@@ -373,18 +418,22 @@ class MqttEngine(Engine):
                     states = self.registry.states(list(open_))
                     for agent, p in list(open_.items()):
                         if p.reply is not None:
-                            done.append((agent, f"error: {p.reply.meta.get('error', '?')}"
-                                         if p.reply.type == MessageType.ERROR
-                                         else _timed(reply_from(agent, p.reply, p.wire_bytes),
-                                                     time.monotonic() - started)))
+                            result = _result(agent, p, time.monotonic() - started)
+                            if isinstance(result, Reply) and result.elapsed_s is not None:
+                                answered[agent] = result.elapsed_s
+                            done.append((agent, result))
                             del open_[agent]
                         elif states[agent] == "offline":
                             done.append((agent, "offline"))
                             del open_[agent]
                     now = time.monotonic()
-                    if open_ and now >= deadline:
-                        done.extend((agent, self._silence(p)) for agent, p in open_.items())
-                        open_.clear()
+                    limits = {a: deadline_s if cutoff is None
+                              else cutoff.limit(a, answered, deadline_s) for a in open_}
+                    for agent, limit in limits.items():
+                        if now - started >= limit:
+                            done.append((agent, self._silence(open_.pop(agent), limit,
+                                                              limit < deadline_s)))
+                    deadline = started + min(limits.values(), default=deadline_s)
                     again = [p for p in open_.values()
                              if self._resend_all or p.agent in self._resend
                              or now - p.sent_at > p.wait_s]
@@ -401,6 +450,17 @@ class MqttEngine(Engine):
                     self._pending.pop((p.agent, p.cmd), None)
                     if self.registry.state(p.agent) == "busy":
                         self.registry.set_state(p.agent, "online")
+
+
+def _result(agent: str, p: _Pending, elapsed_s: float) -> Reply | str:
+    """A pending command's answer (call with its reply in): the reply timed, or the error
+    it reported."""
+    reply = p.reply
+    if reply is None:
+        return "deadline"
+    if reply.type == MessageType.ERROR:
+        return f"error: {reply.meta.get('error', '?')}"
+    return _timed(reply_from(agent, reply, p.wire_bytes), elapsed_s)
 
 
 def _timed(reply: Reply, elapsed_s: float) -> Reply:

@@ -29,6 +29,7 @@ import numpy as np
 
 from jetsplit.devices import torch_threads
 from jetsplit.protocol import PEER_KINDS
+from jetsplit.server.engines.cutoff import Cutoff
 from jetsplit.server.engines.registry import FleetRegistry, MissedStep
 from jetsplit.transport import COORDINATOR, ByteCounters
 from jetsplit.wire import (
@@ -92,13 +93,33 @@ class Outcome:
         return self.replies[agent]
 
 
+@dataclass
+class Posted:
+    """Commands sent without waiting (`Engine.post`); `Engine.collect` reads their answers.
+    `pending` is the engine's own record of what is still open."""
+
+    kind: str
+    agents: list[str]
+    round: int
+    step: int
+    resolved: dict[str, Reply | str] = field(default_factory=dict)  # not yet collected
+    pending: Any = None
+
+
 class Engine(ABC):
     """Send commands to agents and collect replies with a deadline."""
+
+    # Whether a missed exchange costs wall time (a deadline waited for). The in-process
+    # engine runs every command to its answer, so nothing there waits on a clock.
+    clocked: bool = False
 
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
         self.counters = ByteCounters()
         self.registry = FleetRegistry()
+        # The in-exchange cutoff of step exchanges (server/engines/cutoff.py), set by the
+        # trainer; engines that wait on no clock ignore it.
+        self.cutoff: Cutoff | None = None
 
     def online(self) -> list[str]:
         """Agents available for selection, sorted by id."""
@@ -126,6 +147,20 @@ class Engine(ABC):
         for agent in sorted(commands):
             yield _single(agent, out.replies.get(agent), out.missed.get(agent, "deadline"))
 
+    def post(self, command: Command, agents: list[str], *, round: int = 0, step: int = 0
+             ) -> Posted:
+        """Send `command` to agents without waiting for them (a cheap probe alongside the
+        next step); `collect` reads the answers. Here: run to its answer at once."""
+        out = self.broadcast(command, sorted(agents), round=round, step=step)
+        resolved: dict[str, Reply | str] = {**out.replies, **out.missed}
+        return Posted(command.kind, sorted(agents), round, step, resolved)
+
+    def collect(self, posted: Posted, *, final: bool = False) -> Outcome:
+        """The answers to `posted` that came in since the last collect, without waiting;
+        `final`: the agents still silent are missed ("deadline") and forgotten."""
+        done, posted.resolved = posted.resolved, {}
+        return _resolved(done, posted.kind)
+
     def close(self) -> None:  # noqa: B027 - engines without resources need nothing here
         """Release connections and processes."""
 
@@ -147,6 +182,13 @@ class Engine(ABC):
                         reason)
             self.registry.record_missed(MissedStep(agent, round, step, kind, reason))
         return Outcome(dict(sorted(replies.items())), dict(sorted(missed.items())), kind)
+
+
+def _resolved(done: Mapping[str, Reply | str], kind: str) -> Outcome:
+    """Results (a reply, or why it missed) as an Outcome in agent-id order."""
+    replies = {a: r for a, r in sorted(done.items()) if isinstance(r, Reply)}
+    missed = {a: r for a, r in sorted(done.items()) if isinstance(r, str)}
+    return Outcome(replies, missed, kind)
 
 
 def _single(agent: str, reply: Reply | None, reason: str) -> Outcome:

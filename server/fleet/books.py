@@ -1,7 +1,8 @@
 """Per-round books of every agent: where its time went (compute / transfer / waiting), its
 telemetry (memory, CPU, temperature), its power mode and the live estimates of its speed
 and links (server/fleet/live_estimates.py), from one `status` poll after each round (not
-of agents sitting out: a silent one would cost the poll's whole deadline every round).
+of agents sitting out, benched or awaiting a probe's answer: a silent one would cost the
+poll's whole deadline every round).
 
 Agents keep cumulative books (`edge_agent.emulation.DeviceClock`); the coordinator takes
 differences per round, so a missed poll only merges two rounds. Replies are untrusted:
@@ -32,8 +33,11 @@ class FleetBooks:
 
     def collect(self, row: dict[str, Any]) -> dict[str, Any]:
         registry = self.engine.registry
-        benched = row.get("benched")  # silent ones answer the round-start probe instead
-        sitting = set(benched) if isinstance(benched, list) else set()
+        sitting: set[str] = set()  # silent ones answer the round-start probe instead
+        for key in ("benched", "awaiting_probe"):
+            listed = row.get(key)
+            if isinstance(listed, list):
+                sitting.update(a for a in listed if isinstance(a, str))
         online = [a for a in registry.online() if a not in sitting]
         out = self.engine.broadcast(Command("status"), online, round=int(row["round"]),
                                     deadline_s=self.deadline_s) if online else None

@@ -151,7 +151,7 @@ class AgentTotals:
     estimate: dict[str, float] = field(default_factory=dict)  # the last live estimates
     images_skipped: int | None = None  # undecodable images so far (the last status)
     compute_rounds: int = 0  # rounds that reported compute_s (for per-round means)
-    benched: int = 0  # rounds it sat out (missed deadlines, or silent at a probe)
+    benched: int = 0  # rounds it sat out (missed deadlines, silent at a probe, or awaiting one)
     probes: int = 0  # round-start proof-of-life probes it was sent
     probes_answered: int = 0
     transfer_rounds: int = 0
@@ -215,8 +215,11 @@ def agent_totals(rows: Sequence[Row]) -> dict[str, AgentTotals]:
             get(agent).selected += 1
         for agent in as_dict(row.get("missed")):
             get(agent).missed += 1
-        benched = row.get("benched")
-        for agent in benched if isinstance(benched, list) else []:
+        sat_out: set[str] = set()  # benched, or out for silence with a probe pending
+        for key in ("benched", "awaiting_probe"):
+            listed = row.get(key)
+            sat_out.update(str(a) for a in (listed if isinstance(listed, list) else []))
+        for agent in sorted(sat_out):
             get(agent).benched += 1
         for agent, answer in as_dict(row.get("probes")).items():
             get(agent).probes += 1

@@ -162,6 +162,8 @@ def _round(round_: int, engine: Engine, settings: Settings, trainer: Trainer, me
         "round": round_, "algorithm": settings.algorithm, "selected": selected,
         "missed": dict(sorted(books.missed.items())),
         "benched": trainer.defences.bench.sitting_out(),
+        # out for silence, not benched: a probe is pending (server/training/rejoin.py)
+        "awaiting_probe": trainer.sitting_out(),
         "probes": dict(sorted(books.probes.items())),  # proof of life before selection
         # kind → the round's largest step deadline; exchanges given the whole deadline_s
         "deadlines_s": deadlines, "full_deadlines": full_deadlines,

@@ -1,6 +1,8 @@
 """Proof of life before selection: the round-start `status` probe to agents that sat out or
 missed their last exchange (server/defences/sitting_out.py decides who, and benches the
-silent again when it sees the booked outcome).
+silent again when it sees the booked outcome). This blocking form serves engines that wait
+on no clock (in one process); over MQTT the probe is posted without waiting
+(server/training/rejoin.py).
 
 The probe is booked like any exchange (`RoundBooks.note`: misses, the bench, the step
 times), and each agent's answer goes into the round's `probes` for the report."""

@@ -130,7 +130,8 @@ class TrainFields(BaseModel):
     # (server/defences/sitting_out.py).
     probe_deadline_s: _Seconds = _help(
         5.0, "Seconds an agent that sat out or missed its last exchange has to answer the "
-             "round-start probe before it is selectable again.")
+             "round-start probe before it is selectable again (in one process; over MQTT "
+             "the probe never blocks: it has until the next round's start).")
     # Per-step bounds (server/defences/step_bounds.py).
     activation_bound: _Factor = _help(
         DEFAULT_ACTIVATION_BOUND, "Each sample's activation norm at most this many times the "

@@ -33,10 +33,12 @@ from jetsplit.protocol import Kind
 from jetsplit.server.cuts.shipping import BundleShipper
 from jetsplit.server.defences.defences import Defences
 from jetsplit.server.defences.step_deadlines import StepDeadlines, predicted_floor
+from jetsplit.server.engines.cutoff import DEFAULT_CUTOFF_K, Cutoff
 from jetsplit.server.engines.seam import Command, Engine, Outcome, Reply
 from jetsplit.server.training.divergence import DivergenceGuard
 from jetsplit.server.training.evaluation import Evaluation, evaluate, summarize
 from jetsplit.server.training.placement import all_finite, autocast, to_device, to_host
+from jetsplit.server.training.rejoin import Rejoin
 from jetsplit.server.training.round_books import RoundBooks
 from jetsplit.server.training.settings import Settings
 from jetsplit.wire import accounted_bound
@@ -116,6 +118,14 @@ class Trainer:
         self.deadlines = StepDeadlines(
             settings.deadline_s, k=settings.deadline_k, window=settings.deadline_window,
             floor_s=predicted_floor(predicted_step_s or {}, settings.deadline_floor_s))
+        # Within an exchange, the silent are cut off once the others answered
+        # (server/engines/cutoff.py), above the same floor; a miss sits out the round's
+        # later steps until a probe is answered (server/training/rejoin.py). Both only
+        # where a miss costs wall time: the in-process engine stays as it was.
+        engine.cutoff = Cutoff(self.deadlines.floor_s,
+                               k=DEFAULT_CUTOFF_K if settings.deadline_k > 0 else 0.0,
+                               predicted_s=dict(predicted_step_s or {}))
+        self.rejoin = Rejoin(engine) if engine.clocked else None
         self.books.listener = self._heard
         self.guard = DivergenceGuard(settings, self.bundle.spec.num_classes)
         self.round = 0
@@ -225,6 +235,8 @@ class Trainer:
         joins its kind's window."""
         self.defences.bench.note(outcome)
         self.deadlines.observe(outcome)
+        if self.rejoin is not None:
+            self.rejoin.missed(outcome, round=self.round)
 
     def step_deadline(self, kind: str) -> float:
         """Seconds an exchange of `kind` waits now (server/defences/step_deadlines.py)."""
@@ -240,11 +252,22 @@ class Trainer:
         return probe(self.engine, self.books, agents, round=self.round,
                      wait_s=min(self.settings.probe_deadline_s, self.settings.deadline_s))
 
+    def playing(self, agents: list[str]) -> list[str]:
+        """`agents` without those benched for missing deadlines, nor sitting out the round
+        until they answer a probe (server/training/rejoin.py)."""
+        agents = self.defences.bench.playing(agents)
+        return agents if self.rejoin is None else self.rejoin.playing(agents)
+
+    def sitting_out(self) -> list[str]:
+        """Agents out of this round for silence but not benched: probed, not yet answered
+        (the round's status poll skips them too)."""
+        return [] if self.rejoin is None else self.rejoin.sitting_out()
+
     def live(self, agents: list[str]) -> list[str]:
-        """The selected agents not known to be offline nor benched for missing deadlines,
-        with the bundle installed."""
+        """The selected agents not known to be offline nor sitting out (`playing`), with
+        the bundle installed."""
         registry = self.engine.registry
-        online = [a for a in self.defences.bench.playing(agents) if registry.state(a) != "offline"]
+        online = [a for a in self.playing(agents) if registry.state(a) != "offline"]
         return self.shipper.ensure(online, self.round, self.cuts)
 
     def select(self) -> list[str]:
@@ -261,8 +284,16 @@ class Trainer:
             pool = registry.eligible(zoo_version=ZOO_VERSION)
         self.last_pool = len(pool)
         bench = self.defences.bench
-        self.probe(bench.to_probe(bench.playing(pool)))  # the silent are benched again
-        pool = bench.playing(pool) or pool  # all benched: better slow than nothing
+        if self.rejoin is None:
+            self.probe(bench.to_probe(bench.playing(pool)))  # the silent are benched again
+            pool = bench.playing(pool) or pool  # all benched: better slow than nothing
+        else:  # last round's probes booked (silence benches again), this round's posted
+            self.rejoin.settle(self.books)
+            self.rejoin.probe(bench.to_probe(bench.playing(pool)), round=self.round)
+            playing = self.playing(pool)
+            if not playing:
+                self.rejoin.let_play(pool)  # all out: better slow than nothing
+            pool = playing or pool
         if not pool:
             return []
         count = max(1, min(len(pool), round(self.settings.fraction * len(pool))))
@@ -396,7 +427,7 @@ class Trainer:
     def push(self, agents: list[str], arrays: Arrays) -> list[str]:
         """Install `arrays` (client/…, server/… names) on agents; returns who has them
         (agents sitting out are not asked)."""
-        agents = self.defences.bench.playing(agents)
+        agents = self.playing(agents)
         if not agents:
             return []
         with self.books.timed("distribute"):
@@ -408,7 +439,7 @@ class Trainer:
     def pull(self, agents: list[str], blocks: tuple[str, ...] = ("client",)) -> dict[str, Arrays]:
         """`blocks` from agents (those sitting out are not asked: benched mid-round, their
         silence would cost the round another deadline)."""
-        agents = self.defences.bench.playing(agents)
+        agents = self.playing(agents)
         if not agents:
             return {}
         with self.books.timed("collect"):
@@ -424,7 +455,7 @@ class Trainer:
         """Agents whose block was just averaged away free it (memory on small devices; in
         simulations, at most the active clients hold blocks); agents sitting out are not
         asked."""
-        agents = self.defences.bench.playing(agents)
+        agents = self.playing(agents)
         if agents:
             self.books.note(self.engine.broadcast(Command(Kind.RELEASE.value), agents,
                                              round=self.round,

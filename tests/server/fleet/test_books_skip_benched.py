@@ -39,3 +39,14 @@ def test_the_poll_skips_whoever_sits_out() -> None:
     books.collect({"round": 1, "benched": [], "device_gflops": {}})
     books.collect({"round": 2, "benched": "a0", "device_gflops": {}})  # malformed: all
     assert engine.asked[1:] == [["a0", "a1", "a2"], ["a0", "a1", "a2"]]
+
+
+def test_the_poll_skips_whoever_awaits_a_probe_answer() -> None:
+    """Out of the round for silence, not benched (server/training/rejoin.py): not polled."""
+    data = ArrayDataset(np.zeros((4, 1, 8, 8), np.float32), np.arange(4, dtype=np.int64),
+                        "tiny", 4)
+    engine = _Counting({f"a{i}": AgentWorker(f"a{i}", data) for i in range(3)})
+    books = FleetBooks(engine)
+    books.collect({"round": 0, "benched": ["a0"], "awaiting_probe": ["a2"],
+                   "device_gflops": {}})
+    assert engine.asked == [["a1"]]

@@ -1,0 +1,115 @@
+"""Rejoin: a device that missed an exchange sits out the round's later steps until it answers
+a cheap probe, so a silent device costs one (cut-off) wait, not one per step; and proof of
+life never blocks a round.
+
+Over an engine that waits on clocks (`Engine.clocked`: MQTT), when an agent misses an
+exchange by deadline (silence, the in-exchange cutoff, a refused reply), the trainer posts it
+a `status` probe (`PROBE`) without waiting (`Engine.post`, it rides alongside the next step)
+and leaves it out of the round's later exchanges: steps, pushes, pulls, releases
+(`Trainer.live`). At each later step boundary the probes' answers are read
+(`Engine.collect`, non-blocking): an agent that answered (a reply, or an error: it is alive)
+plays again from that step on; it still holds this round's weights.
+
+The round-start probe of agents that sat out or missed their last exchange
+(server/defences/sitting_out.py) is posted the same way before selection: they are not
+selectable that round, and are from the next one on once they answered.
+
+At the next round's start every outstanding probe is read one last time (`settle`) and booked
+as one `status` exchange (`RoundBooks.note`): the bench clears who answered and benches again
+who stayed silent, and that round's `probes` say which. Nothing here reads a clock: an answer
+counts when it is in at a step boundary.
+"""
+
+from __future__ import annotations
+
+from jetsplit.server.defences.sitting_out import DEADLINE, PROBE
+from jetsplit.server.engines.seam import Command, Engine, Outcome, Posted, Reply
+from jetsplit.server.training.round_books import RoundBooks
+
+
+def alive(result: Reply | str) -> bool:
+    """Whether a probe's result shows a live agent: any reply, or an error it sent."""
+    return isinstance(result, Reply) or result.startswith("error")
+
+
+class Rejoin:
+    """Who sits out for silence this round, and the probes that bring them back."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.posts: list[Posted] = []  # outstanding probes, oldest first
+        self.results: dict[str, Reply | str] = {}  # agent → its latest probe's result
+        self.out: set[str] = set()  # missed an exchange this round: back once it answers
+        self.waiting: set[str] = set()  # probed at round start: out for this round
+
+    def missed(self, outcome: Outcome, *, round: int, step: int = 0) -> None:
+        """An exchange's outcome: who missed it by deadline sits out and gets a probe."""
+        if outcome.kind == PROBE or outcome.kind.startswith("bundle"):
+            return  # a probe's silence is settled at round start; bundles are setup
+        new = sorted(a for a, why in outcome.missed.items()
+                     if why.startswith(DEADLINE) and a not in self.out | self.waiting)
+        if new:
+            self._post(new, round, step)
+            self.out.update(new)
+
+    def probe(self, agents: list[str], *, round: int) -> None:
+        """The round-start probe to `agents` (suspects): out of this round either way."""
+        fresh = sorted(set(agents) - self.waiting)
+        if fresh:
+            self._post(fresh, round, 0)
+            self.waiting.update(fresh)
+
+    def playing(self, agents: list[str]) -> list[str]:
+        """`agents` without those sitting out; reads the probes' answers first, and an
+        answer brings an agent that missed a step back."""
+        if self.posts:
+            self._read(final=False)
+            self.out -= {a for a in self.out if a in self.results and alive(self.results[a])}
+        return [a for a in agents if a not in self.out and a not in self.waiting]
+
+    def sitting_out(self) -> list[str]:
+        """Who sits out now for silence (not selectable, not polled)."""
+        return sorted(self.out | self.waiting)
+
+    def let_play(self, agents: list[str]) -> None:
+        """`agents` may play despite a pending probe (everyone else sits out: better slow
+        than nothing)."""
+        self.waiting.difference_update(agents)
+        self.out.difference_update(agents)
+
+    def settle(self, books: RoundBooks) -> Outcome | None:
+        """At a round's start: read every outstanding probe a last time, book the results
+        as one `status` exchange (silence benches again), and start the round afresh."""
+        if self.posts:
+            self._read(final=True)
+        results, self.results, self.posts = self.results, {}, []
+        self.out, self.waiting = set(), set()
+        if not results:
+            return None
+        replies = {a: r for a, r in sorted(results.items()) if isinstance(r, Reply)}
+        missed = {a: r for a, r in sorted(results.items()) if isinstance(r, str)}
+        for agent, result in sorted(results.items()):
+            books.probes[agent] = _said(result)
+        return books.note(Outcome(replies, missed, PROBE))
+
+    def _post(self, agents: list[str], round: int, step: int) -> None:
+        for agent in agents:
+            self.results.pop(agent, None)  # a fresh probe: an older answer says nothing
+        self.posts.append(self.engine.post(Command(PROBE), agents, round=round, step=step))
+
+    def _read(self, *, final: bool) -> None:
+        """Collect what the outstanding probes brought; a settled probe is dropped."""
+        for posted in self.posts:
+            out = self.engine.collect(posted, final=final)
+            self.results.update(out.missed)
+            self.results.update(out.replies)
+        self.posts = [p for p in self.posts if p.pending]
+
+
+def _said(result: Reply | str) -> str:
+    """How an agent answered its probe, for the round's `probes`."""
+    if isinstance(result, str):
+        return f"no answer: {result}" if not result.startswith("error") else result
+    if result.elapsed_s is None:
+        return "answered"
+    return f"answered in {result.elapsed_s:.2f} s"

@@ -1,0 +1,54 @@
+"""The in-exchange cutoff (server/engines/cutoff.py): once some devices of an exchange have
+answered, the rest are waited for at most max(floor, k × the answering ones' time, scaled
+by the predicted pace), never past the exchange's deadline. Elapsed times are given by
+hand: no clock is read."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from jetsplit.server.engines.cutoff import DEFAULT_CUTOFF_K, STEP_KINDS, Cutoff
+
+pytestmark = pytest.mark.fast
+
+
+def test_nobody_answered_waits_the_deadline() -> None:
+    assert Cutoff(floor_s=2.0).limit("a3", {}, 60.0) == 60.0
+    # the agent's own time (it answered) does not count for it
+    assert Cutoff(floor_s=2.0).limit("a3", {"a3": 1.0}, 60.0) == 60.0
+
+
+def test_k_times_the_slowest_answer_within_floor_and_deadline() -> None:
+    cut = Cutoff(floor_s=2.0, k=2.0)
+    assert cut.limit("a3", {"a0": 1.5, "a1": 3.0, "a2": 2.5}, 60.0) == 6.0  # 2 × 3.0
+    assert cut.limit("a3", {"a0": 0.3}, 60.0) == 2.0  # 2 × 0.3 = 0.6: the floor
+    assert cut.limit("a3", {"a0": 40.0}, 60.0) == 60.0  # 2 × 40 = 80: the deadline
+    assert Cutoff(floor_s=10.0).limit("a3", {"a0": 4.0}, 60.0) == 10.0  # default k: 8 s
+    assert DEFAULT_CUTOFF_K == 2.0
+    # bad times (untrusted clocks never reach here, but a NaN must not poison the max)
+    assert cut.limit("a3", {"a0": math.nan, "a1": -1.0, "a2": 1.5}, 60.0) == 3.0
+
+
+def test_a_device_predicted_slower_gets_its_predicted_share_more() -> None:
+    # a Nano (predicted 2.0 s) among Orins (0.5 s): 4 × slower, so 2 × 1.5 × 4 = 12 s
+    cut = Cutoff(floor_s=2.0, k=2.0, predicted_s={"a0": 0.5, "a1": 0.25, "a3": 2.0})
+    assert cut.pace("a3", "a0") == 4.0 and cut.pace("a3", "a1") == 8.0
+    assert cut.limit("a3", {"a0": 1.5}, 60.0) == 12.0
+    assert cut.limit("a3", {"a0": 1.5, "a1": 1.0}, 60.0) == 16.0  # max(1.5×4, 1.0×8) × 2
+    # a faster device waits no less than its peers' time (pace at least 1)
+    assert cut.pace("a0", "a3") == 1.0
+    assert cut.limit("a0", {"a3": 1.5}, 60.0) == 3.0
+    # no prediction, or an unusable one: pace 1
+    odd = Cutoff(floor_s=1.0, k=2.0, predicted_s={"a0": 0.0, "a1": math.inf, "a3": 2.0})
+    assert odd.pace("a3", "a0") == 1.0 and odd.pace("a3", "a1") == 1.0
+    assert odd.pace("a3", "a9") == 1.0 and odd.limit("a3", {"a0": 1.5}, 60.0) == 3.0
+
+
+def test_only_step_exchanges_are_cut_off() -> None:
+    cut = Cutoff(floor_s=2.0)
+    assert all(cut.applies(kind) for kind in STEP_KINDS)
+    assert {"forward", "backward", "set_weights", "get_weights", "release"} == STEP_KINDS
+    assert not cut.applies("bundle") and not cut.applies("status")
+    assert not Cutoff(floor_s=2.0, k=0.0).applies("forward")  # k 0: always the deadline
