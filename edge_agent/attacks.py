@@ -25,19 +25,21 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from typing_extensions import Annotated
 
 from jetsplit.data import ArrayDataset
+from jetsplit.edge_agent.faults import CommandKey, Fault
 from jetsplit.errors import ConfigError
 from jetsplit.protocol import MAX_SAMPLES
 
 ALLOW_ENV = "JETSPLIT_ALLOW_ATTACKS"
 ATTACK_SPECS = ("scale:F", "signflip", "noise:SIGMA", "labelflip", "activation-scale:F",
-                "size-lie:N", "histogram-lie", "silent")
-MAX_FACTOR = 1e6  # |F| and SIGMA: large enough to wreck a model, small enough to stay finite
+                "size-lie:N", "histogram-lie", "silent", "every-other", "hang-upload",
+                "clock-jump:S")
+MAX_FACTOR = 1e6  # |F|, SIGMA and |S|: large enough to wreck a model (or a clock), finite
 MAX_SPEC_CHARS = 64
-_PLAIN = ("signflip", "labelflip", "histogram-lie", "silent")
+_PLAIN = ("signflip", "labelflip", "histogram-lie", "silent", "every-other", "hang-upload")
 # Faults that only an engine with a clock can show (over MQTT: a wedged agent process that
-# stays connected); the in-process engine runs every command to its answer.
-NEEDS_BROKER = ("silent",)
-SETUP_KINDS = ("bundle", "bundle_part")  # what a `silent` agent still answers
+# stays connected, a flaky one, one that stops mid-message, one whose clock jumps); the
+# in-process engine runs every command to its answer (edge_agent/faults.py).
+NEEDS_BROKER = ("silent", "every-other", "hang-upload", "clock-jump")
 _FLOAT = re.compile(r"-?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")  # no nan, inf, _ or space
 
 
@@ -65,7 +67,7 @@ def parse_attack(spec: str) -> AttackSpec:
             raise ConfigError(f"attack {spec!r}: size-lie needs an integer N in "
                               f"1..{MAX_SAMPLES}")
         return AttackSpec(kind, float(int(arg)))
-    if kind not in ("scale", "noise", "activation-scale"):
+    if kind not in ("scale", "noise", "activation-scale", "clock-jump"):
         raise ConfigError(f"unknown attack {spec!r}; expected one of: {', '.join(ATTACK_SPECS)}")
     value = float(arg) if _FLOAT.fullmatch(arg) else math.nan
     if kind == "noise" and not 0.0 < value <= MAX_FACTOR:
@@ -148,12 +150,17 @@ class Attack:
         self._value = 0.0 if spec is None or spec.value is None else spec.value
         self._rng = np.random.default_rng(seed)
         self._reference: Dict[str, np.ndarray] = {}  # what it last received, for signflip
+        self.fault = Fault(self.kind, None if spec is None else spec.value)
 
     def answers(self, kind: str) -> bool:
         """Whether it answers a command of `kind` at all: `silent` registers and installs
         its bundle, then answers nothing (not even `status`), as a process that hung after
-        setup while its connection stays up."""
-        return self.kind != "silent" or kind in SETUP_KINDS
+        setup while its connection stays up (edge_agent/faults.py)."""
+        return self.fault.answers(kind)
+
+    def takes(self, kind: str, key: CommandKey, round_: int) -> bool:
+        """Whether it runs and answers this command (a fault may drop it or strike now)."""
+        return self.fault.takes(kind, key, round_)
 
     @property
     def wants_reference(self) -> bool:
