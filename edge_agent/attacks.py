@@ -31,11 +31,12 @@ from jetsplit.protocol import MAX_SAMPLES
 
 ALLOW_ENV = "JETSPLIT_ALLOW_ATTACKS"
 ATTACK_SPECS = ("scale:F", "signflip", "noise:SIGMA", "labelflip", "activation-scale:F",
-                "size-lie:N", "histogram-lie", "silent", "every-other", "hang-upload",
+                "size-lie:N", "histogram-lie", "silent[:R]", "every-other", "hang-upload",
                 "clock-jump:S")
 MAX_FACTOR = 1e6  # |F|, SIGMA and |S|: large enough to wreck a model (or a clock), finite
 MAX_SPEC_CHARS = 64
-_PLAIN = ("signflip", "labelflip", "histogram-lie", "silent", "every-other", "hang-upload")
+_PLAIN = ("signflip", "labelflip", "histogram-lie", "every-other", "hang-upload")
+MAX_ROUND = 1_000_000  # silent:R
 # Faults that only an engine with a clock can show (over MQTT: a wedged agent process that
 # stays connected, a flaky one, one that stops mid-message, one whose clock jumps); the
 # in-process engine runs every command to its answer (edge_agent/faults.py).
@@ -57,6 +58,12 @@ def parse_attack(spec: str) -> AttackSpec:
         raise ConfigError(f"attack spec must be 1..{MAX_SPEC_CHARS} characters; expected one "
                           f"of: {', '.join(ATTACK_SPECS)}")
     kind, sep, arg = spec.partition(":")
+    if kind == "silent":  # from the start, or from round R on (edge_agent/faults.py)
+        if not sep:
+            return AttackSpec(kind)
+        if not arg.isdigit() or not arg.isascii() or int(arg) > MAX_ROUND:
+            raise ConfigError(f"attack {spec!r}: silent takes a round R in 0..{MAX_ROUND}")
+        return AttackSpec(kind, float(int(arg)))
     if kind in _PLAIN:
         if sep:
             raise ConfigError(f"attack {spec!r}: {kind} takes no number")
@@ -152,11 +159,11 @@ class Attack:
         self._reference: Dict[str, np.ndarray] = {}  # what it last received, for signflip
         self.fault = Fault(self.kind, None if spec is None else spec.value)
 
-    def answers(self, kind: str) -> bool:
-        """Whether it answers a command of `kind` at all: `silent` registers and installs
-        its bundle, then answers nothing (not even `status`), as a process that hung after
-        setup while its connection stays up (edge_agent/faults.py)."""
-        return self.fault.answers(kind)
+    def answers(self, kind: str, round_: int = 0) -> bool:
+        """Whether it answers a command of `kind` in round `round_` at all: `silent`
+        registers and installs its bundle, then answers nothing (not even `status`), as a
+        process that hung after setup while its connection stays up (edge_agent/faults.py)."""
+        return self.fault.answers(kind, round_)
 
     def takes(self, kind: str, key: CommandKey, round_: int) -> bool:
         """Whether it runs and answers this command (a fault may drop it or strike now)."""

@@ -4,9 +4,12 @@ The attacks in `edge_agent/attacks.py` change what a device sends; these change 
 when it sends at all, which only an engine with a clock can see (over MQTT), so `jetsplit
 simulate` refuses them. Each is a real failure mode of a field device:
 
-* `every-other`: a flaky device (a marginal link, a thermal governor) that answers only every
-  second command it receives; it is never `max_misses` in a row, so it is never benched, and
-  each missed step costs the fleet a step deadline.
+* `silent` (from the start) or `silent:R` (from round R on): it registers and installs its
+  bundle, then answers nothing, not even `status`, while its connection stays up: a process
+  that hung.
+* `every-other`: a flaky device (a marginal link, a thermal governor) that, from round 1 on,
+  answers only every second command it receives; it is never `max_misses` in a row, so only
+  an unanswered probe benches it, and each missed step costs the fleet a step deadline.
 * `hang-upload`: a device that hangs mid-upload: from round 1 on, its first reply that
   travels in two or more chunks (cut at the smallest chunk size the wire allows, so that even
   a tiny model's reply does) goes out half, then the process answers nothing more while its
@@ -16,13 +19,16 @@ simulate` refuses them. Each is a real failure mode of a field device:
   drift, an RTC reset) when its first command of round 1 arrives. It steps what Python reads
   as the wall clock (`time.time`, `time.time_ns`) in the whole agent process, so everything
   the agent stamps with it moves: the envelope's `ts`, the replay guard's "now" that incoming
-  commands are checked against, presence timestamps and sequence numbers. Monotonic clocks
+  commands are checked against, presence timestamps and their sequence numbers. Monotonic clocks
   (deadlines, the emulation, the reassembler's ages) do not move, as on a real device. In a
   signed fleet (a fleet key or device keys) both sides then refuse the other's messages
   beyond the replay skew; without signatures nothing reads the timestamps.
 
-Every fault is reached through `Attack` (edge_agent/attacks.py), so it needs
-`JETSPLIT_ALLOW_ATTACKS=1` exactly as the attacks do. NumPy-free and torch-free.
+Faults that strike mid-run do so from round 1 (rounds count from 0, as in metrics.jsonl):
+by then the fleet's step times are known and the step deadlines follow them
+(server/defences/step_deadlines.py). Every fault is reached through `Attack`
+(edge_agent/attacks.py), so it needs `JETSPLIT_ALLOW_ATTACKS=1` exactly as the attacks do.
+Torch-free (the device floor's pure tests run it).
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from typing import Callable, List, Optional, Tuple
 from jetsplit.wire.chunking import CHUNK_OVERHEAD
 
 SETUP_KINDS = ("bundle", "bundle_part")  # what a `silent` agent still answers
-FAULT_ROUND = 1  # `hang-upload` and `clock-jump` strike from this round on: mid-run
+FAULT_ROUND = 1  # every-other, hang-upload and clock-jump strike from this round on
 HANG_CHUNK_BYTES = 4 * CHUNK_OVERHEAD  # the smallest chunk the wire allows (chunk_message)
 MAX_REMEMBERED = 256  # command ids `every-other` keeps its verdicts for (retransmissions)
 CommandKey = Tuple[str, int]  # (run, command id): what the daemon's reply cache keys on
@@ -62,30 +68,31 @@ class Fault:
     def __init__(self, kind: Optional[str] = None, value: Optional[float] = None) -> None:
         self.kind = kind
         self.value = 0.0 if value is None else value
+        # the first round it is faulty in (`silent`: 0 unless it names one)
+        self.start = int(self.value) if kind == "silent" else FAULT_ROUND
         self.hung = False  # hang-upload: it sent half a message and stopped
         self.clock_stepped = False  # clock-jump: its wall clock has jumped
         self.undo_clock: Optional[Callable[[], None]] = None
         self._verdicts: OrderedDict[CommandKey, bool] = OrderedDict()  # every-other
         self._new_commands = 0
 
-    def answers(self, kind: str) -> bool:
-        """Whether it answers a command of `kind` at all: `silent` registers and installs
-        its bundle, then answers nothing (not even `status`), as a process that hung after
-        setup while its connection stays up; a hung `hang-upload` answers nothing."""
+    def answers(self, kind: str, round_: int = 0) -> bool:
+        """Whether it answers a command of `kind` in round `round_` at all: `silent` (from
+        its round on) only its setup, a hung `hang-upload` nothing."""
         if self.hung:
             return False
-        return self.kind != "silent" or kind in SETUP_KINDS
+        return self.kind != "silent" or round_ < self.start or kind in SETUP_KINDS
 
     def takes(self, kind: str, key: CommandKey, round_: int) -> bool:
         """Whether it runs and answers this command (`key` is its (run, id), the same for a
         retransmission); what the command does to the fault itself happens here: the clock
         jump at round `FAULT_ROUND`, every-other's count."""
-        if not self.answers(kind):
+        if not self.answers(kind, round_):
             return False
         if self.kind == "clock-jump" and round_ >= FAULT_ROUND and not self.clock_stepped:
             self.clock_stepped = True
             self.undo_clock = step_wall_clock(self.value)
-        if self.kind != "every-other" or kind in SETUP_KINDS:
+        if self.kind != "every-other" or round_ < FAULT_ROUND or kind in SETUP_KINDS:
             return True
         verdict = self._verdicts.get(key)
         if verdict is None:  # a new command: it answers the 1st, 3rd, 5th …

@@ -2,7 +2,8 @@
 message signed) of four agent processes, `jetsplit server run` (SCALA, a tiny model on
 digits), and one device of the four faulty (edge_agent/faults.py):
 
-a. a3 silent from round 0 (it installs its bundle, then answers nothing);
+a. a3 silent from round 1 (it installs its bundle, then answers nothing; rounds count from
+   0, as in metrics.jsonl);
 b. a3 answers only every other command;
 c. a3 hangs mid-upload in round 1: half of a chunked reply, then nothing;
 d. a3's wall clock jumps an hour in round 1;
@@ -129,25 +130,28 @@ def assert_nothing_lost(run: Run, rounds: int = ROUNDS) -> None:
     assert set(run.summary["benched"]) <= {"a3"}
 
 
-def a3_row(report: str) -> str:
-    """a3's line in the report's agents table."""
-    agents = report[report.index("| agent |"):]
-    return next(line for line in agents.splitlines() if line.startswith("| a3 |"))
+def agent_cells(report: str, agent: str) -> dict[str, str]:
+    """`agent`'s line in the report's agents table, by column."""
+    table = report[report.index("| agent |"):].splitlines()
+    header = [c.strip() for c in table[0].strip("|").split("|")]
+    line = next(x for x in table if x.startswith(f"| {agent} |"))
+    return dict(zip(header, (c.strip() for c in line.strip("|").split("|")), strict=True))
 
 
-def test_a_device_silent_from_round_0(fleet: Fleet, agent_fleet: Any, tmp_path: Path) -> None:
-    faulty(fleet, agent_fleet, "silent")
+def test_a_device_silent_from_round_1(fleet: Fleet, agent_fleet: Any, tmp_path: Path) -> None:
+    faulty(fleet, agent_fleet, "silent:1")
     run = finished(tmp_path, server_run(server_toml(fleet, tmp_path), fleet.url).stdout)
     assert_nothing_lost(run)
-    # three misses in round 0 benched it; after that it was only ever probed
+    assert run.rows[0]["influence"].get("a3", 0.0) > 0.0  # round 0: it counted
+    # three misses in round 1 benched it; after that it was only ever probed
     missed = run.misses("a3")
-    assert [r for r, _ in missed[:3]] == [0, 0, 0], missed
+    assert [r for r, _ in missed[:3]] == [1, 1, 1], missed
     assert all(kind == "status" for _, kind in missed[3:]), missed
     assert run.summary["benched"]["a3"] >= 1
-    assert all(r["benched"] == ["a3"] for r in run.rows)
-    assert all("a3" not in r["selected"] for r in run.rows[1:])
-    assert "a3" not in run.rows[0]["influence"]  # nothing of it was averaged
-    assert f"| {ROUNDS} |" in a3_row(run.report)  # rounds benched
+    assert all(r["benched"] == ["a3"] for r in run.rows[1:])
+    assert all("a3" not in r["selected"] for r in run.rows[2:])
+    a3 = agent_cells(run.report, "a3")
+    assert a3["rounds benched"] == str(ROUNDS - 1) and a3["rounds missed"] != "0", a3
     assert run.rejected() == ""
 
 
@@ -197,7 +201,7 @@ def test_a_device_whose_clock_jumps_an_hour(fleet: Fleet, agent_fleet: Any,
 
 def test_a_coordinator_restart_keeps_the_bench(fleet: Fleet, agent_fleet: Any,
                                               tmp_path: Path) -> None:
-    faulty(fleet, agent_fleet, "silent")
+    faulty(fleet, agent_fleet, "silent:1")
     rounds = ROUNDS + 1
     config = server_toml(fleet, tmp_path, rounds=rounds)
     command = [sys.executable, "-m", "jetsplit.cli", "server", "run", "--config", str(config)]
@@ -205,7 +209,7 @@ def test_a_coordinator_restart_keeps_the_bench(fleet: Fleet, agent_fleet: Any,
     state = tmp_path / "runs" / "mqtt" / "checkpoint" / "state.json"
     first = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                              text=True, env=env)
-    try:  # stop it once round 1 (a3 sitting out) is checkpointed
+    try:  # stop it once round 1, in which a3 was benched, is checkpointed
         while _checkpointed(state) < 1:
             assert first.poll() is None, first.communicate()[1][-3000:]
             time.sleep(0.2)
@@ -222,13 +226,15 @@ def test_a_coordinator_restart_keeps_the_bench(fleet: Fleet, agent_fleet: Any,
     assert f"resuming {tmp_path / 'runs' / 'mqtt'} from its checkpoint" in done.stdout
     run = finished(tmp_path, done.stdout)
     assert_nothing_lost(run, rounds)
-    # the bench survived: the new coordinator never gave a3 a step, only probes
+    # the bench survived: round 1 benched it until round 3, so the new coordinator neither
+    # gave it a step nor probed it before then; in round 3 its probe went unanswered
     missed = run.misses("a3")
-    assert [r for r, _ in missed[:3]] == [0, 0, 0], missed
-    assert all(kind == "status" for _, kind in missed[3:]), missed
-    assert all(r["benched"] == ["a3"] for r in run.rows)
-    assert all("a3" not in r["selected"] for r in run.rows[1:])
-    assert run.summary["benched"]["a3"] >= 2  # round 0, then its unanswered probe after
+    assert [r for r, _ in missed[:3]] == [1, 1, 1], missed
+    assert missed[3:] == [(3, "status")], missed
+    assert [r["benched"] for r in run.rows] == [[]] + [["a3"]] * 3
+    assert all("a3" not in r["selected"] for r in run.rows[2:])
+    assert run.rows[2]["probes"] == {} and "a3" in run.rows[3]["probes"]
+    assert run.summary["benched"]["a3"] == 2
 
 
 def _checkpointed(state: Path) -> int:
