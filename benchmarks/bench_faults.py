@@ -3,16 +3,17 @@ fault, side by side (issue 45; the same faults as tests/integration/test_fault_m
 
 The trials are bench_silent.py's (SCALA, 4 × orin-nx-16gb, iid, seed 0: `trial_spec`),
 every message signed with a trial fleet key (`TrialSpec.signed`: the replay window
-applies, so a clock jump bites). The arms (edge_agent/faults.py; rounds count from 0):
+applies, so a clock jump bites). Each fault strikes from round R = 2 on (`@2`; rounds count
+from 0; 1 with --smoke), once every exchange kind has been timed (edge_agent/faults.py):
 
 * `clean`: no fault;
-* `silent`: a3 answers nothing from round 1 on (`silent:1`);
-* `every-other`: a3 answers every second command from round 1 on;
-* `hang-upload`: a3 sends half of a chunked reply in round 1, then nothing;
-* `clock-jump`: a3's wall clock jumps +1 h in round 1 (`clock-jump:3600`);
-* `restart`: `silent:1`, and the trial stopped after round 1 (a3 benched) and resumed from
-  its checkpoint (`jetsplit trial --resume`: a new coordinator, broker and agent
-  processes; the test restarts the coordinator alone).
+* `silent`: a3 answers nothing from round R on (`silent@R`);
+* `every-other`: a3 answers every second command from round R on;
+* `hang-upload`: a3 sends half of a chunked reply in round R, then nothing;
+* `clock-jump`: a3's wall clock jumps +1 h in round R (`clock-jump:3600@R`);
+* `restart`: `silent@R`, and the trial stopped after round R (a3 benched in it) and resumed
+  from its checkpoint (`jetsplit trial --resume`: a new coordinator, broker and agent
+  processes; tests/integration/test_fault_matrix.py restarts the coordinator alone).
 
 Printed per arm: training seconds (`summary.json`; the restart arm's two parts added) and
 the whole trial's wall time, both as ratios to clean; who sat out (times) and a3's missed
@@ -36,19 +37,19 @@ from bench_silent import FAST, run_arm, trial_spec  # benchmarks/ is on sys.path
 
 from jetsplit.edge_agent.attacks import ALLOW_ENV
 
-FAULTS = {"clean": None, "silent": "silent:1", "every-other": "every-other",
-          "hang-upload": "hang-upload", "clock-jump": "clock-jump:3600", "restart": "silent:1"}
-STOP_AFTER = 1  # the restart arm's first part ends after this round (a3 benched in it)
+FAULTS = {"clean": None, "silent": "silent", "every-other": "every-other",
+          "hang-upload": "hang-upload", "clock-jump": "clock-jump:3600", "restart": "silent"}
+FAULT_ROUND = 2  # the faults strike from here (1 with --smoke), the restart arm stops after
 
 
 def one_arm(arm: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
-    """One arm's trial (the restart arm: stopped after `STOP_AFTER`, then resumed)."""
+    """One arm's trial (the restart arm: stopped after round `args.at`, then resumed)."""
     fault = FAULTS[arm]
-    attacks = {"a3": fault} if fault else {}
+    attacks = {"a3": f"{fault}@{args.at}"} if fault else {}
     out = root / arm
     if arm != "restart":
         return run_arm(trial_spec(args, attacks=attacks, signed=True), out)
-    first = run_arm(trial_spec(args, attacks=attacks, signed=True, rounds=STOP_AFTER + 1), out)
+    first = run_arm(trial_spec(args, attacks=attacks, signed=True, rounds=args.at + 1), out)
     rest = run_arm(trial_spec(args, attacks=attacks, signed=True), out, resume=True)
     return {**rest, "train_s": first["train_s"] + rest["train_s"],
             "wall_s": first["wall_s"] + rest["wall_s"]}
@@ -63,7 +64,8 @@ def missed(result: dict[str, Any]) -> str:
 def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
     clean = results["clean"]
     print(f"\nSCALA, {args.model}/{args.dataset}, 4 agents ({FAST}), signed, {args.rounds} "
-          f"rounds × T={args.local_steps}, deadline_s {args.deadline_s:g}; a3 faulty")
+          f"rounds × T={args.local_steps}, deadline_s {args.deadline_s:g}; a3 faulty from "
+          f"round {args.at}")
     print("| arm | training s | × clean | trial wall s | × clean | benched (times) | "
           "a3 missed | final accuracy | − clean |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -96,21 +98,24 @@ def main() -> None:
     parser.add_argument("--deadline-s", type=float, default=60.0)
     parser.add_argument("--model", default="mobilenetv3-small")
     parser.add_argument("--dataset", default="digits")
+    parser.add_argument("--arms", nargs="+", choices=list(FAULTS)[1:], default=list(FAULTS)[1:],
+                        help="the faults to run beside clean (default: all)")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny sizes (tests/benchmarks/test_benchmarks_smoke.py)")
     args = parser.parse_args()
-    if args.smoke:  # 3 rounds × 2 steps (the restart arm stops after round 1), 20 s deadline
-        args.rounds, args.local_steps, args.deadline_s = 3, 2, 20.0
-    if args.rounds <= STOP_AFTER + 1:
-        parser.error(f"--rounds must be over {STOP_AFTER + 1} (the restart arm resumes after "
-                     f"round {STOP_AFTER})")
+    args.at = FAULT_ROUND
+    if args.smoke:  # 3 rounds × 2 steps, faults from round 1, a 20 s deadline
+        args.rounds, args.local_steps, args.deadline_s, args.at = 3, 2, 20.0, 1
+    if args.rounds <= args.at + 1:
+        parser.error(f"--rounds must be over {args.at + 1} (the restart arm resumes after "
+                     f"round {args.at})")
     os.environ[ALLOW_ENV] = "1"  # the faulty agent processes run their fault
     print(f"command: python benchmarks/bench_faults.py --rounds {args.rounds} --local-steps "
           f"{args.local_steps} --deadline-s {args.deadline_s:g}"
           + (" (--smoke)" if args.smoke else ""))
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-faults-") as tmp:
-        for arm in FAULTS:
+        for arm in ["clean", *args.arms]:
             results[arm] = one_arm(arm, args, Path(tmp))
             print(f"{arm}: {results[arm]['train_s']:.1f} s training", flush=True)
     report(results, args)

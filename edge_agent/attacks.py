@@ -31,12 +31,12 @@ from jetsplit.protocol import MAX_SAMPLES
 
 ALLOW_ENV = "JETSPLIT_ALLOW_ATTACKS"
 ATTACK_SPECS = ("scale:F", "signflip", "noise:SIGMA", "labelflip", "activation-scale:F",
-                "size-lie:N", "histogram-lie", "silent[:R]", "every-other", "hang-upload",
-                "clock-jump:S")
+                "size-lie:N", "histogram-lie", "silent", "every-other", "hang-upload",
+                "clock-jump:S")  # a fault (NEEDS_BROKER) may end in @R: from round R on
 MAX_FACTOR = 1e6  # |F|, SIGMA and |S|: large enough to wreck a model (or a clock), finite
 MAX_SPEC_CHARS = 64
-_PLAIN = ("signflip", "labelflip", "histogram-lie", "every-other", "hang-upload")
-MAX_ROUND = 1_000_000  # silent:R
+_PLAIN = ("signflip", "labelflip", "histogram-lie", "silent", "every-other", "hang-upload")
+MAX_ROUND = 1_000_000  # a fault's @R
 # Faults that only an engine with a clock can show (over MQTT: a wedged agent process that
 # stays connected, a flaky one, one that stops mid-message, one whose clock jumps); the
 # in-process engine runs every command to its answer (edge_agent/faults.py).
@@ -50,6 +50,7 @@ class AttackSpec:
 
     kind: str
     value: Optional[float] = None
+    start: Optional[int] = None  # a fault's first round (`@R`; None: its default)
 
 
 def parse_attack(spec: str) -> AttackSpec:
@@ -57,13 +58,21 @@ def parse_attack(spec: str) -> AttackSpec:
     if not isinstance(spec, str) or not 0 < len(spec) <= MAX_SPEC_CHARS:
         raise ConfigError(f"attack spec must be 1..{MAX_SPEC_CHARS} characters; expected one "
                           f"of: {', '.join(ATTACK_SPECS)}")
-    kind, sep, arg = spec.partition(":")
-    if kind == "silent":  # from the start, or from round R on (edge_agent/faults.py)
-        if not sep:
-            return AttackSpec(kind)
-        if not arg.isdigit() or not arg.isascii() or int(arg) > MAX_ROUND:
-            raise ConfigError(f"attack {spec!r}: silent takes a round R in 0..{MAX_ROUND}")
-        return AttackSpec(kind, float(int(arg)))
+    body, at, when = spec.partition("@")
+    parsed = _parse_body(spec, body)
+    if not at:
+        return parsed
+    if parsed.kind not in NEEDS_BROKER:
+        raise ConfigError(f"attack {spec!r}: only the faults ({', '.join(NEEDS_BROKER)}) "
+                          f"take @R")
+    if not when.isdigit() or not when.isascii() or len(when) > 7 or int(when) > MAX_ROUND:
+        raise ConfigError(f"attack {spec!r}: @R needs a round R in 0..{MAX_ROUND}")
+    return dataclasses.replace(parsed, start=int(when))
+
+
+def _parse_body(spec: str, body: str) -> AttackSpec:
+    """The kind and number of a spec (`spec` without its `@R`, named in errors as given)."""
+    kind, sep, arg = body.partition(":")
     if kind in _PLAIN:
         if sep:
             raise ConfigError(f"attack {spec!r}: {kind} takes no number")
@@ -157,7 +166,8 @@ class Attack:
         self._value = 0.0 if spec is None or spec.value is None else spec.value
         self._rng = np.random.default_rng(seed)
         self._reference: Dict[str, np.ndarray] = {}  # what it last received, for signflip
-        self.fault = Fault(self.kind, None if spec is None else spec.value)
+        self.fault = Fault(self.kind, None if spec is None else spec.value,
+                           None if spec is None else spec.start)
 
     def answers(self, kind: str, round_: int = 0) -> bool:
         """Whether it answers a command of `kind` in round `round_` at all: `silent`

@@ -48,6 +48,30 @@ def test_the_fault_specs_parse_strictly() -> None:
     assert {"silent", "every-other", "hang-upload", "clock-jump"} <= set(NEEDS_BROKER)
 
 
+def test_a_fault_strikes_from_the_round_its_spec_names() -> None:
+    assert parse_attack("silent@2") == AttackSpec("silent", None, 2)
+    assert parse_attack("clock-jump:-60@0") == AttackSpec("clock-jump", -60.0, 0)
+    assert parse_attack("every-other@1000000").start == 1_000_000
+    for spec, why in (("scale:2@1", "only the faults"), ("signflip@0", "only the faults"),
+                      ("silent@", "needs a round"), ("silent@-1", "needs a round"),
+                      ("silent@1.5", "needs a round"), ("silent@1000001", "needs a round"),
+                      ("silent@\u0663", "needs a round"), ("silent:2", "takes no number"),
+                      ("hang-upload@1@2", "needs a round")):
+        with pytest.raises(ConfigError, match=why):
+            parse_attack(spec)
+    assert [Fault(k).start for k in ("silent", "every-other", "hang-upload", "clock-jump")] == [
+        0, FAULT_ROUND, FAULT_ROUND, FAULT_ROUND]
+    late = Attack(parse_attack("silent@2"))
+    assert late.takes("forward", ("r", 1), 1) and not late.takes("forward", ("r", 2), 2)
+    assert late.takes("bundle", ("r", 3), 2)
+    flaky = Attack(parse_attack("every-other@3"))
+    assert all(flaky.takes("forward", ("r", i), 2) for i in range(4))
+    assert [flaky.takes("forward", ("r", 10 + i), 3) for i in range(3)] == [True, False, True]
+    hang = Fault("hang-upload", None, 2)
+    assert hang.chunk_bytes(1) is None and hang.published([b"a", b"b"], 1) == [b"a", b"b"]
+    assert hang.published([b"a", b"b"], 2) == [b"a"] and hang.hung
+
+
 def test_every_other_answers_every_second_new_command_from_round_1() -> None:
     fault = Attack(parse_attack("every-other"))
     assert all(fault.takes(kind, ("r", i), 0) for i, kind in enumerate(WORK))  # round 0
