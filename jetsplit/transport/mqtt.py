@@ -483,7 +483,7 @@ class MqttEndpoint:
     def prepare(self, message: Message, *, codec: str = "fp32", compression: str = "none",
                 chunk_bytes: int | None = None) -> list[bytes]:
         """The signed chunks `send` would publish (a device emulator sizes its link wait
-        from them before they go out); `chunk_bytes` overrides the session's chunk size for
+        from them before they go out); `chunk_bytes` overrides the endpoint's chunk size for
         this message (a test fault that hangs mid-message: edge_agent/faults.py)."""
         size = chunk_bytes or self.options.chunk_bytes
         encoded = encode_message(message, codec=codec, compression=compression,

@@ -107,7 +107,7 @@ def test_a_half_message_is_dropped_once_stale_and_counted() -> None:
     reply = Message(MessageType.REPLY, run="r", sender="a3", seq=7, kind="forward",
                     meta={"re": 1}, tensors={"activations": np.ones(5000, np.float32)})
     parts = sender.prepare(reply, chunk_bytes=HANG_CHUNK_BYTES)
-    assert len(parts) >= 4 and len(sender.prepare(reply)) == 1  # the session's own size
+    assert len(parts) >= 4 and len(sender.prepare(reply)) == 1  # the endpoint's own size
     half = Fault("hang-upload").published(parts, FAULT_ROUND)
     coordinator = MqttEndpoint(BrokerAddress("127.0.0.1", 1), "coordinator",
                                EndpointOptions(reassembly_timeout_s=0.2))
