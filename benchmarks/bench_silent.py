@@ -49,24 +49,40 @@ def slow_profile(root: Path) -> Path:
     return path
 
 
-def one_trial(arm: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
-    profiles, attacks, cuts = [FAST] * 4, {}, None
-    if arm == "silent":
-        attacks = {"a3": "silent"}
-    elif arm == "slow":
-        profiles = [FAST, FAST, FAST, str(slow_profile(root))]
-        cuts = {"a3": 1}
-    spec = TrialSpec(train={"algorithm": "scala", "rounds": args.rounds,
+def trial_spec(args: argparse.Namespace, *, profiles: list[str] | None = None,
+               attacks: dict[str, str] | None = None, cuts: dict[str, int] | None = None,
+               rounds: int | None = None, signed: bool = False) -> TrialSpec:
+    """The benchmarks' fleet: SCALA, 4 agents, iid, seed 0, `args`' sizes (bench_faults.py
+    shares it, so its arms and these are the same trial but for the fault)."""
+    return TrialSpec(train={"algorithm": "scala", "rounds": rounds or args.rounds,
                             "local_steps": args.local_steps, "batch": 48,
                             "deadline_s": args.deadline_s},
-                     agents=4, profiles=profiles, model=args.model, dataset=args.dataset,
-                     partition="iid", seed=0, attacks=attacks, cuts=cuts)
+                     agents=4, profiles=profiles or [FAST] * 4, model=args.model,
+                     dataset=args.dataset, partition="iid", seed=0, attacks=attacks or {},
+                     cuts=cuts, signed=signed)
+
+
+def run_arm(spec: TrialSpec, out: Path, *, resume: bool = False) -> dict[str, Any]:
+    """Run (or resume) one trial into `out`: its training and wall seconds, metrics rows,
+    who sat out how often, the missed steps and the final accuracy."""
     started = time.perf_counter()
-    summary = run_trial(spec, root / arm, live=False)
+    summary = run_trial(spec, out, live=False, resume=resume)
     wall = time.perf_counter() - started
-    rows = [json.loads(x) for x in (root / arm / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     return {"train_s": summary["seconds"], "wall_s": wall, "rows": rows,
-            "benched": summary.get("benched", {}), "accuracy": summary["final_accuracy"]}
+            "benched": summary.get("benched", {}), "missed": summary.get("missed", []),
+            "accuracy": summary["final_accuracy"]}
+
+
+def one_trial(arm: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    if arm == "silent":
+        spec = trial_spec(args, attacks={"a3": "silent"})
+    elif arm == "slow":
+        spec = trial_spec(args, profiles=[FAST, FAST, FAST, str(slow_profile(root))],
+                          cuts={"a3": 1})
+    else:
+        spec = trial_spec(args)
+    return run_arm(spec, root / arm)
 
 
 def main() -> None:

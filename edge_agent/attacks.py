@@ -25,19 +25,22 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from typing_extensions import Annotated
 
 from jetsplit.data import ArrayDataset
+from jetsplit.edge_agent.faults import CommandKey, Fault
 from jetsplit.errors import ConfigError
 from jetsplit.protocol import MAX_SAMPLES
 
 ALLOW_ENV = "JETSPLIT_ALLOW_ATTACKS"
 ATTACK_SPECS = ("scale:F", "signflip", "noise:SIGMA", "labelflip", "activation-scale:F",
-                "size-lie:N", "histogram-lie", "silent")
-MAX_FACTOR = 1e6  # |F| and SIGMA: large enough to wreck a model, small enough to stay finite
+                "size-lie:N", "histogram-lie", "silent", "every-other", "hang-upload",
+                "clock-jump:S")  # a fault (NEEDS_BROKER) may end in @R: from round R on
+MAX_FACTOR = 1e6  # |F|, SIGMA and |S|: large enough to wreck a model (or a clock), finite
 MAX_SPEC_CHARS = 64
-_PLAIN = ("signflip", "labelflip", "histogram-lie", "silent")
+_PLAIN = ("signflip", "labelflip", "histogram-lie", "silent", "every-other", "hang-upload")
+MAX_ROUND = 1_000_000  # a fault's @R
 # Faults that only an engine with a clock can show (over MQTT: a wedged agent process that
-# stays connected); the in-process engine runs every command to its answer.
-NEEDS_BROKER = ("silent",)
-SETUP_KINDS = ("bundle", "bundle_part")  # what a `silent` agent still answers
+# stays connected, a flaky one, one that stops mid-message, one whose clock jumps); the
+# in-process engine runs every command to its answer (edge_agent/faults.py).
+NEEDS_BROKER = ("silent", "every-other", "hang-upload", "clock-jump")
 _FLOAT = re.compile(r"-?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")  # no nan, inf, _ or space
 
 
@@ -47,6 +50,7 @@ class AttackSpec:
 
     kind: str
     value: Optional[float] = None
+    start: Optional[int] = None  # a fault's first round (`@R`; None: its default)
 
 
 def parse_attack(spec: str) -> AttackSpec:
@@ -54,7 +58,21 @@ def parse_attack(spec: str) -> AttackSpec:
     if not isinstance(spec, str) or not 0 < len(spec) <= MAX_SPEC_CHARS:
         raise ConfigError(f"attack spec must be 1..{MAX_SPEC_CHARS} characters; expected one "
                           f"of: {', '.join(ATTACK_SPECS)}")
-    kind, sep, arg = spec.partition(":")
+    body, at, when = spec.partition("@")
+    parsed = _parse_body(spec, body)
+    if not at:
+        return parsed
+    if parsed.kind not in NEEDS_BROKER:
+        raise ConfigError(f"attack {spec!r}: only the faults ({', '.join(NEEDS_BROKER)}) "
+                          f"take @R")
+    if not when.isdigit() or not when.isascii() or len(when) > 7 or int(when) > MAX_ROUND:
+        raise ConfigError(f"attack {spec!r}: @R needs a round R in 0..{MAX_ROUND}")
+    return dataclasses.replace(parsed, start=int(when))
+
+
+def _parse_body(spec: str, body: str) -> AttackSpec:
+    """The kind and number of a spec (`spec` without its `@R`, named in errors as given)."""
+    kind, sep, arg = body.partition(":")
     if kind in _PLAIN:
         if sep:
             raise ConfigError(f"attack {spec!r}: {kind} takes no number")
@@ -65,7 +83,7 @@ def parse_attack(spec: str) -> AttackSpec:
             raise ConfigError(f"attack {spec!r}: size-lie needs an integer N in "
                               f"1..{MAX_SAMPLES}")
         return AttackSpec(kind, float(int(arg)))
-    if kind not in ("scale", "noise", "activation-scale"):
+    if kind not in ("scale", "noise", "activation-scale", "clock-jump"):
         raise ConfigError(f"unknown attack {spec!r}; expected one of: {', '.join(ATTACK_SPECS)}")
     value = float(arg) if _FLOAT.fullmatch(arg) else math.nan
     if kind == "noise" and not 0.0 < value <= MAX_FACTOR:
@@ -148,12 +166,18 @@ class Attack:
         self._value = 0.0 if spec is None or spec.value is None else spec.value
         self._rng = np.random.default_rng(seed)
         self._reference: Dict[str, np.ndarray] = {}  # what it last received, for signflip
+        self.fault = Fault(self.kind, None if spec is None else spec.value,
+                           None if spec is None else spec.start)
 
-    def answers(self, kind: str) -> bool:
-        """Whether it answers a command of `kind` at all: `silent` registers and installs
-        its bundle, then answers nothing (not even `status`), as a process that hung after
-        setup while its connection stays up."""
-        return self.kind != "silent" or kind in SETUP_KINDS
+    def answers(self, kind: str, round_: int = 0) -> bool:
+        """Whether it answers a command of `kind` in round `round_` at all: `silent`
+        registers and installs its bundle, then answers nothing (not even `status`), as a
+        process that hung after setup while its connection stays up (edge_agent/faults.py)."""
+        return self.fault.answers(kind, round_)
+
+    def takes(self, kind: str, key: CommandKey, round_: int) -> bool:
+        """Whether it runs and answers this command (a fault may drop it or strike now)."""
+        return self.fault.takes(kind, key, round_)
 
     @property
     def wants_reference(self) -> bool:

@@ -128,11 +128,12 @@ class AgentDaemon:
         if msg.kind == Kind.DISCOVER.value:
             self._register(msg.run)
             return
-        if not self.worker.attack.answers(msg.kind):  # tests only (edge_agent/attacks.py)
-            return
-        self.worker.clock.transfer(inbound.wire_bytes, "down")
         cmd = msg.meta.get("cmd", msg.seq)
         key = (msg.run, cmd if isinstance(cmd, int) else msg.seq)
+        attack = self.worker.attack
+        if not attack.takes(msg.kind, key, msg.round):  # tests only (edge_agent/faults.py)
+            return
+        self.worker.clock.transfer(inbound.wire_bytes, "down")
         cached = self.cache.get(key)
         if cached is None:
             response = respond(self.worker, msg, self.endpoint.next_seq)
@@ -147,7 +148,9 @@ class AgentDaemon:
         sent = self._send_peers(Response(reply, codec, compression, list(peers)))
         if sent:  # the coordinator books what went to peers from this
             reply = replace(reply, meta={**reply.meta, "sent": sent})
-        parts = self.endpoint.prepare(reply, codec=codec, compression=compression)
+        parts = self.endpoint.prepare(reply, codec=codec, compression=compression,
+                                      chunk_bytes=attack.fault.chunk_bytes(msg.round))
+        parts = attack.fault.published(parts, msg.round)  # hang-upload: half, then nothing
         self.worker.clock.transfer(sum(len(p) for p in parts), "up")
         self.endpoint.publish_parts(self.topics.up(self.agent), parts)
 

@@ -90,8 +90,11 @@ class AgentFleet:
                 + (f'fleet_key_file = "{fleet_key_file}"\n' if fleet_key_file else ""))
             self.configs[agent] = path
 
-    def start(self) -> AgentFleet:
+    def start(self, only: list[str] | None = None) -> AgentFleet:
+        """Start the agents' processes (`only` those named, if given)."""
         for agent, path in self.configs.items():
+            if only is not None and agent not in only:
+                continue
             log = (self.root / f"{agent}.log").open("wb")
             env = {**os.environ, ALLOW_ENV: "1"} if agent in self.attacks else None
             self.processes[agent] = subprocess.Popen(

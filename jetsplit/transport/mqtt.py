@@ -56,6 +56,10 @@ Protocol = Literal["auto", "5", "3.1.1"]
 _UNSUPPORTED_PROTOCOL = 132  # CONNACK reason code (3.1.1's return code 1 maps to it in paho)
 _CLOSED_BEFORE_CONNACK = -1  # some 3.1.1 brokers (amqtt) drop an MQTT 5 CONNECT silently
 _HOSTNAME_MISMATCH = 62  # X509_V_ERR_HOSTNAME_MISMATCH
+# How long an unfinished chunked message waits for its other chunks: long enough for a
+# large upload on a slow device link, short enough that a sender that hung mid-message
+# does not hold its buffer for the rest of a run.
+REASSEMBLY_TIMEOUT_S = 120.0
 _AUTH_FAILURES = {134: "bad user name or password", 135: "not authorized"}
 
 
@@ -84,7 +88,7 @@ class EndpointOptions:
     max_inflight: int = 64
     connect_timeout_s: float = 10.0
     limits: Limits = field(default_factory=Limits)
-    reassembly_timeout_s: float = 120.0
+    reassembly_timeout_s: float = REASSEMBLY_TIMEOUT_S
     signer: Any = None  # jetsplit.identity.Signer: sign with this device's own key
     keyring: Any = None  # jetsplit.identity.KeyRing: require and verify senders' signatures
     # Where an agent keeps its replay floors across restarts (transport/replay_state.py);
@@ -397,6 +401,24 @@ class MqttEndpoint:
         return message
 
     def _receive(self, topic: str, payload: bytes) -> None:
+        try:
+            self._receive_one(topic, payload)
+        finally:
+            self._expire_partials()
+
+    def _expire_partials(self) -> None:
+        """Drop unfinished chunked messages older than the reassembly timeout on every
+        message, not only on the next chunk: a sender that hung mid-message may send no
+        chunk again, and the rest of the fleet's replies may all fit in one envelope.
+        Counted as `ReassemblyExpired` with the other rejections."""
+        self._reassembler.expire()
+        dropped = self._reassembler.expired - self.rejected["ReassemblyExpired"]
+        if dropped > 0:  # here or in the reassembler's own check on a new chunk
+            self.rejected["ReassemblyExpired"] += dropped
+            log.warning("dropped %d unfinished chunked message(s): no chunk for %.0f s",
+                        dropped, self._reassembler.timeout_s)
+
+    def _receive_one(self, topic: str, payload: bytes) -> None:
         message = self._decode(payload, topic)
         size = len(payload)
         if message.type == MessageType.CHUNK:
@@ -458,17 +480,19 @@ class MqttEndpoint:
         return self.publish_parts(topic, self.prepare(message, codec=codec,
                                                       compression=compression), retain=retain)
 
-    def prepare(self, message: Message, *, codec: str = "fp32", compression: str = "none"
-                ) -> list[bytes]:
+    def prepare(self, message: Message, *, codec: str = "fp32", compression: str = "none",
+                chunk_bytes: int | None = None) -> list[bytes]:
         """The signed chunks `send` would publish (a device emulator sizes its link wait
-        from them before they go out)."""
+        from them before they go out); `chunk_bytes` overrides the endpoint's chunk size for
+        this message (a test fault that hangs mid-message: edge_agent/faults.py)."""
+        size = chunk_bytes or self.options.chunk_bytes
         encoded = encode_message(message, codec=codec, compression=compression,
                                  fleet_key=self.options.fleet_key, signer=self.options.signer)
-        count = chunk_count(len(encoded), self.options.chunk_bytes)
+        count = chunk_count(len(encoded), size)
         return chunk_message(encoded, run=message.run, sender=message.sender,
                              seq_start=self._seq.reserve(count) if count > 1 else 0,
                              msg_id=f"{message.sender}.{message.seq}",
-                             chunk_bytes=self.options.chunk_bytes,
+                             chunk_bytes=size,
                              fleet_key=self.options.fleet_key, signer=self.options.signer,
                              kind=message.kind)
 

@@ -11,7 +11,7 @@ from typing_extensions import Annotated
 
 from jetsplit.broker_url import BrokerAddress, parse_broker_url
 from jetsplit.errors import ConfigError
-from jetsplit.transport.mqtt import EndpointOptions, TlsOptions
+from jetsplit.transport.mqtt import REASSEMBLY_TIMEOUT_S, EndpointOptions, TlsOptions
 from jetsplit.wire import DEFAULT_CHUNK_BYTES, Limits
 from jetsplit.wire.envelope import DEFAULT_MAX_MESSAGE_BYTES
 
@@ -46,6 +46,9 @@ class MqttSection(BaseModel):
     operator_key: Optional[str] = None
     # Largest message accepted, encoded and decoded (chunked messages after reassembly).
     max_message_mib: Annotated[int, Field(ge=1, le=256)] = DEFAULT_MAX_MESSAGE_BYTES >> 20
+    # How long an unfinished chunked message is kept after its first chunk: a sender that
+    # hangs mid-message holds buffer until then (wire/chunking.py).
+    reassembly_timeout_s: Annotated[float, Field(ge=1, le=3600)] = REASSEMBLY_TIMEOUT_S
 
     def address(self) -> BrokerAddress:
         return parse_broker_url(self.broker)
@@ -82,7 +85,8 @@ class MqttSection(BaseModel):
         return EndpointOptions(protocol=self.protocol, keepalive_s=self.keepalive_s,
                                chunk_bytes=self.chunk_bytes, fleet_key=fleet_key,
                                tls=tls, limits=Limits.of_mib(self.max_message_mib),
-                               signer=signer, keyring=keyring)
+                               signer=signer, keyring=keyring,
+                               reassembly_timeout_s=self.reassembly_timeout_s)
 
     def identity(self) -> tuple[Any, Any]:
         """(Signer, KeyRing) for per-device signing, or (None, None) when not configured."""

@@ -50,6 +50,7 @@ from jetsplit.server.run.trial_fleet import (
     DEFAULT_PROFILES,
     AgentProcesses,
     TrialSpec,
+    trial_fleet_key,
     trial_shard_sizes,
     trial_traces,
     write_agent_configs,
@@ -326,7 +327,8 @@ def _drive(spec: TrialSpec, cfg: ServerConfig, planned: TrialPlan, traces: dict[
         agents = AgentProcesses(configs, host_args).start()
         stack.callback(agents.stop)
         engine = MqttEngine(address, "trial", run_id=run_name,
-                            options=EndpointOptions(protocol="3.1.1" if broker else "auto"),
+                            options=EndpointOptions(protocol="3.1.1" if broker else "auto",
+                                                    fleet_key=trial_fleet_key(spec, agent_dir)),
                             retry_s=cfg.train.retry_s)
         fleet = stack.enter_context(LiveFleet(engine, metrics_port=metrics_port,
                                               trackers=trackers))

@@ -9,6 +9,7 @@ them over MQTT.
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from jetsplit.data import Dataset
 
 DEFAULT_PROFILES = ["jetson-nano-4gb", "orin-nx-16gb"]
+FLEET_KEY_FILE = "fleet.key"  # a signed trial's key, in its agents folder
 #: A trial's own [train] defaults: it re-plans its emulated fleet's cuts live.
 TRIAL_TRAIN: dict[str, Any] = {"replan": "on"}
 
@@ -69,6 +71,9 @@ class TrialSpec:
     # {agent: trace name or file}: how that agent's device changes during the run
     # (edge_agent/traces.py), replayed by its emulation
     traces: dict[str, str] = field(default_factory=dict)
+    # sign every message with a fleet key made for the trial ([mqtt] fleet_key_file), so
+    # replay windows and timestamp checks apply as in a keyed field fleet
+    signed: bool = False
 
     def image_options(self) -> ImageOptions:
         """How the trial's `folder:`/`csv:` images are sized (every agent alike)."""
@@ -125,7 +130,8 @@ def trial_traces(spec: TrialSpec) -> dict[str, Trace]:
 
 
 def agent_config(spec: TrialSpec, agent: str, broker_url: str, state_dir: Path,
-                 emulation: EmulationSection, *, index: int | None = None) -> str:
+                 emulation: EmulationSection, *, index: int | None = None,
+                 fleet_key: Path | None = None) -> str:
     """agent.toml for a trial agent: client aN keeps shard N of the dataset; edge eN has
     no data; each emulates its device. A fleet host's base config is agent `a`, index 0:
     the host makes agent n of it `a<n>` with shard n and seed + n."""
@@ -138,7 +144,8 @@ def agent_config(spec: TrialSpec, agent: str, broker_url: str, state_dir: Path,
         "fleet": "trial", "agent": agent, "role": "edge" if edge else "client",
         "profile": emulation.profile, "state_dir": str(state_dir), "device": "cpu",
         "threads": 1, "seed": spec.seed + index, "log_level": "info",
-        "mqtt": {"broker": broker_url, "protocol": protocol},
+        "mqtt": {"broker": broker_url, "protocol": protocol,
+                 **({"fleet_key_file": str(fleet_key)} if fleet_key else {})},
         "data": {"dataset": spec.dataset, "partition": spec.partition,
                  "clients": spec.agents, "index": 0 if edge else index, "seed": spec.seed,
                  "test_fraction": spec.test_fraction},
@@ -194,12 +201,26 @@ class AgentProcesses:
                 proc.wait()
 
 
+def trial_fleet_key(spec: TrialSpec, agent_dir: Path) -> bytes | None:
+    """A signed trial's fleet key, made once and kept in `agent_dir` (a resumed trial signs
+    with the same one); None when the trial is not signed."""
+    if not spec.signed:
+        return None
+    path = agent_dir / FLEET_KEY_FILE
+    if not path.is_file():
+        agent_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(secrets.token_hex(32))
+        path.chmod(0o600)
+    return path.read_bytes().strip()
+
+
 def write_agent_configs(spec: TrialSpec, broker_url: str, agent_dir: Path,
                         sections: dict[str, EmulationSection], traces: dict[str, Trace]
                         ) -> tuple[list[Path], dict[Path, list[str]]]:
     """Each agent process's agent.toml in `agent_dir`, and the fleet-host arguments of
     those that host several clients (`agents_per_process` > 1: one base config each)."""
     agent_dir.mkdir(exist_ok=True)
+    key = agent_dir / FLEET_KEY_FILE if trial_fleet_key(spec, agent_dir) else None
     configs = []
     host_args: dict[Path, list[str]] = {}
     hosted = spec.agents_per_process > 1
@@ -207,7 +228,7 @@ def write_agent_configs(spec: TrialSpec, broker_url: str, agent_dir: Path,
         for profile, first, stride, count in spec.host_groups():
             path = agent_dir / f"host-a{first}.toml"
             path.write_text(agent_config(spec, "a", broker_url, agent_dir / "state",
-                                         sections[profile], index=0))
+                                         sections[profile], index=0, fleet_key=key))
             configs.append(path)
             host_args[path] = ["--count", str(count), "--first", str(first),
                                "--stride", str(stride)]
@@ -218,6 +239,7 @@ def write_agent_configs(spec: TrialSpec, broker_url: str, agent_dir: Path,
         section = sections[name]
         if agent in traces:
             section = section.model_copy(update={"trace": traces[agent]})
-        path.write_text(agent_config(spec, agent, broker_url, agent_dir / "state", section))
+        path.write_text(agent_config(spec, agent, broker_url, agent_dir / "state", section,
+                                     fleet_key=key))
         configs.append(path)
     return configs, host_args

@@ -42,6 +42,12 @@ EXPECTED: dict[str, tuple[str, ...]] = {
                         "| trial | training s | trial wall s | final accuracy | benched (times) |",
                         "| silent | ", "ratio silent/clean: training ", "ratio slow/clean: ",
                         "benched in the slow trial: nobody"),
+    "bench_faults.py": ("command: python benchmarks/bench_faults.py --rounds 3 --local-steps 2",
+                        "| arm | training s | × clean | trial wall s | × clean | benched (times) "
+                        "| a3 missed | final accuracy | − clean |",
+                        "| clean | ", "| clock-jump | ", "| restart | ",
+                        "ratio clock-jump/clean: training ", "ratio restart/clean: training ",
+                        "forward step deadline s per round"),
     "bench_adaptive.py": ("| round s re-plan | round s plan-once | ratio | predicted |",
                           "mean round-time ratio re-plan/plan-once after the change:"),
     "bench_defence_cost.py": ("| label check, per step | ", "| direction check, per average | ",
@@ -77,7 +83,7 @@ def test_every_benchmark_has_a_smoke_run() -> None:
 
 # Their smoke runs are whole emulated trials (minutes each on 2 cores): in the slow tier,
 # so that `make test` stays near 20 minutes.
-SLOW_SMOKE = ("bench_hetero.py", "bench_scale.py", "bench_silent.py")
+SLOW_SMOKE = ("bench_faults.py", "bench_hetero.py", "bench_scale.py", "bench_silent.py")
 
 
 @pytest.mark.parametrize("script", [

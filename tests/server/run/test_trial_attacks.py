@@ -81,3 +81,24 @@ def test_provisioned_sizes_are_each_trial_agents_own_shard(tmp_path: Path) -> No
                        train=TrainSection(provisioned_sizes=own))
     (tmp_path / "server.toml").write_text(_server_toml(cfg, "mqtt://127.0.0.1:1883"))
     assert load_server_config(tmp_path / "server.toml").train.provisioned_sizes == own
+
+
+def test_a_signed_trial_gives_every_agent_its_fleet_key(tmp_path: Path) -> None:
+    """`TrialSpec.signed` (bench_faults.py: a clock jump only bites where messages are
+    signed): one key per trial, in every agent's [mqtt], the same after a resume."""
+    from jetsplit.server.run.trial_fleet import trial_fleet_key, write_agent_configs
+
+    emulation = {"orin-nx-16gb": EmulationSection(profile="orin-nx-16gb")}
+    spec = TrialSpec(agents=2, profiles=["orin-nx-16gb"], signed=True)
+    agents = tmp_path / "agents"
+    configs, _ = write_agent_configs(spec, "mqtt://127.0.0.1:1883", agents, emulation, {})
+    key = trial_fleet_key(spec, agents)
+    assert key is not None and len(key) == 64
+    assert [load_agent_config(p).mqtt.endpoint_options().fleet_key for p in configs] == [key] * 2
+    write_agent_configs(spec, "mqtt://127.0.0.1:1883", agents, emulation, {})  # a resume
+    assert trial_fleet_key(spec, agents) == key
+    unsigned = TrialSpec(agents=2, profiles=["orin-nx-16gb"])
+    configs, _ = write_agent_configs(unsigned, "mqtt://127.0.0.1:1883", tmp_path / "u",
+                                     emulation, {})
+    assert trial_fleet_key(unsigned, tmp_path / "u") is None
+    assert all(load_agent_config(p).mqtt.endpoint_options().fleet_key is None for p in configs)
