@@ -356,8 +356,9 @@ def _psl_like(cls: type, server: nn.Module, lr: float, reduction: str, *,
         share_weights=share_weights or (lambda agents, norms: None))
     method.trainer = SimpleNamespace(
         server=server, optimizer=torch.optim.SGD(server.parameters(), lr=lr), round=0,
-        device=torch.device("cpu"), settings=SimpleNamespace(psl_reduction=reduction, local_steps=1, rounds=1,
-                                 k_min=0.2, k_max=0.8, eta=1.0, lam=5e-4), defences=defences)
+        device=torch.device("cpu"), defences=defences,
+        settings=SimpleNamespace(psl_reduction=reduction, local_steps=1, rounds=1,
+                                 k_min=0.2, k_max=0.8, eta=1.0, lam=5e-4))
     return method
 
 
