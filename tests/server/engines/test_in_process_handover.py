@@ -114,3 +114,15 @@ def test_what_the_coordinator_received_does_not_follow_the_agents_training(
             p.add_(1.0)  # the agent trains on: its blocks move in place
     assert all(np.array_equal(pulled[k], kept[k]) for k in kept)
     assert not any(v.flags.writeable for v in pulled.values())
+
+
+def test_local_training_leaves_no_gradients_held(archive: Path) -> None:
+    """An agent's whole-model training frees its last step's gradients when it ends."""
+    engine = fleet(archive, by_reference=True, content="full")
+    out = engine.send_and_receive({"a0": Command(Kind.TRAIN.value, {
+        "target": "full", "batch": 8, "steps": 2, "lr": 0.01})})
+    assert "a0" in out.replies
+    worker = engine.workers["a0"]
+    assert worker.client is not None and worker.server is not None
+    assert all(p.grad is None for block in (worker.client, worker.server)
+               for p in block.parameters())
