@@ -479,6 +479,9 @@ class AgentWorker(EdgeRole):
             optimizer.step()
             total += float(loss.detach()) * len(y)
             seen += len(y)
+        # the last step's gradients serve nothing more (the next train sets them to None
+        # before its first step): freed now, not held beside the weights until then
+        optimizer.zero_grad(set_to_none=True)
         self._client_changed()
         if not math.isfinite(total):  # a NaN cannot travel in a reply's meta anyway
             raise JetsplitError(f"local training diverged: loss {total / seen} over "

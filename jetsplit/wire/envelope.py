@@ -185,15 +185,7 @@ def encode_message(
             "params": list(enc.params),
         })
         payloads.append(enc.payload)
-    header = {
-        "run": msg.run, "round": msg.round, "step": msg.step, "seq": msg.seq,
-        "sender": msg.sender, "ts": float(msg.ts or time.time()), "kind": msg.kind,
-        "tensors": descriptors, "meta": msg.meta,
-    }
-    try:
-        header_bytes = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
-    except (TypeError, ValueError) as exc:
-        raise MalformedHeader(f"header is not JSON-serialisable: {exc}") from None
+    header_bytes = header_json(msg, descriptors)
     body_len = sum(len(p) for p in payloads)
     flags = FLAG_SIGNED if fleet_key else FLAG_ED25519 if signer is not None else 0
     prefix = PREFIX.pack(MAGIC, WIRE_VERSION, int(msg.type), flags, 0, len(header_bytes),
@@ -215,6 +207,21 @@ def encode_message(
             raise ValueError("an Ed25519 signature has 64 bytes")
         out += signature
     return out
+
+
+def header_json(msg: Message, descriptors: list[dict[str, Any]]) -> bytes:
+    """The envelope header of `msg` with these tensor descriptors, as the bytes it travels
+    in (`ts` stamped now when the message has none); the in-process engine's by-reference
+    path (jetsplit/wire/handover.py) builds the very same bytes."""
+    header = {
+        "run": msg.run, "round": msg.round, "step": msg.step, "seq": msg.seq,
+        "sender": msg.sender, "ts": float(msg.ts or time.time()), "kind": msg.kind,
+        "tensors": descriptors, "meta": msg.meta,
+    }
+    try:
+        return json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
+    except (TypeError, ValueError) as exc:
+        raise MalformedHeader(f"header is not JSON-serialisable: {exc}") from None
 
 
 def peek_type(data: bytes | memoryview) -> MessageType:
@@ -275,7 +282,7 @@ def decode_message(
     if keyring is not None and not device_signed:
         raise BadSignature("message without a device signature rejected: this fleet "
                            "requires one")
-    header = _parse_header(view[PREFIX.size:PREFIX.size + header_len], limits)
+    header = parse_header(view[PREFIX.size:PREFIX.size + header_len], limits)
     if keyring is not None:
         keyring.verify(header.sender, view[:covered], view[covered + CRC.size:])
     body = view[PREFIX.size + header_len:covered]
@@ -299,12 +306,19 @@ def _allowed(view: memoryview, limits: Limits, allowance: Optional[Allowance]) -
     header_len = PREFIX.unpack_from(view)[5]
     if header_len > limits.max_header_bytes or PREFIX.size + header_len > len(view):
         raise refused
-    header = _parse_header(view[PREFIX.size:PREFIX.size + header_len], limits)
+    header = parse_header(view[PREFIX.size:PREFIX.size + header_len], limits)
+    return accounted_limits(len(view), header, limits, allowance, refused)
+
+
+def accounted_limits(size: int, header: Header, limits: Limits, allowance: Allowance,
+                     refused: OversizedMessage) -> Limits:
+    """`limits` raised to the bound `allowance` accounted for a message of `size` bytes
+    from the sender and of the kind `header` names; `refused` when it accounted none."""
     bound = allowance(header.sender, header.kind)
     if bound is None:
         raise refused
-    if len(view) > bound:
-        raise OversizedMessage(f"{header.kind} message of {len(view)} bytes from "
+    if size > bound:
+        raise OversizedMessage(f"{header.kind} message of {size} bytes from "
                                f"{header.sender} exceeds its accounted {bound}")
     return replace(limits, max_message_bytes=bound, max_decoded_bytes=bound)
 
@@ -320,7 +334,8 @@ def _no_constants(name: str) -> float:
     raise ValueError(f"{name} is not allowed")  # NaN, Infinity, -Infinity
 
 
-def _parse_header(raw: memoryview, limits: Limits) -> Header:
+def parse_header(raw: bytes | memoryview, limits: Limits) -> Header:
+    """The header from untrusted bytes, against the strict schema and `limits`."""
     try:
         obj = json.loads(bytes(raw).decode("utf-8"), parse_float=_finite,
                          parse_constant=_no_constants)
@@ -340,7 +355,23 @@ def _parse_header(raw: memoryview, limits: Limits) -> Header:
 
 def _decode_tensors(descriptors: list[TensorDescriptor], body: memoryview, limits: Limits
                     ) -> dict[str, np.ndarray]:
-    if sum(d.length for d in descriptors) != len(body):
+    check_descriptors(descriptors, len(body), limits)
+    tensors: dict[str, np.ndarray] = {}
+    offset = 0
+    for d in descriptors:
+        payload = body[offset:offset + d.length]
+        offset += d.length
+        tensors[d.name] = codecs.decode(payload, d.dtype, tuple(d.shape), d.codec,
+                                        d.compression, tuple(d.params),
+                                        max_bytes=limits.max_decoded_bytes)
+    return tensors
+
+
+def check_descriptors(descriptors: list[TensorDescriptor], body_len: int, limits: Limits
+                      ) -> None:
+    """Refuse descriptors that do not add up to the body or exceed `limits` (dims,
+    elements, names, decoded bytes), before anything is allocated."""
+    if sum(d.length for d in descriptors) != body_len:
         raise MalformedHeader("tensor lengths do not add up to the body length")
     # Every declared size is checked before the first byte is decompressed or allocated.
     names: set[str] = set()
@@ -360,12 +391,3 @@ def _decode_tensors(descriptors: list[TensorDescriptor], body: memoryview, limit
         if total > limits.max_decoded_bytes:
             raise OversizedMessage(f"tensors would decode to more than "
                                    f"{limits.max_decoded_bytes} bytes")
-    tensors: dict[str, np.ndarray] = {}
-    offset = 0
-    for d in descriptors:
-        payload = body[offset:offset + d.length]
-        offset += d.length
-        tensors[d.name] = codecs.decode(payload, d.dtype, tuple(d.shape), d.codec,
-                                        d.compression, tuple(d.params),
-                                        max_bytes=limits.max_decoded_bytes)
-    return tensors

@@ -4,12 +4,16 @@ in-process engine.
 An algorithm sends a `Command` to a set of agents and gets an `Outcome`: the replies, in
 agent-id order (never arrival order, so runs are reproducible), and the agents that missed
 the step with the reason. The MQTT engine (`server.mqtt_engine`) implements the same calls
-over a broker; the in-process engine calls the agents' workers directly, but still passes
-every message through the wire encoder, so codecs and byte counts are the same.
+over a broker; the in-process engine calls the agents' workers directly. Where the codec is
+exact (fp32 and raw tensors, uncompressed) it hands each message over by reference
+(jetsplit/wire/handover.py: the header built and checked as the wire would, tensors as
+read-only views, the bytes booked those the encoding would have); where the codec would
+change values or sizes it encodes and decodes every message. Either way codecs, checks
+and byte counts are those of the wire.
 
 Agents may also message each other directly (SHeRL-FL's clients and edge: `Kind.SMASHED`,
 `Kind.GRADIENT`): over MQTT on their own peer topics, never through the coordinator; here
-the engine hands them from one worker to the other through the same encoder. Either way the
+the engine hands them from one worker to the other the same way. Either way the
 sender's reply reports what it sent (`sent`: bytes per kind) and the engine books it on the
 sender's `up`, once per message: `up` is what an agent sent, `down` what the coordinator
 sent it.
@@ -21,7 +25,7 @@ import itertools
 import logging
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -40,6 +44,7 @@ from jetsplit.wire import (
     decode_message,
     encode_message,
 )
+from jetsplit.wire.handover import hand_over
 
 Tensors = dict[str, np.ndarray]
 MAX_SENT_BYTES = 1 << 40  # a reply's claim about its peer traffic, per kind (untrusted)
@@ -239,8 +244,12 @@ class InProcessEngine(Engine):
     so a run here matches the same fleet over MQTT bit for bit whatever this process uses.
     """
 
-    def __init__(self, workers: Mapping[str, AgentLike], run_id: str = "local") -> None:
+    def __init__(self, workers: Mapping[str, AgentLike], run_id: str = "local", *,
+                 by_reference: bool = True) -> None:
+        """`by_reference=False` encodes and decodes every message even where the codec is
+        exact (tests compare the two paths)."""
         super().__init__(run_id)
+        self.by_reference = by_reference
         from jetsplit.edge_agent.worker import respond  # the same reply path as the MQTT daemon
 
         self._respond = respond
@@ -274,15 +283,15 @@ class InProcessEngine(Engine):
             yield self._finish(out.replies, out.missed, commands[agent].kind, round, step)
 
     def _run_one(self, agent: str, command: Command, round: int, step: int) -> Reply | str:
-        """One agent's command through the wire encoder; its reply or why it missed."""
+        """One agent's command as the wire would carry it; its reply or why it missed."""
         worker = self.workers.get(agent)
         if worker is None or self.registry.state(agent) == "offline":
             return "offline"
         msg = command_message(self.run_id, next(self._seq), command, round=round, step=step)
-        down = encode_message(msg, codec=command.codec, compression=command.compression)
-        self.counters.add(agent, command.kind, "down", len(down))
+        down, receive = self._transit(msg, command.codec, command.compression)
+        self.counters.add(agent, command.kind, "down", down)
         try:  # an agent refuses what it did not account for, as over MQTT
-            command_in = decode_message(down, allowance=worker.accepts)
+            command_in = receive(worker.accepts)
         except WireError as exc:
             return f"deadline (the agent refused the command: {type(exc).__name__}: {exc})"
         with torch_threads(getattr(worker, "threads", 0)):
@@ -291,32 +300,45 @@ class InProcessEngine(Engine):
         sent = self._deliver(response.peers, response.codec, response.compression)
         if sent:
             reply.meta["sent"] = sent
-        up = encode_message(reply, codec=response.codec, compression=response.compression)
-        self.counters.add(agent, reply.kind, "up", len(up))
+        up, receive = self._transit(reply, response.codec, response.compression)
+        self.counters.add(agent, reply.kind, "up", up)
         holding = sum(1 for w in self.workers.values() if getattr(w, "holds_blocks", False))
         self.peak_agents_holding_blocks = max(self.peak_agents_holding_blocks, holding)
         try:
-            decoded = decode_message(up, allowance=reply_allowance(command, agent))
+            decoded = receive(reply_allowance(command, agent))
         except WireError as exc:
             return f"deadline (its reply was refused: {type(exc).__name__}: {exc})"
         self.book_sent(agent, decoded.meta)
         if decoded.type == MessageType.ERROR:
             return f"error: {decoded.meta.get('error', '?')}"
-        return reply_from(agent, decoded, len(up))
+        return reply_from(agent, decoded, up)
+
+    def _transit(self, message: Message, codec: str, compression: str
+                 ) -> tuple[int, Callable[[Allowance | None], Message]]:
+        """The bytes `message` costs on the wire, and how its recipient receives it (with
+        the allowance it accounted; a refusal raises the wire's typed error): handed over
+        by reference where the codec is exact, else encoded and decoded. Encoding errors
+        raise here, as the sender's would."""
+        handed = hand_over(message, codec=codec, compression=compression) \
+            if self.by_reference else None
+        if handed is not None:
+            return handed.nbytes, lambda allowance: handed.receive(allowance=allowance)
+        data = encode_message(message, codec=codec, compression=compression)
+        return len(data), lambda allowance: decode_message(data, allowance=allowance)
 
     def _deliver(self, peers: list[tuple[str, Message]], codec: str, compression: str
                  ) -> dict[str, int]:
-        """Hand direct messages to their recipients' peer inboxes through the encoder, as
-        a broker would; a refusal is counted by its error class. Bytes sent per kind."""
+        """Hand direct messages to their recipients' peer inboxes as a broker would carry
+        them; a refusal is counted by its error class. Bytes sent per kind."""
         sent: dict[str, int] = {}
         for to, message in peers:
-            data = encode_message(message, codec=codec, compression=compression)
-            sent[message.kind] = sent.get(message.kind, 0) + len(data)
+            nbytes, receive = self._transit(message, codec, compression)
+            sent[message.kind] = sent.get(message.kind, 0) + nbytes
             target = self.workers.get(to)
             if target is None:  # a topic nobody reads: the message just goes nowhere
                 continue
             try:
-                target.peers.accept(decode_message(data), len(data))
+                target.peers.accept(receive(None), nbytes)
             except WireError as exc:
                 self.peer_rejected[type(exc).__name__] += 1
                 log.warning("%s refused %s from %s: %s", to, message.kind, message.sender, exc)

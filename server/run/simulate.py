@@ -79,9 +79,11 @@ def simulate(
     from jetsplit.data import client_shards
     from jetsplit.devices import resolve_device
     from jetsplit.server.engines.seam import InProcessEngine
+    from jetsplit.server.run.allocator import keep_freed_memory
     from jetsplit.server.run.assembly import RunSpec, bundle_for, execute, folder_run_id
 
     device = resolve_device(settings.device, "--device")
+    keep_freed_memory()  # the fleet's blocks and gradients, reused rather than re-faulted
     run_name = folder_run_id(out_dir, "simulation", "--resume" if resume else "--out")
     attackers = simulated_attacks(attacks or {}, clients, settings.seed)
     in_process_attacks(attacks or {})
