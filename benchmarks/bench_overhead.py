@@ -22,6 +22,10 @@ RSS and seconds per round: a simulation's memory must grow with the clients a ro
 selects, not with the fleet (simulated clients that are not selected hold only their
 shard).
 
+Where torch sees CUDA, it then runs benchmarks/bench_server.py: the coordinator's server
+step on the GPU against the plain forward and two backwards of the same block on the same
+batch, and against the copies of the step's bytes (the ratios in results.md's "On a GPU").
+
 Run: `OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_overhead.py [--methods ...]
 [--repeats 3] [--rounds 5] [--local-steps 10] [--fleets 100:0.2,1000:0.02] [--smoke]`
 """
@@ -245,7 +249,22 @@ def main() -> int:
     if fleets:
         print(f"\n# scale: {args.rounds} rounds × {args.local_steps} steps, batch {args.batch}")
         print("\n".join(scale(args, fleets)))
+    gpu_step(args.smoke)
     return 0
+
+
+def gpu_step(smoke: bool) -> None:
+    """On a CUDA machine, the server step against its plain computation (bench_server.py,
+    its own process so that this one never initialises CUDA)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        print("\nno CUDA here: the server step on a GPU is benchmarks/bench_server.py's")
+        return
+    print("\n# the server step on the GPU (benchmarks/bench_server.py --no-cpu)", flush=True)
+    bench = Path(__file__).resolve().parent / "bench_server.py"
+    subprocess.run([sys.executable, str(bench), "--no-cpu", *(["--smoke"] if smoke else [])],
+                   check=True)
 
 
 if __name__ == "__main__":
