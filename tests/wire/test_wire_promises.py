@@ -435,3 +435,82 @@ def test_a_chunk_header_missing_or_unreadable_is_refused_as_such(field: str,
         chunk.meta[field] = value
     with pytest.raises(wire_errors.ReassemblyError, match="lacks"):
         Reassembler().feed(chunk)
+
+
+def test_a_messages_chunks_take_consecutive_sequence_numbers() -> None:
+    """From `seq_start` on, one each (the replay guard refuses a repeated one)."""
+    chunks = [decode_message(c) for c in chunk_message(
+        bytes(4 * 3072), run="r", sender="s", seq_start=6, msg_id="m", chunk_bytes=4096)]
+    assert [c.seq for c in chunks] == [6, 7, 8, 9]
+    assert [c.meta["index"] for c in chunks] == [0, 1, 2, 3]
+
+
+def test_a_chunk_claiming_a_smaller_message_than_its_first_is_refused() -> None:
+    """a0's first chunk fixes 250 bytes in 3 chunks of 100; a chunk of the same id claiming
+    150 in 2 (smaller, not larger) is refused too, and the message still completes."""
+    reassembler = Reassembler()
+    assert reassembler.feed(_chunk("a0", "m", 0, 3, 250, 100, fill=1)) is None
+    with pytest.raises(wire_errors.ReassemblyError, match="disagrees"):
+        reassembler.feed(_chunk("a0", "m", 1, 2, 150, 100))
+    assert reassembler.feed(_chunk("a0", "m", 1, 3, 250, 100, fill=2)) is None
+    assert reassembler.feed(_chunk("a0", "m", 2, 3, 250, 100, fill=3)) == bytes(
+        [1] * 100 + [2] * 100 + [3] * 50)
+
+
+def test_scalar_chunk_data_is_refused() -> None:
+    chunk = _chunk("a0", "m", 0, 2, 150, 100)
+    chunk.tensors["data"] = np.array(7, np.uint8)
+    with pytest.raises(wire_errors.ReassemblyError, match="1-D byte tensor"):
+        Reassembler().feed(chunk)
+
+
+def test_an_accounted_message_under_its_allowance_is_taken() -> None:
+    """Limit 500, allowance 1000: 800 bytes are over the limit and under the allowance."""
+    reassembler = Reassembler(Limits(max_message_bytes=500), allowance=lambda s, k: 1000)
+    chunk = _chunk("a0", "w", 0, 8, 800, 100)
+    chunk.meta["of"] = "weights"
+    assert reassembler.feed(chunk) is None and reassembler.buffered_bytes == 100
+
+
+def test_a_message_of_exactly_the_senders_byte_budget_is_taken_alone() -> None:
+    """Budget 150: a message declaring 150 bytes fits; a second one of 150 evicts the
+    first; one of 151 is refused outright."""
+    reassembler = Reassembler(per_sender_bytes=150)
+    assert reassembler.feed(_chunk("a0", "m", 0, 2, 150, 100)) is None
+    assert reassembler.evicted == 0
+    assert reassembler.feed(_chunk("a0", "n", 0, 2, 150, 100)) is None
+    assert reassembler.evicted == 1
+    with pytest.raises(wire_errors.OversizedMessage, match="budget of 150"):
+        reassembler.feed(_chunk("a0", "o", 0, 2, 151, 100))
+
+
+def test_two_messages_over_the_byte_budget_together_evict_the_older() -> None:
+    """Budget 300: 200 + 200 declared bytes is over it (the sum, not any cheaper bound)."""
+    reassembler = Reassembler(per_sender_bytes=300)
+    reassembler.feed(_chunk("a0", "m", 0, 2, 200, 100))
+    reassembler.feed(_chunk("a0", "n", 0, 2, 200, 100))
+    assert reassembler.evicted == 1
+    assert reassembler.feed(_chunk("a0", "m", 1, 2, 200, 100)) is None  # m is gone
+
+
+def test_an_accounted_message_costs_nothing_of_a_full_byte_budget() -> None:
+    """a0's ordinary message fills its 150-byte budget; an accounted 1000-byte message
+    beside it evicts nothing (it counts 0 bytes, not 1)."""
+    reassembler = Reassembler(Limits(max_message_bytes=500), per_sender_bytes=150,
+                              allowance=lambda s, k: 1000)
+    reassembler.feed(_chunk("a0", "m", 0, 2, 150, 100))
+    big = _chunk("a0", "w", 0, 10, 1000, 100)
+    big.meta["of"] = "weights"
+    reassembler.feed(big)
+    assert reassembler.evicted == 0 and reassembler.buffered_bytes == 200
+
+
+def test_a_large_in_flight_budget_is_kept_exactly() -> None:
+    """300 unfinished messages allowed (past any small-integer cache): the 301st evicts
+    the oldest, once."""
+    reassembler = Reassembler(per_sender_in_flight=300, per_sender_bytes=1 << 20)
+    for i in range(301):
+        reassembler.feed(_chunk("a0", f"m{i}", 0, 2, 150, 100))
+    assert reassembler.evicted == 1
+    assert reassembler.feed(_chunk("a0", "m1", 1, 2, 150, 100)) is not None
+    assert reassembler.feed(_chunk("a0", "m0", 1, 2, 150, 100)) is None  # m0 is gone
