@@ -58,3 +58,26 @@ def test_fedavg_reports_the_mean_of_the_usable_losses_and_books_their_samples() 
     assert {c.meta["steps"] for c in sent.values()} == {2}
     np.testing.assert_array_equal(to_arrays(server, "server")["server/weight"],
                                   state["server/weight"])
+
+
+@pytest.mark.parametrize("round_", [0, 1, 2])
+def test_fedavg_pushes_the_global_model_from_round_1_on(round_: int) -> None:
+    """Round 0's devices train from the bundle they were given; from round 1 on each round
+    starts with the global client block and server part pushed to them."""
+    server = nn.Linear(2, 2)
+    pushed: list[tuple[list[str], list[str]]] = []
+    trainer = SimpleNamespace(
+        live=lambda agents: list(agents), global_client={"client/w": np.zeros(2)},
+        server=server, round=round_, settings=SimpleNamespace(local_steps=1),
+        client_optimizer=SimpleNamespace(lr=0.1), books=RoundBooks(),
+        push=lambda live, state: pushed.append((list(live), sorted(state))) or list(live),
+        engine=SimpleNamespace(send_and_receive=lambda commands, **_: Outcome({})),
+        step_deadline=lambda kind: 60.0, pull=lambda agents, parts: {},
+        require_update=lambda selected, states: None, release=lambda agents: None,
+        defences=SimpleNamespace(left_out=lambda block, live: set(),
+                                 batches=lambda live, *_: dict.fromkeys(live, 8)))
+    method = FedAvg.__new__(FedAvg)
+    method.trainer = trainer  # type: ignore[assignment]
+    assert method.run_round(["a0", "a1"]) is None  # nobody replied
+    assert pushed == ([] if round_ == 0 else [
+        (["a0", "a1"], ["client/w", "server/bias", "server/weight"])])
