@@ -337,6 +337,7 @@ def _split(encoded: bytes, chunk_bytes: int) -> list[Message]:
     (MIB + 1, MIB, 2),  # one byte over: slices of 1 MiB - 1024, two of them
     (3 * MIB, MIB, 4),  # 3 MiB / (1 MiB - 1024) = 3.003 slices
     (100, 4096, 1),
+    (4000, 4096, 1),  # under chunk_bytes though over one slice (3072): still whole
     (2 * 3072, 4096, 2),  # exactly two slices of 4096 - 1024
     (2 * 3072 + 1, 4096, 3),
 ])
@@ -457,9 +458,11 @@ def test_a_chunk_claiming_a_smaller_message_than_its_first_is_refused() -> None:
         [1] * 100 + [2] * 100 + [3] * 50)
 
 
-def test_scalar_chunk_data_is_refused() -> None:
+@pytest.mark.parametrize("shape", [(), (100, 1), (1, 100)])
+def test_chunk_data_of_any_other_shape_is_refused(shape: tuple[int, ...]) -> None:
+    """A scalar, or the right 100 bytes as a column or a row."""
     chunk = _chunk("a0", "m", 0, 2, 150, 100)
-    chunk.tensors["data"] = np.array(7, np.uint8)
+    chunk.tensors["data"] = np.zeros(shape, np.uint8)
     with pytest.raises(wire_errors.ReassemblyError, match="1-D byte tensor"):
         Reassembler().feed(chunk)
 
@@ -514,3 +517,23 @@ def test_a_large_in_flight_budget_is_kept_exactly() -> None:
     assert reassembler.evicted == 1
     assert reassembler.feed(_chunk("a0", "m1", 1, 2, 150, 100)) is not None
     assert reassembler.feed(_chunk("a0", "m0", 1, 2, 150, 100)) is None  # m0 is gone
+
+
+def test_a_message_under_the_chunk_size_travels_whole() -> None:
+    """4000 bytes with chunk_bytes 4096: under the chunk size (though over one slice of
+    3072), so it is sent as it is."""
+    encoded = bytes(range(250)) * 16
+    assert chunk_message(encoded, run="r", sender="s", seq_start=1, msg_id="m",
+                         chunk_bytes=4096) == [encoded]
+
+
+def test_with_no_unaccounted_room_an_accounted_byte_is_still_taken() -> None:
+    """`max_message_bytes = 0`: nothing unaccounted fits, and a 1-byte message within its
+    allowance is taken (1 is a size, not a refusal)."""
+    reassembler = Reassembler(Limits(max_message_bytes=0), allowance=lambda s, k: 10)
+    chunk = _chunk("a0", "w", 0, 1, 1, 1, fill=9)
+    chunk.meta["of"] = "weights"
+    assert reassembler.feed(chunk) == b"\x09"
+    plain = _chunk("a0", "p", 0, 1, 1, 1)
+    with pytest.raises(wire_errors.OversizedMessage, match="exceeds the limit"):
+        reassembler.feed(plain)
