@@ -6,6 +6,7 @@ of `make mutation MUTATION=methods_splitfed` (docs/testing.md)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 from types import SimpleNamespace
@@ -131,7 +132,7 @@ def test_splitfed_v2_weighs_the_servers_step_by_the_loss_bound_not_the_devices_g
         weight = 1.0 if weights is None else weights[0]
         assert (weight < 0.5) == (k == 3) and (weight < 1.0) == (k == 3)
         value, got = method.server_update([f"a{k}"], [acts[k]], [labels[k]])
-        assert value == pytest.approx(float(loss), rel=1e-6)
+        assert value == pytest.approx(float(loss.detach()), rel=1e-6)
         with torch.no_grad():
             for p, g in zip(ref.parameters(), grads, strict=True):
                 p.sub_(0.1 * weight * g)
@@ -139,3 +140,37 @@ def test_splitfed_v2_weighs_the_servers_step_by_the_loss_bound_not_the_devices_g
             torch.testing.assert_close(p.detach(), q, rtol=0, atol=1e-5)
         torch.testing.assert_close(got[f"a{k}"], act_grad, rtol=0, atol=1e-6)
     assert list(books.down_weighted) == ["a3"]
+
+
+def test_splitfed_v1_averages_its_server_copies_as_blocks_it_trained_itself() -> None:
+    """V1's copies are the coordinator's own work: combined under the run's aggregator by
+    the participants' sizes against the global block they started from, but not shown to
+    the direction check (`uploaded=False`: a label-skewed device's copy honestly points
+    away from the others); the global block loads the result and the copies are dropped."""
+    from jetsplit.server.methods.splitfed import SplitFedV1
+
+    server = nn.Linear(2, 2)
+    copies = {a: nn.Linear(2, 2) for a in ("a0", "a1")}
+    calls: list[dict[str, Any]] = []
+
+    def aggregate(states: dict[str, Any], weights: dict[str, float], **kw: Any) -> Any:
+        calls.append({"states": sorted(states), "weights": weights, **kw,
+                      "reference": {k: v.copy() for k, v in kw["reference"].items()}})
+        return {k: v * 0 + 0.5 for k, v in states["a1"].items()}
+
+    books = SimpleNamespace(timed=lambda phase: contextlib.nullcontext())
+    method = SplitFedV1.__new__(SplitFedV1)
+    method.trainer = SimpleNamespace(  # type: ignore[assignment]
+        server=server, books=books,
+        defences=SimpleNamespace(aggregate=aggregate,
+                                 sizes=lambda agents: {a: 10.0 * (i + 1)
+                                                       for i, a in enumerate(agents)}))
+    method.copies, method.optimizers = copies, {}  # type: ignore[assignment]
+    before = server.weight.detach().clone()
+    method.end_round(["a0", "a1"])
+    (call,) = calls
+    assert call["states"] == ["a0", "a1"] and call["weights"] == {"a0": 10.0, "a1": 20.0}
+    assert call["uploaded"] is False and call["block"] == "server copy"
+    np.testing.assert_array_equal(call["reference"]["server/weight"], before.numpy())
+    assert torch.equal(server.weight.detach(), torch.full((2, 2), 0.5))
+    assert method.copies == {} and method.optimizers == {}
