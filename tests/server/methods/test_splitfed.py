@@ -1,7 +1,8 @@
 """Fast tier: SplitFed V2's own pass and step (server/methods/splitfed.py) beyond the rounds
 pinned in test_round_wiring.py: the order it serves devices in, that a device which drops
 out of its pass (or whose step fails) is not served again in that round, and that the loss
-bound scales the server's step and never the device's gradient. Written for the survivors
+bound scales the server's step and never the device's gradient; and that V1 averages its
+server copies as blocks it trained itself (no direction check). Written for the survivors
 of `make mutation MUTATION=methods_splitfed` (docs/testing.md)."""
 
 from __future__ import annotations
