@@ -420,6 +420,7 @@ def test_the_reassemblers_defaults() -> None:
     started = reassembler._partials[("a0", "m")].started
     assert reassembler.expire(now=started + 60.0) == 0
     assert reassembler.expire(now=started + 60.5) == 1 and reassembler.expired == 1
+    assert reassembler.buffered_bytes == 0  # dropped, not only counted
 
 
 @pytest.mark.parametrize(("field", "value"), [
@@ -537,3 +538,7 @@ def test_with_no_unaccounted_room_an_accounted_byte_is_still_taken() -> None:
     plain = _chunk("a0", "p", 0, 1, 1, 1)
     with pytest.raises(wire_errors.OversizedMessage, match="exceeds the limit"):
         reassembler.feed(plain)
+
+
+def test_a_one_byte_message_is_within_the_limits() -> None:
+    assert Reassembler().feed(_chunk("a0", "m", 0, 1, 1, 1, fill=4)) == b"\x04"
