@@ -378,13 +378,14 @@ def test_a_message_of_a_whole_number_of_slices_reassembles(length: int) -> None:
 
 
 def test_a_message_of_many_chunks_completes() -> None:
-    """300 chunks of one byte (counts past any small-integer cache): each checked against
-    the count, the last one completes the message in index order."""
+    """599 bytes in 300 chunks of 2, the last one of 1 (counts and indices past any
+    small-integer cache): each checked against the count and its own length, the last to
+    arrive completes the message in index order."""
     reassembler = Reassembler()
-    got = [reassembler.feed(_chunk("a0", "m", i, 300, 300, 1, fill=i % 256))
+    got = [reassembler.feed(_chunk("a0", "m", i, 300, 599, 2, fill=i % 256))
            for i in reversed(range(300))]
     assert got[:-1] == [None] * 299
-    assert got[-1] == bytes(i % 256 for i in range(300))
+    assert got[-1] == bytes(i % 256 for i in range(300) for _ in range(2 if i < 299 else 1))
 
 
 @pytest.mark.parametrize("dtype", [np.int8, np.uint16, np.float32, np.bool_])
@@ -542,3 +543,14 @@ def test_with_no_unaccounted_room_an_accounted_byte_is_still_taken() -> None:
 
 def test_a_one_byte_message_is_within_the_limits() -> None:
     assert Reassembler().feed(_chunk("a0", "m", 0, 1, 1, 1, fill=4)) == b"\x04"
+
+
+def test_the_default_table_refuses_the_1025th_message_in_flight() -> None:
+    """1024 senders with one unfinished message each fill the default table; a 1025th
+    sender's message is refused, and no one's is evicted for it."""
+    reassembler = Reassembler()
+    for i in range(1024):
+        reassembler.feed(_chunk(f"s{i}", "m", 0, 2, 150, 100))
+    with pytest.raises(wire_errors.OversizedMessage, match="more than 1024"):
+        reassembler.feed(_chunk("late", "m", 0, 2, 150, 100))
+    assert reassembler.evicted == 0 and reassembler.buffered_bytes == 1024 * 100
