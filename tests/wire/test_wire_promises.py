@@ -554,3 +554,11 @@ def test_the_default_table_refuses_the_1025th_message_in_flight() -> None:
     with pytest.raises(wire_errors.OversizedMessage, match="more than 1024"):
         reassembler.feed(_chunk("late", "m", 0, 2, 150, 100))
     assert reassembler.evicted == 0 and reassembler.buffered_bytes == 1024 * 100
+
+
+def test_a_message_of_exactly_the_limit_needs_no_allowance() -> None:
+    """Limit 150: a 150-byte message is within it (no allowance asked), 151 is over."""
+    reassembler = Reassembler(Limits(max_message_bytes=150))
+    assert reassembler.feed(_chunk("a0", "m", 0, 2, 150, 100)) is None
+    with pytest.raises(wire_errors.OversizedMessage, match="exceeds the limit"):
+        reassembler.feed(_chunk("a0", "n", 0, 2, 151, 100))
