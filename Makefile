@@ -44,7 +44,7 @@ fast: setup
 # runs one). Sessions and the survivors' report land in runs/mutation/.
 MUTATION ?= aggregators algorithm_math completions tiers partition \
 	methods_base methods_splitfed methods_scala methods_psl methods_ampere methods_sherl \
-	wire_replay wire_chunking wire_envelope transport
+	wire_replay wire_chunking wire_envelope wire_codecs transport
 mutation: setup
 	$(PIP) install --quiet "cosmic-ray>=8.7,<9"
 	@mkdir -p runs/mutation

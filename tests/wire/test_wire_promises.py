@@ -9,7 +9,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jetsplit.wire import Limits, Message, MessageType, Reassembler, ReplayGuard
+from jetsplit.wire import (
+    DEFAULT_CHUNK_BYTES,
+    Limits,
+    Message,
+    MessageType,
+    Reassembler,
+    ReplayGuard,
+    chunk_count,
+    chunk_message,
+    decode_message,
+)
 from jetsplit.wire import errors as wire_errors
 
 pytestmark = pytest.mark.device_pure
@@ -309,3 +319,246 @@ def test_an_accounted_message_counts_against_no_budget() -> None:
     other.meta["of"] = "weights"
     with pytest.raises(wire_errors.OversizedMessage):
         reassembler.feed(other)
+
+
+# ---------------------------------------------------------------- a message's chunks add up
+
+
+MIB = 1024 * 1024
+
+
+def _split(encoded: bytes, chunk_bytes: int) -> list[Message]:
+    return [decode_message(c) for c in chunk_message(
+        encoded, run="r", sender="s", seq_start=1, msg_id="m", chunk_bytes=chunk_bytes)]
+
+
+@pytest.mark.parametrize(("total", "chunk_bytes", "count"), [
+    (MIB, MIB, 1),  # fits exactly: travels whole
+    (MIB + 1, MIB, 2),  # one byte over: slices of 1 MiB - 1024, two of them
+    (3 * MIB, MIB, 4),  # 3 MiB / (1 MiB - 1024) = 3.003 slices
+    (100, 4096, 1),
+    (4000, 4096, 1),  # under chunk_bytes though over one slice (3072): still whole
+    (2 * 3072, 4096, 2),  # exactly two slices of 4096 - 1024
+    (2 * 3072 + 1, 4096, 3),
+])
+def test_chunk_count_is_the_number_of_slices_of_chunk_bytes_less_the_overhead(
+        total: int, chunk_bytes: int, count: int) -> None:
+    assert chunk_count(total, chunk_bytes) == count
+
+
+def test_the_default_chunk_is_one_mib() -> None:
+    """A message of exactly 1 MiB travels whole, one byte more in two chunks (the default
+    `chunk_bytes` for both chunk_count and chunk_message)."""
+    assert DEFAULT_CHUNK_BYTES == MIB
+    assert chunk_count(MIB) == 1 and chunk_count(MIB + 1) == 2 and chunk_count(3 * MIB) == 4
+    whole = bytes(MIB)
+    assert chunk_message(whole, run="r", sender="s", seq_start=1, msg_id="m") == [whole]
+    chunks = chunk_message(whole + b"x", run="r", sender="s", seq_start=1, msg_id="m")
+    assert len(chunks) == 2 and all(len(c) <= MIB for c in chunks)
+
+
+def test_a_chunk_size_under_four_overheads_is_refused_and_four_is_taken() -> None:
+    """The least chunk size is 4 × the 1024-byte overhead, and the refusal says so."""
+    with pytest.raises(ValueError, match="at least 4096 bytes"):
+        chunk_message(bytes(10_000), run="r", sender="s", seq_start=1, msg_id="m",
+                      chunk_bytes=4095)
+    assert len(_split(bytes(10_000), 4096)) == chunk_count(10_000, 4096) == 4
+
+
+@pytest.mark.parametrize("length", [2 * 3072, 2 * 3072 + 1, 3 * 3072 - 1])
+def test_a_message_of_a_whole_number_of_slices_reassembles(length: int) -> None:
+    """Chunk size 4096 gives slices of 3072: a message of exactly two slices goes in two
+    chunks (no empty third), and every length comes back byte for byte."""
+    encoded = bytes(i % 251 for i in range(length))
+    chunks = _split(encoded, 4096)
+    assert len(chunks) == chunk_count(length, 4096) == -(-length // 3072)
+    assert [c.meta["count"] for c in chunks] == [len(chunks)] * len(chunks)
+    reassembler = Reassembler()
+    assert [reassembler.feed(c) for c in chunks][-1] == encoded
+
+
+def test_a_message_of_many_chunks_completes() -> None:
+    """599 bytes in 300 chunks of 2, the last one of 1 (counts and indices past any
+    small-integer cache): each checked against the count and its own length, the last to
+    arrive completes the message in index order."""
+    reassembler = Reassembler()
+    got = [reassembler.feed(_chunk("a0", "m", i, 300, 599, 2, fill=i % 256))
+           for i in reversed(range(300))]
+    assert got[:-1] == [None] * 299
+    assert got[-1] == bytes(i % 256 for i in range(300) for _ in range(2 if i < 299 else 1))
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.uint16, np.float32, np.bool_])
+def test_chunk_data_of_any_other_dtype_is_refused(dtype: type) -> None:
+    chunk = _chunk("a0", "m", 0, 2, 150, 100)
+    chunk.tensors["data"] = np.zeros(100, dtype)
+    with pytest.raises(wire_errors.ReassemblyError, match="1-D byte tensor"):
+        Reassembler().feed(chunk)
+
+
+@pytest.mark.parametrize("total", [-5, 0])
+def test_a_chunk_declaring_no_bytes_is_refused_as_oversized_even_with_an_allowance(
+        total: int) -> None:
+    """A total under 1 is never a message its receiver accounted for, whatever the
+    allowance for its kind."""
+    reassembler = Reassembler(allowance=lambda s, k: 10 * MIB)
+    chunk = _chunk("a0", "m", 0, 1, total, 1, nbytes=1)
+    chunk.meta["of"] = "weights"
+    with pytest.raises(wire_errors.OversizedMessage, match="exceeds the limit"):
+        reassembler.feed(chunk)
+
+
+def test_the_reassemblers_defaults() -> None:
+    """1024 messages in flight, 1 GiB buffered, 60 s to arrive, 4 unfinished messages and
+    2 × the message limit declared per sender; nothing expired or evicted yet, and one
+    expiry counts one."""
+    reassembler = Reassembler(Limits(max_message_bytes=1000))
+    assert (reassembler.max_in_flight, reassembler.max_buffered_bytes, reassembler.timeout_s,
+            reassembler.per_sender_in_flight, reassembler.per_sender_bytes) == (
+        1024, 1 << 30, 60.0, 4, 2000)
+    assert reassembler.expired == 0 and reassembler.evicted == 0
+    reassembler.feed(_chunk("a0", "m", 0, 2, 150, 100))
+    started = reassembler._partials[("a0", "m")].started
+    assert reassembler.expire(now=started + 60.0) == 0
+    assert reassembler.expire(now=started + 60.5) == 1 and reassembler.expired == 1
+    assert reassembler.buffered_bytes == 0  # dropped, not only counted
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("id", KeyError), ("data", KeyError), ("index", None), ("index", "first"),
+    ("count", float("inf")), ("total", float("nan"))])
+def test_a_chunk_header_missing_or_unreadable_is_refused_as_such(field: str,
+                                                                   value: object) -> None:
+    """Each way a forged header can fail to read (a field missing (`KeyError` here), None,
+    a word, an infinite or NaN number) is the same refusal, not a crash with another error."""
+    chunk = _chunk("a0", "m", 0, 2, 150, 100)
+    if value is KeyError:
+        del (chunk.tensors if field == "data" else chunk.meta)[field]
+    else:
+        chunk.meta[field] = value
+    with pytest.raises(wire_errors.ReassemblyError, match="lacks"):
+        Reassembler().feed(chunk)
+
+
+def test_a_messages_chunks_take_consecutive_sequence_numbers() -> None:
+    """From `seq_start` on, one each (the replay guard refuses a repeated one)."""
+    chunks = [decode_message(c) for c in chunk_message(
+        bytes(4 * 3072), run="r", sender="s", seq_start=6, msg_id="m", chunk_bytes=4096)]
+    assert [c.seq for c in chunks] == [6, 7, 8, 9]
+    assert [c.meta["index"] for c in chunks] == [0, 1, 2, 3]
+
+
+def test_a_chunk_claiming_a_smaller_message_than_its_first_is_refused() -> None:
+    """a0's first chunk fixes 250 bytes in 3 chunks of 100; a chunk of the same id claiming
+    150 in 2 (smaller, not larger) is refused too, and the message still completes."""
+    reassembler = Reassembler()
+    assert reassembler.feed(_chunk("a0", "m", 0, 3, 250, 100, fill=1)) is None
+    with pytest.raises(wire_errors.ReassemblyError, match="disagrees"):
+        reassembler.feed(_chunk("a0", "m", 1, 2, 150, 100))
+    assert reassembler.feed(_chunk("a0", "m", 1, 3, 250, 100, fill=2)) is None
+    assert reassembler.feed(_chunk("a0", "m", 2, 3, 250, 100, fill=3)) == bytes(
+        [1] * 100 + [2] * 100 + [3] * 50)
+
+
+@pytest.mark.parametrize("shape", [(), (100, 1), (1, 100)])
+def test_chunk_data_of_any_other_shape_is_refused(shape: tuple[int, ...]) -> None:
+    """A scalar, or the right 100 bytes as a column or a row."""
+    chunk = _chunk("a0", "m", 0, 2, 150, 100)
+    chunk.tensors["data"] = np.zeros(shape, np.uint8)
+    with pytest.raises(wire_errors.ReassemblyError, match="1-D byte tensor"):
+        Reassembler().feed(chunk)
+
+
+def test_an_accounted_message_under_its_allowance_is_taken() -> None:
+    """Limit 500, allowance 1000: 800 bytes are over the limit and under the allowance."""
+    reassembler = Reassembler(Limits(max_message_bytes=500), allowance=lambda s, k: 1000)
+    chunk = _chunk("a0", "w", 0, 8, 800, 100)
+    chunk.meta["of"] = "weights"
+    assert reassembler.feed(chunk) is None and reassembler.buffered_bytes == 100
+
+
+def test_a_message_of_exactly_the_senders_byte_budget_is_taken_alone() -> None:
+    """Budget 150: a message declaring 150 bytes fits; a second one of 150 evicts the
+    first; one of 151 is refused outright."""
+    reassembler = Reassembler(per_sender_bytes=150)
+    assert reassembler.feed(_chunk("a0", "m", 0, 2, 150, 100)) is None
+    assert reassembler.evicted == 0
+    assert reassembler.feed(_chunk("a0", "n", 0, 2, 150, 100)) is None
+    assert reassembler.evicted == 1
+    with pytest.raises(wire_errors.OversizedMessage, match="budget of 150"):
+        reassembler.feed(_chunk("a0", "o", 0, 2, 151, 100))
+
+
+def test_two_messages_over_the_byte_budget_together_evict_the_older() -> None:
+    """Budget 300: 200 + 200 declared bytes is over it (the sum, not any cheaper bound)."""
+    reassembler = Reassembler(per_sender_bytes=300)
+    reassembler.feed(_chunk("a0", "m", 0, 2, 200, 100))
+    reassembler.feed(_chunk("a0", "n", 0, 2, 200, 100))
+    assert reassembler.evicted == 1
+    assert reassembler.feed(_chunk("a0", "m", 1, 2, 200, 100)) is None  # m is gone
+
+
+def test_an_accounted_message_costs_nothing_of_a_full_byte_budget() -> None:
+    """a0's ordinary message fills its 150-byte budget; an accounted 1000-byte message
+    beside it evicts nothing (it counts 0 bytes, not 1)."""
+    reassembler = Reassembler(Limits(max_message_bytes=500), per_sender_bytes=150,
+                              allowance=lambda s, k: 1000)
+    reassembler.feed(_chunk("a0", "m", 0, 2, 150, 100))
+    big = _chunk("a0", "w", 0, 10, 1000, 100)
+    big.meta["of"] = "weights"
+    reassembler.feed(big)
+    assert reassembler.evicted == 0 and reassembler.buffered_bytes == 200
+
+
+def test_a_large_in_flight_budget_is_kept_exactly() -> None:
+    """300 unfinished messages allowed (past any small-integer cache): the 301st evicts
+    the oldest, once."""
+    reassembler = Reassembler(per_sender_in_flight=300, per_sender_bytes=1 << 20)
+    for i in range(301):
+        reassembler.feed(_chunk("a0", f"m{i}", 0, 2, 150, 100))
+    assert reassembler.evicted == 1
+    assert reassembler.feed(_chunk("a0", "m1", 1, 2, 150, 100)) is not None
+    assert reassembler.feed(_chunk("a0", "m0", 1, 2, 150, 100)) is None  # m0 is gone
+
+
+def test_a_message_under_the_chunk_size_travels_whole() -> None:
+    """4000 bytes with chunk_bytes 4096: under the chunk size (though over one slice of
+    3072), so it is sent as it is."""
+    encoded = bytes(range(250)) * 16
+    assert chunk_message(encoded, run="r", sender="s", seq_start=1, msg_id="m",
+                         chunk_bytes=4096) == [encoded]
+
+
+def test_with_no_unaccounted_room_an_accounted_byte_is_still_taken() -> None:
+    """`max_message_bytes = 0`: nothing unaccounted fits, and a 1-byte message within its
+    allowance is taken (1 is a size, not a refusal)."""
+    reassembler = Reassembler(Limits(max_message_bytes=0), allowance=lambda s, k: 10)
+    chunk = _chunk("a0", "w", 0, 1, 1, 1, fill=9)
+    chunk.meta["of"] = "weights"
+    assert reassembler.feed(chunk) == b"\x09"
+    plain = _chunk("a0", "p", 0, 1, 1, 1)
+    with pytest.raises(wire_errors.OversizedMessage, match="exceeds the limit"):
+        reassembler.feed(plain)
+
+
+def test_a_one_byte_message_is_within_the_limits() -> None:
+    assert Reassembler().feed(_chunk("a0", "m", 0, 1, 1, 1, fill=4)) == b"\x04"
+
+
+def test_the_default_table_refuses_the_1025th_message_in_flight() -> None:
+    """1024 senders with one unfinished message each fill the default table; a 1025th
+    sender's message is refused, and no one's is evicted for it."""
+    reassembler = Reassembler()
+    for i in range(1024):
+        reassembler.feed(_chunk(f"s{i}", "m", 0, 2, 150, 100))
+    with pytest.raises(wire_errors.OversizedMessage, match="more than 1024"):
+        reassembler.feed(_chunk("late", "m", 0, 2, 150, 100))
+    assert reassembler.evicted == 0 and reassembler.buffered_bytes == 1024 * 100
+
+
+def test_a_message_of_exactly_the_limit_needs_no_allowance() -> None:
+    """Limit 150: a 150-byte message is within it (no allowance asked), 151 is over."""
+    reassembler = Reassembler(Limits(max_message_bytes=150))
+    assert reassembler.feed(_chunk("a0", "m", 0, 2, 150, 100)) is None
+    with pytest.raises(wire_errors.OversizedMessage, match="exceeds the limit"):
+        reassembler.feed(_chunk("a0", "n", 0, 2, 151, 100))
