@@ -161,14 +161,16 @@ def test_a_device_that_goes_silent(fleet: Fleet, agent_fleet: Any, tmp_path: Pat
     run = finished(tmp_path, server_run(server_toml(fleet, tmp_path), fleet.url).stdout)
     assert_nothing_lost(run)
     assert_faulty_from_round_at(run)
-    # three misses in its first silent round benched it; after that at most probes
+    # one missed exchange (the round's first: the global model's push), then it sits out
+    # awaiting a probe (server/training/rejoin.py): after that only probes go unanswered
     missed = run.misses("a3")
-    assert [r for r, _ in missed[:3]] == [AT] * 3, missed
-    assert all(kind == "status" for _, kind in missed[3:]), missed
-    assert all(r["benched"] == ["a3"] for r in run.rows[AT:])
+    assert missed[0] == (AT, "set_weights"), missed
+    assert missed[1:] and all(kind == "status" for _, kind in missed[1:]), missed
+    assert "a3" in run.rows[AT]["awaiting_probe"]
+    assert any("a3" in r["benched"] for r in run.rows[AT:])
     assert all("a3" not in r["selected"] for r in run.rows[AT + 1:])
     a3 = agent_cells(run.report, "a3")
-    assert a3["rounds benched"] == str(ROUNDS - AT) and a3["rounds missed"] != "0", a3
+    assert a3["rounds missed"] != "0", a3
     assert run.rejected() == ""
 
 
@@ -182,8 +184,8 @@ def test_a_device_that_answers_every_other_command(fleet: Fleet, agent_fleet: An
     missed = run.misses("a3")
     assert missed and all(r >= AT for r, _ in missed), missed
     assert {m["reason"] for m in run.summary["missed"]} == {"deadline"}
-    # and it answered too: its samples went through the server's block after round AT
-    assert any(r["device_gflops"].get("a3", 0.0) > 0.0 for r in run.rows[AT:])
+    # after a miss it sits out awaiting a probe (server/training/rejoin.py)
+    assert any("a3" in r["awaiting_probe"] for r in run.rows[AT:])
     assert any(r["missed"].get("a3") for r in run.rows[AT:])  # named in the rounds' books
     assert "Traceback" not in a3.log("a3")
     assert run.rejected() == ""

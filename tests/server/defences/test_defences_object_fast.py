@@ -89,7 +89,7 @@ def test_scalas_step_under_the_defences_weights_is_the_hand_weighted_update() ->
     method.num_classes = 3
     method.trainer = SimpleNamespace(  # type: ignore[assignment]
         server=server, optimizer=torch.optim.SGD(server.parameters(), lr=0.1),
-        defences=_defences(loss_bound=3.0))
+        defences=_defences(loss_bound=3.0), device=torch.device("cpu"))
     _, grads = method.server_update(AGENTS, acts, labels)
     for p, q, g in zip(server.parameters(), ref.parameters(), steps, strict=True):
         torch.testing.assert_close(p.detach(), q.detach() - 0.1 * g, rtol=0, atol=1e-6)
