@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
+from toy_server import toy_step  # testing/, on the path in tests
 
 from jetsplit.data import load_dataset_split
 from jetsplit.data.partition import partition
@@ -313,18 +314,6 @@ def test_ampere_carries_a_shallow_upload_through_the_global_layers(
 # ---------------------------------------------------------------- server losses by hand
 
 
-def _toy(sizes: tuple[int, ...] = (2, 3, 4), dim: int = 3, classes: int = 3
-         ) -> tuple[nn.Linear, list[torch.Tensor], list[torch.Tensor]]:
-    gen = torch.Generator().manual_seed(0)
-    server = nn.Linear(dim, classes)
-    with torch.no_grad():
-        server.weight.copy_(torch.randn(classes, dim, generator=gen))
-        server.bias.copy_(torch.randn(classes, generator=gen))
-    acts = [torch.randn(n, dim, generator=gen) for n in sizes]
-    labels = [torch.tensor([0, 1, 2, 0][:n]) for n in sizes]
-    return server, acts, labels
-
-
 def _by_hand(server: nn.Linear, acts: list[torch.Tensor], labels: list[torch.Tensor],
              server_loss: Any, client_loss: Any, lr: float
              ) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
@@ -376,7 +365,7 @@ def test_psl_server_steps_on_the_sum_of_each_clients_mean_loss(reduction: str) -
     """L = Σ_i L_i, L_i client i's mean CE (the GAPSL paper eq. 8; `mean` divides by 3). Batches
     of 2, 3 and 4 rows: the mean over the 9 concatenated rows would weigh them otherwise.
     Client i gets ∂L_i/∂A_i; the reported loss is the mean of the L_i."""
-    server, acts, labels = _toy()
+    server, acts, labels = toy_step()
     ce = nn.functional.cross_entropy
     div = 3 if reduction == "mean" else 1
     after, grads = _by_hand(
@@ -397,7 +386,7 @@ def test_psl_server_step_down_weights_a_client_by_the_loss_bound(reduction: str)
     term of the server loss (L_0 + 0.25·L_1 + L_2, divided by 3 for `mean`, not by the
     weights' sum); the bound sees the clients' unweighted losses, and every client still
     gets ∂L_i/∂A_i of its own unweighted loss."""
-    server, acts, labels = _toy()
+    server, acts, labels = toy_step()
     ce = nn.functional.cross_entropy
     div = 3 if reduction == "mean" else 1
     weights = [1.0, 0.25, 1.0]
@@ -426,7 +415,7 @@ def test_scala_concatenated_step_down_weights_a_slice_by_the_loss_bound() -> Non
     slices' L^s_k; the clients' gradients are those of the unweighted step."""
     from jetsplit.server.methods import scala_math
 
-    server, acts, labels = _toy()
+    server, acts, labels = toy_step()
     y = torch.cat(labels)
     prior = scala_math.label_prior(y, 3)
     weights = [1.0, 0.5, 1.0]
@@ -504,7 +493,7 @@ def test_gapsl_server_steps_only_on_the_selected_clients(
     selection = SimpleNamespace(selected=torch.tensor([0, 2]), scores=torch.zeros(3),
                                 alignment_penalty=torch.tensor([0.3, 0.7]))
     monkeypatch.setattr(gapsl_math, "select_clients", lambda *a, **k: selection)
-    server, acts, labels = _toy()
+    server, acts, labels = toy_step()
     ce = nn.functional.cross_entropy
     div = 2 if reduction == "mean" else 1
     after, grads = _by_hand(server, acts, labels,
@@ -525,7 +514,7 @@ def test_gapsl_clips_each_clients_share_of_the_server_gradient(
     selection = SimpleNamespace(selected=torch.tensor([0, 1, 2]), scores=torch.zeros(3),
                                 alignment_penalty=torch.tensor([0.3, 0.7, 0.1]))
     monkeypatch.setattr(gapsl_math, "select_clients", lambda *a, **k: selection)
-    server, acts, labels = _toy()
+    server, acts, labels = toy_step()
     ce = nn.functional.cross_entropy
     div = 3 if reduction == "mean" else 1
     weights = [1.0, 0.25, 1.0]
@@ -566,7 +555,7 @@ def test_psl_under_all_shares_clips_each_clients_share_after_the_loss_bound(redu
     by hand, so a share measured before the loss bound, or on the mean loss, fails), and
     the gradient bound's weights (1, 1, 0.2) scale those terms: L_0 + 0.5·L_1 + 0.2·L_2
     (÷ 3 for `mean`); every client still gets ∂L_i/∂A_i unweighted."""
-    server, acts, labels = _toy()
+    server, acts, labels = toy_step()
     ce = nn.functional.cross_entropy
     div = 3 if reduction == "mean" else 1
     loss_w, clip_w = [1.0, 0.5, 1.0], [1.0, 1.0, 0.2]
@@ -599,7 +588,7 @@ def test_scala_under_all_shares_clips_a_slices_share_of_the_server_gradient() ->
     nobody gives the unweighted step, bit for bit."""
     from jetsplit.server.methods import scala_math
 
-    server, acts, labels = _toy()
+    server, acts, labels = toy_step()
     y = torch.cat(labels)
     prior = scala_math.label_prior(y, 3)
     sizes = [len(a) for a in acts]
@@ -644,7 +633,7 @@ def test_splitfed_v2_bounds_a_steps_gradient_against_the_recent_steps() -> None:
     from jetsplit.server.methods.splitfed import SplitFedV2
     from jetsplit.server.training.settings import Settings
 
-    server, acts, labels = _toy((4, 4, 4, 4))
+    server, acts, labels = toy_step((4, 4, 4, 4))
     acts[3] = acts[3] * 50
     ce = nn.functional.cross_entropy
     books = SimpleNamespace(gradient_clipped={}, gradient_clipped_steps={})
@@ -688,7 +677,7 @@ def test_scala_server_uses_the_batch_prior_and_each_client_its_registered_prior(
     here), mean over all rows. Client k: its own mean CE(s_k + log P_k, Y_k)
     with P_k the prior it registered — chosen unlike its batch's labels and unlike the
     other clients', so using the batch's prior, P_s, or another agent's prior all fail."""
-    server, acts, labels = _toy()
+    server, acts, labels = toy_step()
     priors = {"a0": torch.tensor([0.7, 0.2, 0.1]), "a1": torch.tensor([0.1, 0.1, 0.8]),
               "a2": torch.tensor([0.3, 0.6, 0.1])}
     y = torch.cat(labels)

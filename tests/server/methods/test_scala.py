@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from torch import nn
+from toy_server import toy_step  # testing/, on the path in tests
 
 from jetsplit.server.defences.defences import Defences
 from jetsplit.server.defences.step_bounds import gradient_shares, share_norms
@@ -61,14 +61,8 @@ def test_ca_sfl_clips_a_devices_share_of_the_server_gradient_only_under_all_shar
     norms share_norms measures, both pinned by hand in test_methods_fast) and the books
     name it; under the default "free" nothing is measured and the step is the plain one.
     The devices' own gradients are the unweighted step's either way."""
-    gen = torch.Generator().manual_seed(0)
-    server = nn.Linear(3, 3)
-    with torch.no_grad():
-        server.weight.copy_(torch.randn(3, 3, generator=gen))
-        server.bias.copy_(torch.randn(3, generator=gen))
-    acts = [torch.randn(4, 3, generator=gen) for _ in range(4)]
+    server, acts, labels = toy_step((4, 4, 4, 4))
     acts[3] = acts[3] * 50
-    labels = [torch.tensor([0, 1, 2, 0])] * 4
     agents = ["a0", "a1", "a2", "a3"]
     ref = copy.deepcopy(server)
     step = scala_math.concatenated_forward(ref, acts, labels, 3, adjust=False, tau=0.0)

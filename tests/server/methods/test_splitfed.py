@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
+from toy_server import toy_step  # testing/, on the path in tests
 
 from jetsplit.server.defences.defences import Defences
 from jetsplit.server.defences.step_bounds import LOSS_FLOOR, LossBound
@@ -107,14 +108,8 @@ def test_splitfed_v2_weighs_the_servers_step_by_the_loss_bound_not_the_devices_g
     on a3's gradient × the bound's weight (the same LossBound fed the same losses, whose
     numbers test_methods_fast pins by hand), a3 is noted, and a3's own ∂L/∂A is unweighted;
     the honest steps are plain SGD."""
-    gen = torch.Generator().manual_seed(0)
-    server = nn.Linear(3, 3)
-    with torch.no_grad():
-        server.weight.copy_(torch.randn(3, 3, generator=gen))
-        server.bias.copy_(torch.randn(3, generator=gen))
-    acts = [torch.randn(4, 3, generator=gen) for _ in range(4)]
+    server, acts, labels = toy_step((4, 4, 4, 4))
     acts[3] = acts[3] * 50
-    labels = [torch.tensor([0, 1, 2, 0])] * 4
     books = SimpleNamespace(down_weighted={}, down_weighted_steps={}, gradient_clipped={},
                             gradient_clipped_steps={})
     defences = Defences(Settings(loss_bound=3.0), 3, None, books)  # type: ignore[arg-type]
