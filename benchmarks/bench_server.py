@@ -155,8 +155,8 @@ def traced_syncs(step: Callable[[], None]) -> collections.Counter[str]:
     original = warnings.showwarning
 
     def record(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001, ANN202
-        frames = [f for f in traceback.extract_stack()[:-1] if "jetsplit" in f.filename
-                  or "/server/" in f.filename or "/jetsplit/" in f.filename]
+        frames = [f for f in traceback.extract_stack()[:-1]
+                  if "jetsplit" in f.filename or "/server/" in f.filename]
         where = f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else filename
         found[where] += 1
 
