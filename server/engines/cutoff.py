@@ -6,16 +6,22 @@ For an agent still open, the limit (seconds from the exchange's start) is
 
     min(deadline, max(floor, k × max over answered b of elapsed_b × pace(agent, b)))
 
-with pace(a, b) = max(1, predicted_a / predicted_b) when the planner predicted both devices'
-steps, else 1. The devices of one exchange did the same work at the same time, so an honest
-one of the same kind answers within a small multiple of its peers; a device predicted slower
-(a Jetson Nano among Orins, a slow link) gets its predicted share more, and the floor (the
-step deadlines' own: `deadline_floor_s`, raised to a margin over the slowest predicted step)
-holds for everyone. While nobody has answered, the exchange's deadline applies.
+with pace(a, b) = max(1, speed(a, b) × work(a, b)): speed is predicted_a / predicted_b when
+the planner predicted both devices' steps, else 1; work is work_a / work_b when both
+commands say how much work they ask (`Command.work`: samples to train on, rows to upload),
+else 1. The devices of one exchange did the same kind of work at the same time, so an honest
+one answers within a small multiple of its peers' time for its share of the work; a device
+predicted slower (a Jetson Nano among Orins, a slow link) or given more (a larger shard's
+epoch) gets that share more, and the floor (the step deadlines' own: `deadline_floor_s`,
+raised to a margin over the slowest predicted step) holds for everyone. While nobody has
+answered, the exchange's deadline applies.
 
-Only the step exchanges whose work is alike across devices are cut off (`STEP_KINDS`); a
-bundle's transfer, say, scales with each link and keeps its own deadline. Pure arithmetic:
-the engine passes the elapsed times in, so tests give hand-made ones.
+The exchanges cut off are the training steps of every method (`STEP_KINDS`: split steps,
+weight pushes and pulls, FedAvg's and Ampere's local training, Ampere's uploads, SHeRL-FL's
+edge loads and steps); a bundle's transfer scales with each link and keeps its own
+deadline, and a probe is never waited for. The engine decides each exchange's waits in one
+place (`Engine.wait_limits`). Pure arithmetic: the engine passes the elapsed times in, so
+tests give hand-made ones.
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ from jetsplit.protocol import Kind
 
 DEFAULT_CUTOFF_K = 2.0  # × the answering devices' time: same work, same moment
 STEP_KINDS = frozenset({Kind.FORWARD.value, Kind.BACKWARD.value, Kind.SET_WEIGHTS.value,
-                        Kind.GET_WEIGHTS.value, Kind.RELEASE.value})
+                        Kind.GET_WEIGHTS.value, Kind.RELEASE.value, Kind.TRAIN.value,
+                        Kind.GENERATE.value, Kind.EDGE_LOAD.value, Kind.EDGE_STEP.value})
 
 
 def _usable(value: object) -> float | None:
@@ -51,19 +58,26 @@ class Cutoff:
         """Whether exchanges of `kind` are cut off (k = 0 turns the cutoff off)."""
         return self.k > 0 and kind in self.kinds
 
-    def pace(self, agent: str, other: str) -> float:
-        """How many times slower `agent` is predicted than `other` (at least 1)."""
-        mine, theirs = _usable(self.predicted_s.get(agent)), _usable(self.predicted_s.get(other))
-        if mine is None or theirs is None:
-            return 1.0
-        return max(1.0, mine / theirs)
+    def pace(self, agent: str, other: str, work: Mapping[str, float] | None = None) -> float:
+        """How many times longer `agent` may take than `other` (at least 1): its predicted
+        step over the other's, times its work over the other's (`work`: agent → units of
+        work its command asks; either ratio is 1 where a value is missing or unusable)."""
+        return max(1.0, _ratio(self.predicted_s, agent, other) * _ratio(work or {}, agent, other))
 
-    def limit(self, agent: str, answered: Mapping[str, float], deadline_s: float) -> float:
+    def limit(self, agent: str, answered: Mapping[str, float], deadline_s: float,
+              work: Mapping[str, float] | None = None) -> float:
         """Seconds from the exchange's start that `agent` is waited for, given the answered
-        agents' elapsed seconds (the deadline while nobody has answered)."""
+        agents' elapsed seconds and each command's work (the deadline while nobody has
+        answered)."""
         times = [(b, t) for b, t in answered.items()
                  if b != agent and math.isfinite(t) and t >= 0]
         if not times:
             return deadline_s
-        scaled = max(t * self.pace(agent, b) for b, t in times)
+        scaled = max(t * self.pace(agent, b, work) for b, t in times)
         return min(deadline_s, max(self.floor_s, self.k * scaled))
+
+
+def _ratio(values: Mapping[str, float], agent: str, other: str) -> float:
+    """values[agent] / values[other], or 1 where either is missing or unusable."""
+    mine, theirs = _usable(values.get(agent)), _usable(values.get(other))
+    return 1.0 if mine is None or theirs is None else mine / theirs

@@ -408,8 +408,7 @@ class MqttEngine(Engine):
         closed early."""
         started = time.monotonic()
         open_ = {p.agent: p for p in mine}
-        cutoff = self.cutoff if mine and self.cutoff is not None \
-            and self.cutoff.applies(mine[0].command.kind) else None
+        commands = {p.agent: p.command for p in mine}
         answered: dict[str, float] = {}  # agent → seconds its reply took (the cutoff's input)
         try:
             while open_:
@@ -427,8 +426,7 @@ class MqttEngine(Engine):
                             done.append((agent, "offline"))
                             del open_[agent]
                     now = time.monotonic()
-                    limits = {a: deadline_s if cutoff is None
-                              else cutoff.limit(a, answered, deadline_s) for a in open_}
+                    limits = self.wait_limits(commands, open_, answered, deadline_s)
                     for agent, limit in limits.items():
                         if now - started >= limit:
                             done.append((agent, self._silence(open_.pop(agent), limit,

@@ -25,7 +25,7 @@ import itertools
 import logging
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -66,6 +66,10 @@ class Command:
     # The bound its reply was accounted for (the weights asked for, `accounted_bound` of
     # their sizes): a reply over the wire's cap is taken up to it; unset: the cap applies.
     reply_bytes: int | None = None
+    # How much work it asks of the agent, in units alike across one exchange's commands
+    # (samples to train on, rows to upload): the in-exchange cutoff waits for an agent given
+    # more its share longer (server/engines/cutoff.py). Unset: alike work.
+    work: float | None = None
 
 
 @dataclass
@@ -130,6 +134,19 @@ class Engine(ABC):
         """Agents available for selection, sorted by id."""
         return self.registry.online()
 
+    def wait_limits(self, commands: Mapping[str, Command], waiting: Iterable[str],
+                    answered: Mapping[str, float], deadline_s: float) -> dict[str, float]:
+        """Seconds from an exchange's start that each agent of `waiting` is waited for, given
+        the exchange's `commands` (agent → command) and the answered agents' elapsed
+        seconds: the in-exchange cutoff where it applies to the exchange's kind, else the
+        deadline. The one place every exchange's wait is decided, whichever method sent it."""
+        kind = next(iter(commands.values())).kind if commands else ""
+        cutoff = self.cutoff
+        if cutoff is None or not cutoff.applies(kind):
+            return dict.fromkeys(waiting, deadline_s)
+        work = {a: c.work for a, c in commands.items() if c.work is not None}
+        return {a: cutoff.limit(a, answered, deadline_s, work) for a in waiting}
+
     @abstractmethod
     def send_and_receive(self, commands: Mapping[str, Command], *, round: int = 0,
                          step: int = 0, deadline_s: float = 60.0) -> Outcome:
@@ -150,7 +167,8 @@ class Engine(ABC):
         agents before it, and runs stay reproducible. This fallback waits for all."""
         out = self.send_and_receive(commands, round=round, step=step, deadline_s=deadline_s)
         for agent in sorted(commands):
-            yield _single(agent, out.replies.get(agent), out.missed.get(agent, "deadline"))
+            yield _single(agent, out.replies.get(agent), out.missed.get(agent, "deadline"),
+                          commands[agent].kind)
 
     def post(self, command: Command, agents: list[str], *, round: int = 0, step: int = 0
              ) -> Posted:
@@ -196,9 +214,10 @@ def _resolved(done: Mapping[str, Reply | str], kind: str) -> Outcome:
     return Outcome(replies, missed, kind)
 
 
-def _single(agent: str, reply: Reply | None, reason: str) -> Outcome:
+def _single(agent: str, reply: Reply | None, reason: str, kind: str = "") -> Outcome:
     """One agent's result as an Outcome (what `send_and_stream` yields)."""
-    return Outcome({agent: reply}) if reply is not None else Outcome({}, {agent: reason})
+    return Outcome({agent: reply}, {}, kind) if reply is not None \
+        else Outcome({}, {agent: reason}, kind)
 
 
 def command_message(run: str, seq: int, command: Command, *, round: int, step: int,

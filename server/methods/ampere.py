@@ -175,7 +175,8 @@ class Ampere(PhaseTwoUploads, Method):
         batches, claims = d.batches(live), d.claimed_sizes(live)
         commands = {a: Command(Kind.TRAIN.value, {
             "target": "aux", "batch": batches[a], "lr": t.client_optimizer.lr,
-            "steps": math.ceil(claims[a] / batches[a])}) for a in live}
+            "steps": math.ceil(claims[a] / batches[a])},
+            work=batches[a] * math.ceil(claims[a] / batches[a])) for a in live}  # cutoff
         with t.books.timed("local_train"):
             out = t.books.note(t.engine.send_and_receive(
                 commands, round=t.round, deadline_s=t.step_deadline(Kind.TRAIN.value)))

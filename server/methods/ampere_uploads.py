@@ -64,7 +64,8 @@ class PhaseTwoUploads:
             offsets = {a: store.received(a) for a in active}
             commands = {a: Command(Kind.GENERATE.value, {
                 "offset": offsets[a], "limit": limits[a], "codec": s.codec,
-                "compression": s.compression}) for a in active}
+                "compression": s.compression},  # the cutoff waits for its rows' share
+                work=min(limits[a], sizes[a] - offsets[a])) for a in active}
             stream = t.engine.send_and_stream(commands, round=t.round, step=wave,
                                               deadline_s=s.deadline_s)
             while True:

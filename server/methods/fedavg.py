@@ -31,7 +31,8 @@ class FedAvg(Method):
         batches = t.defences.batches(live, t.defences.left_out("model", live))
         commands = {a: Command(Kind.TRAIN.value, {"target": "full", "batch": batches[a],
                                                   "steps": t.settings.local_steps,
-                                                  "lr": t.client_optimizer.lr})
+                                                  "lr": t.client_optimizer.lr},
+                            work=batches[a] * t.settings.local_steps)  # cutoff: its share
                     for a in live}
         with t.books.timed("local_train"):
             out = t.books.note(t.engine.send_and_receive(

@@ -343,7 +343,8 @@ class SHeRL(Method):
         wait_s = deadline_s / 2  # late smashed data: still time to reply without it
         commands = {e: Command(Kind.EDGE_STEP.value,
                                {"clients": cs, "margin": self.options.margin, "codec": s.codec,
-                                "compression": s.compression, "wait_s": wait_s})
+                                "compression": s.compression, "wait_s": wait_s},
+                               work=sum(samples[c] for c in cs))  # the cutoff: its share
                     for e, cs in members.items()}
         with t.books.timed("edge"):
             out = t.books.note(t.checked(

@@ -10,6 +10,7 @@ import math
 import pytest
 
 from jetsplit.server.engines.cutoff import DEFAULT_CUTOFF_K, STEP_KINDS, Cutoff
+from jetsplit.server.engines.seam import Command, InProcessEngine
 
 pytestmark = pytest.mark.fast
 
@@ -49,6 +50,37 @@ def test_a_device_predicted_slower_gets_its_predicted_share_more() -> None:
 def test_only_step_exchanges_are_cut_off() -> None:
     cut = Cutoff(floor_s=2.0)
     assert all(cut.applies(kind) for kind in STEP_KINDS)
-    assert {"forward", "backward", "set_weights", "get_weights", "release"} == STEP_KINDS
+    assert {"forward", "backward", "set_weights", "get_weights", "release", "train",
+            "generate", "edge_load", "edge_step"} == STEP_KINDS
     assert not cut.applies("bundle") and not cut.applies("status")
     assert not Cutoff(floor_s=2.0, k=0.0).applies("forward")  # k 0: always the deadline
+
+
+def test_a_device_given_more_work_gets_its_share_more() -> None:
+    # a3 trains 36 samples where a0 trains 12: 3 × a0's 1.5 s, then k = 2: 9 s
+    cut = Cutoff(floor_s=2.0, k=2.0)
+    work = {"a0": 12.0, "a1": 24.0, "a3": 36.0}
+    assert cut.pace("a3", "a0", work) == 3.0 and cut.pace("a3", "a1", work) == 1.5
+    assert cut.limit("a3", {"a0": 1.5}, 60.0, work) == 9.0
+    assert cut.limit("a3", {"a0": 1.5, "a1": 4.0}, 60.0, work) == 12.0  # 2 × max(4.5, 6.0)
+    assert cut.limit("a0", {"a3": 1.5}, 60.0, work) == 3.0  # less work: still its peer's time
+    # the prediction and the work multiply: a Nano (4 × slower) with 3 × the work: 12 × 1.5
+    both = Cutoff(floor_s=2.0, k=2.0, predicted_s={"a0": 0.5, "a3": 2.0})
+    assert both.pace("a3", "a0", work) == 12.0 and both.limit("a3", {"a0": 1.5}, 60.0,
+                                                                 work) == 36.0
+    # a work unknown or unusable on either side: ratio 1
+    assert cut.pace("a3", "a9", work) == 1.0
+    assert cut.pace("a3", "a0", {"a0": 0.0, "a3": 36.0}) == 1.0
+    assert cut.pace("a3", "a0", {"a0": math.nan, "a3": 36.0}) == 1.0
+
+
+def test_the_engine_decides_every_exchanges_waits_in_one_place() -> None:
+    engine = InProcessEngine({})
+    commands = {"a0": Command("train", work=12.0), "a3": Command("train", work=36.0)}
+    assert engine.wait_limits(commands, ["a3"], {"a0": 1.5}, 60.0) == {"a3": 60.0}  # no cutoff
+    engine.cutoff = Cutoff(floor_s=2.0)
+    assert engine.wait_limits(commands, ["a3"], {"a0": 1.5}, 60.0) == {"a3": 9.0}
+    probes = {"a0": Command("status"), "a3": Command("status")}
+    assert engine.wait_limits(probes, ["a3"], {"a0": 1.5}, 5.0) == {"a3": 5.0}
+    bundles = {"a0": Command("bundle"), "a3": Command("bundle")}
+    assert engine.wait_limits(bundles, ["a3"], {"a0": 1.5}, 60.0) == {"a3": 60.0}
