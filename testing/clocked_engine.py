@@ -39,9 +39,12 @@ class ClockedInProcess(InProcessEngine):
         self.step_s, self.default_s = dict(step_s or {}), default_s
         self.silent = {a: set(kinds) for a, kinds in (silent or {}).items()}
         self.waits: list[Wait] = []
+        self.asked: list[tuple[int, str, float]] = []  # (round, kind, deadline) per exchange
 
     def send_and_receive(self, commands: Mapping[str, Command], *, round: int = 0,
                          step: int = 0, deadline_s: float = 60.0) -> Outcome:
+        kind = next(iter(commands.values())).kind if commands else ""
+        self.asked.append((round, kind, deadline_s))
         replies: dict[str, Reply] = {}
         missed: dict[str, str] = {}
         quiet = [a for a in sorted(commands) if commands[a].kind in self.silent.get(a, ())]
@@ -54,11 +57,9 @@ class ClockedInProcess(InProcessEngine):
                 missed[agent] = result
         answered = {a: r.elapsed_s for a, r in replies.items() if r.elapsed_s is not None}
         for agent, limit in self.wait_limits(commands, quiet, answered, deadline_s).items():
-            kind = commands[agent].kind
             self.waits.append(Wait(round, step, kind, agent, limit, deadline_s))
             missed[agent] = (f"deadline (cut off after {limit:.1f} s: the others had answered)"
                              if limit < deadline_s else "deadline")
-        kind = next(iter(commands.values())).kind if commands else ""
         return self._finish(replies, missed, kind, round, step)
 
     def send_and_stream(self, commands: Mapping[str, Command], *, round: int = 0,

@@ -13,6 +13,10 @@ its deadline is the configured `deadline_s`; over MQTT the in-exchange cutoff
 (server/engines/cutoff.py, above the same floor) ends that first wait once the other
 agents answered, so a silent device costs seconds even then.
 
+The windows travel in the run's checkpoint (`snapshot`, `restore`), so a resumed
+coordinator waits what the run it continues would have, not `deadline_s` again; they are
+read back like any untrusted file.
+
 Wall time only decides how long the coordinator waits; nothing deterministic (the model
 clock of re-planning, selection, training) reads it.
 """
@@ -24,11 +28,17 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Protocol
 
+from jetsplit.server.defences.untrusted_numbers import finite
+
 MIN_SAMPLES = 1  # step times of a kind before its deadline adapts (the floor guards the first)
 FLOOR_MARGIN = 3.0  # × the slowest profiled device's predicted step (prediction error)
 DEFAULT_K = 4.0
 DEFAULT_WINDOW = 50
 DEFAULT_FLOOR_S = 10.0
+MAX_KINDS = 64  # exchange kinds a checkpoint may carry windows for
+MAX_KIND_CHARS = 64
+MAX_SAVED_SAMPLES = 10_000  # per kind, read back (the window keeps its own last ones)
+MAX_STEP_S = 1e6  # a saved step time above this is no step time
 
 
 class _Timed(Protocol):
@@ -90,6 +100,33 @@ class StepDeadlines:
                  if r.elapsed_s is not None and math.isfinite(r.elapsed_s) and r.elapsed_s >= 0]
         if times and outcome.kind:
             self.samples.setdefault(outcome.kind, deque(maxlen=self.window)).append(max(times))
+
+    def snapshot(self) -> dict[str, list[float]]:
+        """The windows, JSON-safe: kind → its step times, oldest first."""
+        return {kind: list(times) for kind, times in sorted(self.samples.items())}
+
+    def restore(self, saved: object) -> None:
+        """Put `snapshot`'s windows back (a checkpoint is untrusted: bounded sizes, kinds
+        as short names, finite non-negative seconds; ValueError or TypeError otherwise).
+        None (a checkpoint written before the windows were kept) leaves them empty."""
+        if saved is None:
+            return
+        if not isinstance(saved, Mapping) or len(saved) > MAX_KINDS:
+            raise TypeError(f"step deadline windows: not a mapping of at most {MAX_KINDS} "
+                            "kinds")
+        windows: dict[str, deque[float]] = {}
+        for kind, times in saved.items():
+            if not isinstance(kind, str) or not 0 < len(kind) <= MAX_KIND_CHARS:
+                raise ValueError(f"step deadline windows: bad kind {str(kind)[:40]!r}")
+            if not isinstance(times, list) or len(times) > MAX_SAVED_SAMPLES:
+                raise TypeError(f"step deadline window {kind!r}: not a list of at most "
+                                f"{MAX_SAVED_SAMPLES} step times")
+            values = [finite(t, 0.0, MAX_STEP_S) for t in times]
+            if any(v is None for v in values):
+                raise ValueError(f"step deadline window {kind!r}: a step time is not a "
+                                 f"finite number of seconds in [0, {MAX_STEP_S:g}]")
+            windows[kind] = deque((v for v in values if v is not None), maxlen=self.window)
+        self.samples = windows
 
     def new_round(self) -> tuple[dict[str, float], dict[str, int]]:
         """The round's books, and a fresh record for the next: per kind, the largest

@@ -274,6 +274,7 @@ def _save(directory: Path, round_: int, settings: Settings, trainer: Trainer,
         "missed": [m.__dict__ for m in engine.registry.missed],
         "cuts": dict(sorted(trainer.cuts.items())),  # as re-planned (server/cuts/replanning.py)
         **defences,  # who is left out, benched or bounded, and on what evidence
+        "step_deadlines": trainer.deadlines.snapshot(),  # a resumed run waits as this one
     }
     save_checkpoint(directory, round_, meta, arrays, archive)
 
@@ -308,6 +309,7 @@ def _restore(saved: Any, settings: Settings, trainer: Trainer, method: Any) -> N
             if trainer.cut(str(agent)) != cut:
                 trainer.set_cut(str(agent), cut)
         defence_memory.restore(trainer.defences, meta, saved.arrays, trainer.device)
+        trainer.deadlines.restore(meta.get("step_deadlines"))
     except (KeyError, TypeError, ValueError, RuntimeError, ConfigError) as exc:
         raise CheckpointError(f"checkpoint state is damaged: {exc}") from None
     method.restore({k: v for k, v in saved.arrays.items() if not k.startswith("trainer/")},
