@@ -10,6 +10,15 @@ and leaves it out of the round's later exchanges: steps, pushes, pulls, releases
 (`Engine.collect`, non-blocking): an agent that answered (a reply, or an error: it is alive)
 plays again from that step on; it still holds this round's weights.
 
+The proof of life grows with the misses: after its n-th miss in a round an agent must answer
+n probes in a row (each posted once the one before is answered) before it plays again. A
+device that stalled once answers one probe and plays on; a flaky one that answers only every
+other command (a marginal link, a thermal governor) answers a probe, then misses the next,
+so after its second miss it stays out for the round, and the next round's start books that
+silence and benches it (server/defences/sitting_out.py: 1, 2, 4 … rounds) instead of letting
+each probe bring it back for one more cut-off wait. An honest device, slow or not, answers
+every probe: it is never held out longer than its probes take, and never benched for it.
+
 The round-start probe of agents that sat out or missed their last exchange
 (server/defences/sitting_out.py) is posted the same way before selection: they are not
 selectable that round, and are from the next one on once they answered.
@@ -41,19 +50,26 @@ class Rejoin:
         self.results: dict[str, Reply | str] = {}  # agent → its latest probe's result
         self.out: set[str] = set()  # missed an exchange this round: back once it answers
         self.waiting: set[str] = set()  # probed at round start: out for this round
+        self.misses: dict[str, int] = {}  # deadline misses this round, per agent
+        self.owed: dict[str, int] = {}  # probe answers in a row it still owes to play again
+        self.round = 0  # the round probes are posted in (from the last outcome or probe)
 
     def missed(self, outcome: Outcome, *, round: int, step: int = 0) -> None:
         """An exchange's outcome: who missed it by deadline sits out and gets a probe."""
         if outcome.kind == PROBE or outcome.kind.startswith("bundle"):
             return  # a probe's silence is settled at round start; bundles are setup
+        self.round = round
         new = sorted(a for a, why in outcome.missed.items()
                      if why.startswith(DEADLINE) and a not in self.out | self.waiting)
+        for agent in new:  # its n-th miss this round: n answers in a row to play again
+            self.misses[agent] = self.owed[agent] = self.misses.get(agent, 0) + 1
         if new:
             self._post(new, round, step)
             self.out.update(new)
 
     def probe(self, agents: list[str], *, round: int) -> None:
         """The round-start probe to `agents` (suspects): out of this round either way."""
+        self.round = round
         fresh = sorted(set(agents) - self.waiting)
         if fresh:
             self._post(fresh, round, 0)
@@ -64,8 +80,23 @@ class Rejoin:
         answer brings an agent that missed a step back."""
         if self.posts:
             self._read(final=False)
-            self.out -= {a for a in self.out if a in self.results and alive(self.results[a])}
+            self._answered()
         return [a for a in agents if a not in self.out and a not in self.waiting]
+
+    def _answered(self) -> None:
+        """Count the probes answered since the last look: an agent that owes no more
+        answers plays again; one that still does gets the next probe at once."""
+        again = []
+        for agent in sorted(self.out):
+            if agent not in self.results or not alive(self.results[agent]):
+                continue
+            self.owed[agent] = self.owed.get(agent, 1) - 1
+            if self.owed[agent] <= 0:
+                self.out.discard(agent)
+            else:
+                again.append(agent)
+        if again:
+            self._post(again, self.round, 0)
 
     def sitting_out(self) -> list[str]:
         """Who sits out now for silence (not selectable, not polled)."""
@@ -76,6 +107,8 @@ class Rejoin:
         than nothing)."""
         self.waiting.difference_update(agents)
         self.out.difference_update(agents)
+        for agent in agents:
+            self.owed.pop(agent, None)
 
     def settle(self, books: RoundBooks) -> Outcome | None:
         """At a round's start: read every outstanding probe a last time, book the results
@@ -83,7 +116,7 @@ class Rejoin:
         if self.posts:
             self._read(final=True)
         results, self.results, self.posts = self.results, {}, []
-        self.out, self.waiting = set(), set()
+        self.out, self.waiting, self.misses, self.owed = set(), set(), {}, {}
         if not results:
             return None
         replies = {a: r for a, r in sorted(results.items()) if isinstance(r, Reply)}

@@ -156,3 +156,48 @@ def test_the_in_process_engine_answers_a_post_at_once() -> None:
     out = engine.collect(posted)
     assert out.agents == ["a0", "a1"] and out.kind == PROBE and out.missed == {}
     assert engine.collect(posted, final=True).agents == []  # each answer once
+
+
+def test_the_proof_of_life_grows_with_the_misses_of_a_round() -> None:
+    """The n-th miss of a round asks n probe answers in a row: a device that stalled
+    twice and answers every probe plays again after two of them."""
+    engine, rejoin, bench, books = _setup()
+    books.note(Outcome({"a0": _reply("a0")}, {"a3": "deadline"}, "forward"))
+    engine.said["a3"] = _reply("a3")
+    assert rejoin.playing(AGENTS) == AGENTS  # one miss: one answer brings it back
+    del engine.said["a3"]
+    books.note(Outcome({"a0": _reply("a0")}, {"a3": "deadline (cut off after 8.0 s)"},
+                       "backward"))
+    assert rejoin.playing(AGENTS) == AGENTS[:3]
+    engine.said["a3"] = _reply("a3")
+    assert rejoin.playing(AGENTS) == AGENTS[:3]  # one answer of the two it owes
+    assert engine.posts == [(PROBE, ["a3"], 0)] * 3  # the next probe went out at once
+    assert rejoin.playing(AGENTS) == AGENTS  # the second answer: it plays again
+    assert bench.misses == {"a3": 2} and bench.until == {}
+    bench.round = 1
+    rejoin.settle(books)
+    assert books.probes == {"a3": "answered in 0.50 s"} and bench.until == {}
+    assert bench.to_probe(AGENTS) == []  # answered: nothing owed next round
+
+
+def test_a_device_answering_every_other_command_stays_out_and_is_benched() -> None:
+    """Its probe after a miss is answered, its next step missed; after that second miss it
+    answers the first of the two probes it owes and misses the second: out for the rest of
+    the round, and benched at the next round's start (not brought back for a third miss)."""
+    engine, rejoin, bench, books = _setup()
+    books.note(Outcome({"a0": _reply("a0")}, {"a3": "deadline"}, "set_weights"))
+    engine.said["a3"] = _reply("a3")  # 2nd command: answered
+    assert rejoin.playing(AGENTS) == AGENTS
+    del engine.said["a3"]
+    books.note(Outcome({"a0": _reply("a0")}, {"a3": "deadline"}, "forward"))  # 3rd: missed
+    engine.said["a3"] = _reply("a3")  # 4th (a probe): answered
+    assert rejoin.playing(AGENTS) == AGENTS[:3]
+    del engine.said["a3"]  # 5th (the next probe): silent
+    for _ in range(4):  # the round's later steps: still out, nothing more sent
+        assert rejoin.playing(AGENTS) == AGENTS[:3]
+    assert len(engine.posts) == 3
+    assert bench.misses == {"a3": 2} and bench.until == {}  # never 3 misses in a row
+    bench.round = 1
+    rejoin.settle(books)
+    assert books.probes == {"a3": "no answer: deadline"}
+    assert bench.until == {"a3": 3} and bench.strikes == {"a3": 1}  # out of rounds 1 and 2
