@@ -3,7 +3,9 @@ one place (`Engine.wait_limits`): a device silent in FedAvg's local training, Am
 local training or uploads, or SHeRL-FL's edge loads and steps is waited for k = 2 × its
 peers' time for its share of the work (or the floor), not the step's whole deadline. The
 engine is the in-process one with hand-set step times (testing/clocked_engine.py): the test
-checks the waits the engine was asked for and the round's books, never wall time."""
+checks the waits the engine was asked for and the round's books, never wall time. Whole
+rounds of three methods (about a minute on a busy 2-core machine): the default tier, not
+the fast one; the cutoff's arithmetic is pinned fast in tests/server/engines/test_cutoff.py."""
 
 from __future__ import annotations
 
@@ -22,8 +24,6 @@ from jetsplit.models import ModelSpec
 from jetsplit.server.methods import build_method
 from jetsplit.server.training.settings import Settings
 from jetsplit.server.training.trainer import Trainer
-
-pytestmark = pytest.mark.fast
 
 SPEC = ModelSpec("mobilenetv3-small", (1, 8, 8), 10)
 DEADLINE_S = 60.0

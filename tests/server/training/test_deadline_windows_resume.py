@@ -24,8 +24,6 @@ from jetsplit.server.run.assembly import RunSpec, checkpointed_bundle, execute
 from jetsplit.server.training.checkpoints import CheckpointError
 from jetsplit.server.training.settings import Settings
 
-pytestmark = pytest.mark.fast
-
 SPEC = ModelSpec("mobilenetv3-small", (1, 8, 8), 10)
 
 
@@ -34,6 +32,7 @@ def _one_thread(one_torch_thread: None) -> None:
     """Agents and server share this process: one torch thread each (conftest)."""
 
 
+@pytest.mark.fast
 def test_the_windows_round_trip_and_keep_their_last_window() -> None:
     saved = StepDeadlines(60.0, k=4.0, window=3, floor_s=1.0)
     saved.samples = {}
@@ -51,6 +50,7 @@ def test_the_windows_round_trip_and_keep_their_last_window() -> None:
     assert fresh.deadline("forward") == 8.0
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("bad", [
     [0.5], {"forward": 0.5}, {"forward": [0.5, "1"]}, {"forward": [float("nan")]},
     {"forward": [float("inf")]}, {"forward": [-0.5]}, {"forward": [True]}, {"": [0.5]},
