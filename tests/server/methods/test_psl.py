@@ -55,25 +55,24 @@ def _method(cls: type, server: nn.Module, *, reduction: str = "mean", local_step
 
 
 def test_psl_cut_move_reinstalls_only_moved_devices_that_hold_a_block() -> None:
-    """Cuts a0 1, a1 3, a2 1, a3 3, a4 1. Moves to a0 3 (up), a3 1 (down), a4 2 (never
-    trained: no block); a1 and a2 stay. Only a0 and a3 are queued for reinstalling, a0 with
-    its block as last evaluated, a3 with the block still waiting from a resume (not its
-    older evaluated one); every mover is moved."""
-    cuts = {"a0": 1, "a1": 3, "a2": 1, "a3": 3, "a4": 1}
+    """Cuts a0 1, a1 3, a2 1, a3 3, a4 1, a5 3. Moves to a0 3 (up), a3 1 and a5 2 (down),
+    a4 2 (never trained: no block); a1 and a2 stay. Only a0, a3 and a5 are queued for
+    reinstalling, a0 and a5 with their blocks as last evaluated, a3 with the block still
+    waiting from a resume (not its older evaluated one); every mover is moved."""
+    cuts = {"a0": 1, "a1": 3, "a2": 1, "a3": 3, "a4": 1, "a5": 3}
 
     def set_cut(agent: str, cut: int) -> None:
         cuts[agent] = cut
 
     method = _method(PSL, nn.Linear(2, 2), cut=lambda a: cuts[a], set_cut=set_cut)
-    method.agent_blocks = {"a0": _block(0.0), "a1": _block(1.0), "a2": _block(2.0),
-                           "a3": _block(3.0)}
+    method.agent_blocks = {a: _block(float(i)) for i, a in enumerate(AGENTS + ["a3"])}
+    method.agent_blocks["a5"] = _block(5.0)
     method.to_restore = {"a3": _block(30.0)}
-    moved = method.switch_cuts({"a0": 3, "a1": 3, "a2": 1, "a3": 1, "a4": 2})
-    assert moved == ["a0", "a3", "a4"]
-    assert cuts == {"a0": 3, "a1": 3, "a2": 1, "a3": 1, "a4": 2}
-    assert sorted(method.to_restore) == ["a0", "a3"]
-    assert float(method.to_restore["a0"]["client/0.weight"][0, 0]) == 0.0
-    assert float(method.to_restore["a3"]["client/0.weight"][0, 0]) == 30.0
+    moved = method.switch_cuts({"a0": 3, "a1": 3, "a2": 1, "a3": 1, "a4": 2, "a5": 2})
+    assert moved == ["a0", "a3", "a4", "a5"]
+    assert cuts == {"a0": 3, "a1": 3, "a2": 1, "a3": 1, "a4": 2, "a5": 2}
+    assert {a: float(b["client/0.weight"][0, 0]) for a, b in method.to_restore.items()} == {
+        "a0": 0.0, "a3": 30.0, "a5": 5.0}
 
 
 def test_psl_saves_each_held_devices_whole_block_and_can_save_again(tmp_path: Path) -> None:
