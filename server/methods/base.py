@@ -159,9 +159,10 @@ class SplitMethod(Method):
         with t.server_compute():
             acts = t.completions.forward(agents, acts)
             loss, grads = self.server_update(agents, acts, labels)
-            t.guard.check(loss, t.round, "server")  # before its gradients reach the clients
             grads = t.completions.backward(grads)
-        t.backward(grads, step)
+        loss, host = t.read_step(loss, grads)  # one wait for the card, not two
+        t.guard.check(loss, t.round, "server")  # before its gradients reach the clients
+        t.backward(host, step)
         return loss
 
     def begin_round(self, selected: list[str]) -> None:  # noqa: B027 - optional hook
@@ -172,4 +173,6 @@ class SplitMethod(Method):
 
     @abstractmethod
     def server_update(self, agents: list[str], acts: list[torch.Tensor],
-                      labels: list[torch.Tensor]) -> tuple[float, Grads]: ...
+                      labels: list[torch.Tensor]) -> tuple[float | torch.Tensor, Grads]:
+        """The server's part of one step: its loss (a float, or a 0-dim tensor the trainer
+        reads with the gradients) and each agent's gradient at its activations."""

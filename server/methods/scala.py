@@ -85,7 +85,8 @@ class _ScalaFamily(_RegisteredPriors, SplitMethod):
         step = scala_math.concatenated_forward(t.server, acts, labels, self.num_classes,
                                                adjust=self.adjusted,
                                                tau=1.0 if self.adjusted else 0.0,
-                                               client_priors=priors)
+                                               client_priors=priors,
+                                               labels_checked=True)  # by Trainer.forward
         weights = d.loss_weights(agents, step.slice_losses()) if d.weighs_losses else None
         terms = clipped = None
         if d.measures_shares:  # each device's share of ∇w_s, after the loss bound

@@ -44,11 +44,13 @@ PRIOR_EPS = 1e-12
 
 
 def label_prior(labels: torch.Tensor, num_classes: int, eps: float = PRIOR_EPS, *,
-                dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                dtype: torch.dtype = torch.float32, checked: bool = False) -> torch.Tensor:
     """Empirical label distribution P(y) of a batch (SCALA eqs 14–15), floored by `eps`.
 
     P(y) = (n_y / n + eps) / (1 + C·eps): every entry is > 0 so log P is finite, and the
     vector still sums to 1. Computed in float64, returned as `dtype` on `labels`' device.
+    `checked`: the caller already range-checked these labels (the trainer does, on the host,
+    for every forward reply), so their range is not read back from the device again.
     """
     if labels.ndim != 1:
         raise ValueError(f"labels must be 1-D, got shape {tuple(labels.shape)}")
@@ -59,9 +61,10 @@ def label_prior(labels: torch.Tensor, num_classes: int, eps: float = PRIOR_EPS, 
     if not eps > 0:
         raise ValueError(f"eps must be > 0 so that log P(y) is finite, got {eps}")
     labels = labels.long()
-    lo, hi = torch.stack((labels.min(), labels.max())).tolist()  # one host read, not two
-    if lo < 0 or hi >= num_classes:
-        raise ValueError(f"labels must lie in [0, {num_classes - 1}], got [{lo}, {hi}]")
+    if not checked:  # on CUDA a host read: skipped where the caller checked on the host
+        lo, hi = torch.stack((labels.min(), labels.max())).tolist()  # one read, not two
+        if lo < 0 or hi >= num_classes:
+            raise ValueError(f"labels must lie in [0, {num_classes - 1}], got [{lo}, {hi}]")
     # Counted by index_add_, not bincount: on CUDA bincount reads min and max to the host
     # again to size its output. Whole numbers in float64: the same counts, bit for bit.
     counts = torch.zeros(num_classes, dtype=torch.float64, device=labels.device).index_add_(
@@ -133,16 +136,23 @@ def server_params(server: nn.Module) -> list[nn.Parameter]:
 
 def _finish(server: nn.Module, optimizer: torch.optim.Optimizer, server_loss: torch.Tensor,
             client_losses: Sequence[torch.Tensor], leaves: Sequence[torch.Tensor]
-            ) -> tuple[float, list[torch.Tensor]]:
-    """Client gradients first (w_s^t, eq 9), then the server update from `server_loss`."""
-    grads = torch.autograd.grad(torch.stack(list(client_losses)).sum(), list(leaves),
-                                retain_graph=True)
+            ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Client gradients first (w_s^t, eq 9), then the server update from `server_loss`.
+    The loss comes back as a 0-dim tensor: read it when the step's gradients are read."""
+    grads = [g.detach() for g in torch.autograd.grad(
+        torch.stack(list(client_losses)).sum(), list(leaves), retain_graph=True)]
+    loss = server_loss.detach()
     optimizer.zero_grad(set_to_none=True)
     params = server_params(server)
     if params:
         torch.autograd.backward(server_loss, inputs=params)
     optimizer.step()
-    return float(server_loss.detach()), [g.detach() for g in grads]
+    return loss, grads
+
+
+def _read(loss: torch.Tensor, grads: list[torch.Tensor]) -> tuple[float, list[torch.Tensor]]:
+    """A whole step's (loss as a float, client gradients), as the step functions return."""
+    return float(loss), grads
 
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (scores, targets) → mean loss
@@ -215,12 +225,13 @@ class ConcatenatedForward:
 def concatenated_forward(server: nn.Module, activations: Sequence[torch.Tensor],
                          labels: Sequence[torch.Tensor], num_classes: int, *, adjust: bool,
                          tau: float = 1.0,
-                         client_priors: Sequence[torch.Tensor] | None = None
-                         ) -> ConcatenatedForward:
+                         client_priors: Sequence[torch.Tensor] | None = None,
+                         labels_checked: bool = False) -> ConcatenatedForward:
     """The forward of SCALA's step (CA-SFL's with `adjust` False: plain CE in both places).
 
     L_k, client k's mean loss on its slice of the logits, under P_k (`client_priors`, else
     the labels it sent); the server loss under P_s, the concatenation's label distribution.
+    `labels_checked`: every label is known to lie in [0, num_classes) (see `label_prior`).
     """
     leaves = _leaves(activations, labels)
     sizes = [a.shape[0] for a in leaves]
@@ -229,7 +240,8 @@ def concatenated_forward(server: nn.Module, activations: Sequence[torch.Tensor],
     if logits.ndim != 2 or logits.shape[1] != num_classes:
         raise ValueError(f"server output has shape {tuple(logits.shape)}, expected "
                          f"(batch, {num_classes})")
-    prior = label_prior(y, num_classes, dtype=_prior_dtype(logits)) if adjust else None
+    prior = label_prior(y, num_classes, dtype=_prior_dtype(logits),
+                        checked=labels_checked) if adjust else None
 
     def server_ce(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(scores, targets) if prior is None else \
@@ -251,8 +263,9 @@ def concatenated_update(server: nn.Module, optimizer: torch.optim.Optimizer,
                         forward: ConcatenatedForward, weights: Sequence[float] | None = None,
                         clipped: Sequence[float] | None = None,
                         terms: Sequence[torch.Tensor] | None = None
-                        ) -> tuple[float, list[torch.Tensor]]:
-    """The two backward passes of the step `forward` began, and the server update.
+                        ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The two backward passes of the step `forward` began, and the server update; the
+    server loss as a 0-dim tensor (on CUDA, reading it is a wait for the card).
 
     Backward 1 (client part, retain_graph): ∇_{A_k} Σ_j L_j. Without batch-coupling layers
     L_j depends on A_k only for j = k, so this is exactly ∇_{A_k} L_k (eq 8); with
@@ -286,7 +299,7 @@ def scala_server_step(server: nn.Module, activations: list[torch.Tensor],
     """
     forward = concatenated_forward(server, activations, labels, num_classes, adjust=True,
                                    tau=tau, client_priors=client_priors)
-    return concatenated_update(server, optimizer, forward)
+    return _read(*concatenated_update(server, optimizer, forward))
 
 
 def ca_sfl_server_step(server: nn.Module, activations: list[torch.Tensor],
@@ -300,7 +313,7 @@ def ca_sfl_server_step(server: nn.Module, activations: list[torch.Tensor],
     """
     forward = concatenated_forward(server, activations, labels, num_classes, adjust=False,
                                    tau=0.0)
-    return concatenated_update(server, optimizer, forward)
+    return _read(*concatenated_update(server, optimizer, forward))
 
 
 def lla_sfl_server_step(server: nn.Module, activations: list[torch.Tensor],
@@ -339,4 +352,4 @@ def lla_sfl_server_step(server: nn.Module, activations: list[torch.Tensor],
               zip(logits, ys, priors, strict=True)]
     server_loss = torch.stack([loss * (a.shape[0] / total)
                                for loss, a in zip(losses, leaves, strict=True)]).sum()
-    return _finish(server, optimizer, server_loss, losses, leaves)
+    return _read(*_finish(server, optimizer, server_loss, losses, leaves))

@@ -411,11 +411,22 @@ class Trainer:
                 out.missed[agent] = f"error: bad reply: {reason}"
         return out
 
-    def backward(self, grads: dict[str, torch.Tensor], step: int) -> Outcome:
+    @staticmethod
+    def read_step(loss: float | torch.Tensor, grads: dict[str, torch.Tensor]
+                  ) -> tuple[float, dict[str, np.ndarray]]:
+        """A server step's loss and its gradients for the agents, on the host after one
+        transfer for all of them (a float32 loss tensor rides with the gradients: on CUDA
+        one wait for the card, not two)."""
+        if not (isinstance(loss, torch.Tensor) and loss.dtype == torch.float32):
+            return float(loss), dict(zip(grads, to_host(list(grads.values())), strict=True))
+        *host, value = to_host([*grads.values(), loss])
+        return float(value), dict(zip(grads, host, strict=True))
+
+    def backward(self, grads: dict[str, np.ndarray], step: int) -> Outcome:
+        """Each agent's gradient at its activations (on the host: `read_step`) sent back."""
         s = self.settings
-        host = to_host(list(grads.values()))  # one transfer back for all agents
         commands = {a: Command(Kind.BACKWARD.value, {}, {"grad": g}, codec=s.codec,
-                               compression=s.compression) for a, g in zip(grads, host, strict=True)}
+                               compression=s.compression) for a, g in grads.items()}
         with self.books.timed("backward"):
             out = self.books.note(self.engine.send_and_receive(
                 commands, round=self.round, step=step,

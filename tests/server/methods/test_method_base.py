@@ -136,7 +136,7 @@ def test_a_round_returns_the_mean_of_its_iterations_losses(archive: Path) -> Non
 
     def spy(agents, acts, labels):  # noqa: ANN001, ANN202
         loss, grads = update(agents, acts, labels)
-        seen.append(loss)
+        seen.append(float(loss))  # a float, or a 0-dim tensor read later
         return loss, grads
     method.server_update = spy
     loss = method.run_round(sorted(SIZES))

@@ -82,7 +82,7 @@ def test_ca_sfl_clips_a_devices_share_of_the_server_gradient_only_under_all_shar
         server=server, optimizer=torch.optim.SGD(server.parameters(), lr=0.1),
         defences=Defences(settings, 3, None, books))  # type: ignore[arg-type]
     loss, grads = method.server_update(agents, acts, labels)
-    assert loss == pytest.approx(want_loss, rel=1e-6)
+    assert float(loss) == pytest.approx(float(want_loss), rel=1e-6)  # 0-dim tensors
     for p, q in zip(server.parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(p.detach(), q, rtol=0, atol=1e-6)
     for a, g in zip(agents, want_grads, strict=True):

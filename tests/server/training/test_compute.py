@@ -159,6 +159,22 @@ def test_one_transfer_each_way_keeps_every_value() -> None:
     assert to_device([], np.float32, device) == [] and to_host([]) == []
 
 
+def test_a_step_reads_its_loss_with_its_gradients(archive: Path) -> None:
+    """Trainer.read_step: a float32 loss tensor and every agent's gradient come back
+    together, in agent order with their shapes; a float loss passes through as it is."""
+    _, test = load_dataset_split("digits", 0.2, 0)
+    trainer = Trainer(InProcessEngine({}), archive, Settings(device="cpu"), test)
+    grads = {"a1": torch.full((2, 3), 0.25), "a0": torch.arange(4.0).reshape(4, 1)}
+    loss, host = trainer.read_step(torch.tensor(1.75), grads)
+    assert loss == 1.75 and list(host) == ["a1", "a0"]
+    assert host["a1"].shape == (2, 3) and float(host["a1"].sum()) == 1.5
+    assert host["a0"].ravel().tolist() == [0.0, 1.0, 2.0, 3.0]
+    loss, host = trainer.read_step(0.5, {"a2": torch.ones(1, 2, dtype=torch.float64)})
+    assert loss == 0.5 and host["a2"].dtype == np.float32 and host["a2"].tolist() == [[1, 1]]
+    bf16 = torch.tensor(3.0, dtype=torch.bfloat16)  # not float32: read on its own
+    assert trainer.read_step(bf16, {})[0] == 3.0
+
+
 def test_auto_places_the_server_block_where_torch_sees_a_device(
         archive: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _, test = load_dataset_split("digits", 0.2, 0)
