@@ -587,3 +587,33 @@ def test_sherl_starts_every_round_from_the_cloud_average_of_both_tiers(archive: 
             kept = end[r - 1]["server_optimiser"]
             assert kept and all(np.array_equal(a, b) for a, b in zip(
                 now["server_optimiser"], kept, strict=True)), f"round {r}: cloud momentum"
+
+
+def test_sherl_averages_mid_round_on_its_tau_schedule(archive: Path) -> None:
+    """SHeRL-FL with T = 12 local steps, τ1 = 3, τ2 = 6 (values at which a schedule off by
+    two steps shows; τ2 = 2 = T hides it): the edges average and push after steps 3, 6 and
+    9, the cloud after step 6; step 12 ends the round, which aggregates both without
+    pushing."""
+    from jetsplit.edge_agent.edge import no_data
+    from jetsplit.server.methods.sherl import SHeRL
+
+    edges = {"e0": ["a0", "a2"], "e1": ["a1", "a3"]}
+    t = _trainer(archive, "sherl", None, edges=edges, edge_split=4, tau1=3, tau2=6,
+                 local_steps=12, rounds=1)
+    for i, edge in enumerate(edges):
+        t.engine.workers[edge] = AgentWorker(edge, no_data(), role="edge", seed=10 + i)
+    t = Trainer(InProcessEngine(t.engine.workers), archive, t.settings, t.test)
+    method = build_method("sherl", t)
+    assert isinstance(method, SHeRL)
+    seen: list[tuple[int, str, bool]] = []
+    for tier in ("edge", "cloud"):
+        original = getattr(method, f"_{tier}_aggregate")
+
+        def spy(period: Any, *, push: bool, tier: str = tier, original: Any = original) -> None:
+            seen.append((method.steps_done, tier, push))
+            original(period, push=push)
+        setattr(method, f"_{tier}_aggregate", spy)
+    method.run_round(sorted(SIZES))
+    assert seen == [(3, "edge", True), (6, "edge", True), (6, "cloud", True),
+                    (9, "edge", True), (12, "edge", False), (12, "cloud", False)]
+    assert method.aggregations == {"edge": 4, "cloud": 2}
