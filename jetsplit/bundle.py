@@ -37,9 +37,10 @@ from jetsplit.models import (
     AuxiliaryHead,
     ModelSpec,
     build_aux_head,
-    build_model,
     split,
 )
+from jetsplit.models.safetensors_views import UnreadableWeights, tensor_views
+from jetsplit.models.sources import build_to_load
 from jetsplit.models.weights import load_strict
 
 # Format 2: the manifest names its role, and a bundle holds only what that role runs.
@@ -404,6 +405,7 @@ class Bundle:
         self.source = source
         self._tmp = tmp  # keeps an extracted tar alive as long as the bundle
         self._templates: dict[str, nn.Module] = {}  # verified blocks, copied on each request
+        self._built: set[str] = set()  # blocks built once already (cached from the second)
 
     def __repr__(self) -> str:
         m = self.manifest
@@ -443,21 +445,22 @@ class Bundle:
     def load_weights(self, block: str) -> dict[str, torch.Tensor]:
         """A block's tensors, re-hashed at read time so a file swapped after loading is caught."""
         name = WEIGHT_FILES[block]
-        data = self.path(name).read_bytes()
-        if hashlib.sha256(data).hexdigest() != self.manifest.files[name].sha256:
+        path = self.path(name)
+        data = bytearray(path.stat().st_size)
+        with open(path, "rb") as fh:  # one buffer: hashed, then viewed (no copy per tensor)
+            got = fh.readinto(data)
+        if got != len(data) or \
+                hashlib.sha256(data).hexdigest() != self.manifest.files[name].sha256:
             raise BundleError(f"bundle {self.source}: {name}: sha256 mismatch (file was modified)")
-        from safetensors import SafetensorError
-        from safetensors.torch import load
-
         try:
-            return load(data)
-        except (SafetensorError, ValueError) as exc:
+            return tensor_views(data)
+        except UnreadableWeights as exc:
             raise BundleError(f"bundle {self.source}: {name}: unreadable safetensors "
                               f"({_oneline(exc)})") from None
 
     def _blocks(self) -> tuple[nn.Module, nn.Sequential, nn.Sequential]:
         check_code(self.manifest, f"bundle {self.source}")
-        model = build_model(self.spec, seed=0)
+        model = build_to_load(self.spec)  # every tensor of the block used is loaded next
         client, server = split(model, self.split)
         names = (tuple(n for n, _ in client.named_children()),
                  tuple(n for n, _ in server.named_children()))
@@ -485,24 +488,33 @@ class Bundle:
             raise BundleError(f"bundle {self.source}: a {self.role} bundle has no {block} block")
 
     def _template(self, block: str) -> nn.Module:
-        """Build and load a block once (weights hash-checked then); later calls copy it,
-        which is what lets 100 simulated clients rebuild blocks cheaply."""
+        """Build and load a block (weights hash-checked then). A block asked for a second
+        time is kept as a template that later calls copy, which is what lets 100 simulated
+        clients rebuild blocks cheaply; one asked for once (the coordinator's server block)
+        is handed over as built, not held twice."""
         self._need(block)
         if block not in self._templates:
-            model, client, server = self._blocks()
-            if block == "aux":
-                assert self.manifest.aux_ratio is not None
-                module: nn.Module = build_aux_head(model, self.split, self.manifest.aux_ratio,
-                                                   seed=0)
-            elif block == "edge":
-                from jetsplit.tiers import carve
-
-                assert self.manifest.edge_layers is not None
-                module = carve(server, self.manifest.edge_layers)[0]
-            else:
-                module = client if block == "client" else server
-            self._templates[block] = self._load_into(module, block)
+            if block not in self._built:
+                self._built.add(block)
+                return self._build_block(block)
+            self._templates[block] = self._build_block(block)
         return copy.deepcopy(self._templates[block])
+
+    def _build_block(self, block: str) -> nn.Module:
+        """`block` built from the model and loaded from its (re-hashed) weights file."""
+        model, client, server = self._blocks()
+        if block == "aux":
+            assert self.manifest.aux_ratio is not None
+            module: nn.Module = build_aux_head(model, self.split, self.manifest.aux_ratio,
+                                               seed=0)
+        elif block == "edge":
+            from jetsplit.tiers import carve
+
+            assert self.manifest.edge_layers is not None
+            module = carve(server, self.manifest.edge_layers)[0]
+        else:
+            module = client if block == "client" else server
+        return self._load_into(module, block)
 
     def client_module(self) -> nn.Sequential:
         """The trainable client block (layers[:split]) with the bundle's weights."""

@@ -40,6 +40,15 @@ def to_arrays(module: nn.Module, prefix: str) -> dict[str, np.ndarray]:
             for name, t in module.state_dict().items()}
 
 
+def stand_ins(module: nn.Module, prefix: str) -> dict[str, np.ndarray]:
+    """A module's state as `<prefix>/<name>` arrays with each tensor's shape and dtype but
+    no memory of their own (zero-stride, read-only): what replies are checked against, not
+    a copy of the weights held for the whole run."""
+    return {f"{prefix}/{name}": np.broadcast_to(
+                np.zeros((), torch.empty((), dtype=t.dtype).numpy().dtype), tuple(t.shape))
+            for name, t in module.state_dict().items()}
+
+
 def from_arrays(arrays: Mapping[str, np.ndarray], prefix: str) -> dict[str, torch.Tensor]:
     """The `<prefix>/…` entries of received arrays as writable torch tensors."""
     start = f"{prefix}/"

@@ -28,7 +28,7 @@ from jetsplit.devices import resolve_device
 from jetsplit.errors import JetsplitError
 from jetsplit.models import ZOO_VERSION
 from jetsplit.models.split import eval_mode
-from jetsplit.models.weights import from_arrays, load_strict, to_arrays
+from jetsplit.models.weights import from_arrays, load_strict, stand_ins, to_arrays
 from jetsplit.protocol import Kind
 from jetsplit.server.cuts.shipping import BundleShipper
 from jetsplit.server.defences.defences import Defences
@@ -96,8 +96,9 @@ class Trainer:
         self.optimizer = self.server_optimizer.for_module(self.server)
         client = self.bundle.client_module()
         self.global_client: Arrays = to_arrays(client, "client")
-        self.weight_template: Arrays = {**self.global_client,
-                                        **to_arrays(self.server, "server")}
+        # names, shapes and dtypes only (replies are checked against it): no weights held
+        self.weight_template: Arrays = {**stand_ins(client, "client"),
+                                        **stand_ins(self.server, "server")}
         # What a device at cut k holds beyond its client layers, where that differs from
         # the server cut's (Ampere: the aux head built for k); replaces those blocks.
         self.cut_templates: dict[int, Arrays] = {}
