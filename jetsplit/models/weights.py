@@ -49,6 +49,16 @@ def stand_ins(module: nn.Module, prefix: str) -> dict[str, np.ndarray]:
             for name, t in module.state_dict().items()}
 
 
+def to_load(arrays: Mapping[str, np.ndarray], prefix: str) -> dict[str, torch.Tensor]:
+    """The `<prefix>/…` entries as tensors for `load_strict` only, which copies them into
+    the module: sharing the arrays' memory where they are writable (an average just
+    computed) instead of copying them first; a read-only one is copied."""
+    start = f"{prefix}/"
+    return {name[len(start):]: torch.from_numpy(
+                value if value.flags.writeable else np.array(value, copy=True))
+            for name, value in arrays.items() if name.startswith(start)}
+
+
 def from_arrays(arrays: Mapping[str, np.ndarray], prefix: str) -> dict[str, torch.Tensor]:
     """The `<prefix>/…` entries of received arrays as writable torch tensors."""
     start = f"{prefix}/"

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from jetsplit.models.weights import from_arrays, load_strict
+from jetsplit.models.weights import load_strict, to_load
 from jetsplit.server.methods.base import SplitMethod
 from jetsplit.server.methods.server_copies import ServerCopies, array_views
 
@@ -56,7 +56,8 @@ class SplitFedV1(SplitMethod):
                     states, t.defences.sizes(participants),
                     reference=array_views(t.server, "server"), block="server copy",
                     uploaded=False)
-            load_strict(t.server, from_arrays(merged, "server"), "server average")
+            # the average is this round's own: loaded without another copy of it first
+            load_strict(t.server, to_load(merged, "server"), "server average")
         self.copies, self.optimizers = {}, {}
 
 
