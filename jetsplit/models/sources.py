@@ -209,13 +209,18 @@ def build_model(
         return _build(spec, path)
 
 
+# torch.device as a context manager (torch >= 2.0); the device floor's torch 1.13 builds
+# as before, initialised.
+_META_CONTEXT = hasattr(torch.device("meta"), "__enter__")
+
+
 def build_to_load(spec: ModelSpec) -> LayeredModel:
     """A model whose every tensor the caller loads next (a bundle's blocks): a zoo model's
     layers get storage but no initialisation, which for AlexNet's 20M weights was most of
     a second of CPU per block built, the random values then overwritten. Other sources are
     built as usual (their factories may do more than allocate), and so is a model with a
     buffer outside its state dict, which no load would fill."""
-    if parse_source(spec.name).kind != "zoo":
+    if parse_source(spec.name).kind != "zoo" or not _META_CONTEXT:
         return build_model(spec, seed=0)
     with torch.device("meta"):
         model = build_zoo_model(spec, seed=0)
