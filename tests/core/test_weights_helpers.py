@@ -3,7 +3,10 @@ checking replies, and arrays loaded without a defensive copy first."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
@@ -39,3 +42,26 @@ def test_to_load_shares_a_writable_average_and_copies_a_read_only_one() -> None:
     assert loaded["server/bias"].tolist() == [-1.5, 2.0]
     average["server/weight"][0, 0] = 9.0  # the module holds its own copy after the load
     assert float(target.weight.detach()[0, 0]) == 0.0
+
+
+def test_a_bundle_block_is_the_same_whether_built_on_meta_or_initialised(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`build_to_load` skips initialisation where torch has the meta-device context (2.x)
+    and builds initialised where it has not (the device floor's 1.13): either way the
+    bundle's block holds the file's weights, and the global RNG is left where it was."""
+    from jetsplit.bundle import load_bundle
+    from jetsplit.export.bundle_writer import write_bundle
+    from jetsplit.models import ModelSpec, sources
+
+    report = write_bundle(ModelSpec("alexnet", (1, 28, 28), 10), 2, tmp_path / "b", seed=4,
+                          tar=True)
+    assert report.tar_path is not None
+    torch.manual_seed(11)
+    meta = to_arrays(load_bundle(report.tar_path).server_module(), "server")
+    after_meta = torch.rand(3)
+    monkeypatch.setattr(sources, "_META_CONTEXT", False)
+    torch.manual_seed(11)
+    built = to_arrays(load_bundle(report.tar_path).server_module(), "server")
+    assert torch.equal(torch.rand(3), after_meta)
+    assert sorted(meta) == sorted(built) and len(meta) > 4
+    assert all(np.array_equal(meta[k], built[k]) for k in meta)
