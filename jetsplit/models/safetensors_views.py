@@ -1,6 +1,6 @@
 """A safetensors file's tensors as views into the one buffer it was read (and hashed) into.
 
-`safetensors.torch.load(data)` copies every tensor out of `data`, so loading a verified
+safetensors' own loader from bytes copies every tensor out of them, so loading a verified
 weights file held three copies at once: the file's bytes, the loaded tensors and the
 module they are copied into (240 MB at AlexNet's server block). Here the tensors are
 views of the buffer (which they keep alive), copied into the module and dropped. The
