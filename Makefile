@@ -31,9 +31,12 @@ setup: $(VENV)/.installed
 demo: setup
 	$(VENV)/bin/jetsplit trial --out runs/demo
 
+# The suite runs on TEST_WORKERS processes (pytest-xdist; 0: one process, in order): most of
+# its tests keep one core busy, so two workers fill a 2-core machine.
+TEST_WORKERS ?= 2
 test: setup
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 # The fast tier: the methods' numbers on tiny models, hand-computed (well under 90 s).
 fast: setup
