@@ -11,13 +11,15 @@ and leaves it out of the round's later exchanges: steps, pushes, pulls, releases
 plays again from that step on; it still holds this round's weights.
 
 The proof of life grows with the misses: after its n-th miss in a round an agent must answer
-n probes in a row (each posted once the one before is answered) before it plays again. A
-device that stalled once answers one probe and plays on; a flaky one that answers only every
-other command (a marginal link, a thermal governor) answers a probe, then misses the next,
-so after its second miss it stays out for the round, and the next round's start books that
-silence and benches it (server/defences/sitting_out.py: 1, 2, 4 … rounds) instead of letting
-each probe bring it back for one more cut-off wait. An honest device, slow or not, answers
-every probe: it is never held out longer than its probes take, and never benched for it.
+n + 1 probes in a row (each posted once the one before is answered) before it plays again.
+One answer cannot tell a device that recovered from a flaky one that answers only every
+other command (a marginal link, a thermal governor); two in a row can. So a device that
+stalled once answers two probes and plays on, while the flaky one answers the first probe,
+misses the second, stays out for the round after a single cut-off wait, and the next
+round's start books that silence and benches it (server/defences/sitting_out.py: 1, 2, 4 …
+rounds) instead of letting a probe bring it back for one more cut-off wait. An honest
+device, slow or not, answers every probe: it is never held out longer than its probes
+take, and never benched for it.
 
 The round-start probe of agents that sat out or missed their last exchange
 (server/defences/sitting_out.py) is posted the same way before selection: they are not
@@ -34,6 +36,10 @@ from __future__ import annotations
 from jetsplit.server.defences.sitting_out import DEADLINE, PROBE
 from jetsplit.server.engines.seam import Command, Engine, Outcome, Posted, Reply
 from jetsplit.server.training.round_books import RoundBooks
+
+# Probe answers in a row owed after a round's first miss (one more per further miss): two,
+# the fewest that tell a recovered device from one answering every other command.
+PROOF_AFTER_FIRST_MISS = 2
 
 
 def alive(result: Reply | str) -> bool:
@@ -61,8 +67,9 @@ class Rejoin:
         self.round = round
         new = sorted(a for a, why in outcome.missed.items()
                      if why.startswith(DEADLINE) and a not in self.out | self.waiting)
-        for agent in new:  # its n-th miss this round: n answers in a row to play again
-            self.misses[agent] = self.owed[agent] = self.misses.get(agent, 0) + 1
+        for agent in new:  # its n-th miss this round: n + 1 answers in a row to play again
+            self.misses[agent] = self.misses.get(agent, 0) + 1
+            self.owed[agent] = self.misses[agent] + PROOF_AFTER_FIRST_MISS - 1
         if new:
             self._post(new, round, step)
             self.out.update(new)
@@ -90,7 +97,7 @@ class Rejoin:
         for agent in sorted(self.out):
             if agent not in self.results or not alive(self.results[agent]):
                 continue
-            self.owed[agent] = self.owed.get(agent, 1) - 1
+            self.owed[agent] = self.owed.get(agent, PROOF_AFTER_FIRST_MISS) - 1
             if self.owed[agent] <= 0:
                 self.out.discard(agent)
             else:

@@ -1,5 +1,6 @@
 """The rejoin rule (server/training/rejoin.py): an agent that missed an exchange by deadline
-sits out the round's later steps until it answers a probe posted alongside them; the
+sits out the round's later steps until it answers two probes in a row, posted alongside
+them (one more per further miss of the round); the
 round-start probe keeps a suspect out of that round; at the next round's start every
 outstanding probe is booked as one `status` exchange, so the bench clears who answered and
 benches again who stayed silent. The engine's answers are set by hand: no clock, no wait."""
@@ -71,7 +72,7 @@ def _setup(max_misses: int = 3) -> tuple[_Hand, Rejoin, Bench, RoundBooks]:
 AGENTS = ["a0", "a1", "a2", "a3"]
 
 
-def test_a_miss_sits_out_until_the_probe_is_answered() -> None:
+def test_a_miss_sits_out_until_two_probes_in_a_row_are_answered() -> None:
     engine, rejoin, bench, books = _setup()
     books.note(Outcome({a: _reply(a) for a in AGENTS[:3]},
                        {"a3": "deadline (cut off after 4.0 s: the others had answered)"},
@@ -80,14 +81,16 @@ def test_a_miss_sits_out_until_the_probe_is_answered() -> None:
     assert rejoin.playing(AGENTS) == AGENTS[:3]  # step 1: out, and not asked
     assert rejoin.playing(AGENTS) == AGENTS[:3]  # step 2: still silent, still out
     engine.said["a3"] = _reply("a3", 0.25)
-    assert rejoin.playing(AGENTS) == AGENTS  # step 3: it answered, it plays again
+    assert rejoin.playing(AGENTS) == AGENTS[:3]  # step 3: one answer of the two it owes
+    assert engine.posts == [(PROBE, ["a3"], 0)] * 2  # the second probe went out at once
+    assert rejoin.playing(AGENTS) == AGENTS  # step 4: two in a row, it plays again
     assert bench.misses == {"a3": 1}  # a mid-round answer is no step: misses stay
     bench.round = 1
     settled = rejoin.settle(books)  # next round's start: booked as one status exchange
     assert settled is not None and settled.kind == PROBE and settled.agents == ["a3"]
     assert books.probes == {"a3": "answered in 0.25 s"}
     assert bench.misses == {} and bench.to_probe(AGENTS) == []  # the answer clears it
-    assert engine.posts == [(PROBE, ["a3"], 0)]  # and nothing more was sent
+    assert engine.posts == [(PROBE, ["a3"], 0)] * 2  # and nothing more was sent
 
 
 def test_a_silent_agent_is_benched_at_the_next_round_start_without_a_wait() -> None:
@@ -135,6 +138,7 @@ def test_errors_offline_probes_and_bundles_send_no_probe() -> None:
     books.note(Outcome({}, {"a3": "deadline"}, "backward"))  # already out: one probe
     assert engine.posts == [(PROBE, ["a3"], 0)]
     engine.said["a3"] = "error: not ready"
+    assert rejoin.playing(AGENTS) == AGENTS[:3]  # one answer; a second is owed
     assert rejoin.playing(AGENTS) == AGENTS
 
 
@@ -159,20 +163,23 @@ def test_the_in_process_engine_answers_a_post_at_once() -> None:
 
 
 def test_the_proof_of_life_grows_with_the_misses_of_a_round() -> None:
-    """The n-th miss of a round asks n probe answers in a row: a device that stalled
-    twice and answers every probe plays again after two of them."""
+    """The n-th miss of a round asks n + 1 probe answers in a row: a device that stalled
+    twice and answers every probe plays again after two, then three of them."""
     engine, rejoin, bench, books = _setup()
     books.note(Outcome({"a0": _reply("a0")}, {"a3": "deadline"}, "forward"))
     engine.said["a3"] = _reply("a3")
-    assert rejoin.playing(AGENTS) == AGENTS  # one miss: one answer brings it back
+    assert rejoin.playing(AGENTS) == AGENTS[:3]  # one miss: one answer of two
+    assert rejoin.playing(AGENTS) == AGENTS  # the second brings it back
     del engine.said["a3"]
     books.note(Outcome({"a0": _reply("a0")}, {"a3": "deadline (cut off after 8.0 s)"},
                        "backward"))
     assert rejoin.playing(AGENTS) == AGENTS[:3]
     engine.said["a3"] = _reply("a3")
-    assert rejoin.playing(AGENTS) == AGENTS[:3]  # one answer of the two it owes
-    assert engine.posts == [(PROBE, ["a3"], 0)] * 3  # the next probe went out at once
-    assert rejoin.playing(AGENTS) == AGENTS  # the second answer: it plays again
+    assert rejoin.playing(AGENTS) == AGENTS[:3]  # one answer of the three it owes
+    assert engine.posts == [(PROBE, ["a3"], 0)] * 4  # the next probe went out at once
+    assert rejoin.playing(AGENTS) == AGENTS[:3]  # two of three
+    assert rejoin.playing(AGENTS) == AGENTS  # the third answer: it plays again
+    assert engine.posts == [(PROBE, ["a3"], 0)] * 5
     assert bench.misses == {"a3": 2} and bench.until == {}
     bench.round = 1
     rejoin.settle(books)
@@ -181,22 +188,18 @@ def test_the_proof_of_life_grows_with_the_misses_of_a_round() -> None:
 
 
 def test_a_device_answering_every_other_command_stays_out_and_is_benched() -> None:
-    """Its probe after a miss is answered, its next step missed; after that second miss it
-    answers the first of the two probes it owes and misses the second: out for the rest of
-    the round, and benched at the next round's start (not brought back for a third miss)."""
+    """After its first miss it answers the first of the two probes it owes and misses the
+    second: out for the rest of the round after one cut-off wait, and benched at the next
+    round's start (never brought back for a second miss)."""
     engine, rejoin, bench, books = _setup()
     books.note(Outcome({"a0": _reply("a0")}, {"a3": "deadline"}, "set_weights"))
-    engine.said["a3"] = _reply("a3")  # 2nd command: answered
-    assert rejoin.playing(AGENTS) == AGENTS
-    del engine.said["a3"]
-    books.note(Outcome({"a0": _reply("a0")}, {"a3": "deadline"}, "forward"))  # 3rd: missed
-    engine.said["a3"] = _reply("a3")  # 4th (a probe): answered
+    engine.said["a3"] = _reply("a3")  # 2nd command (a probe): answered
     assert rejoin.playing(AGENTS) == AGENTS[:3]
-    del engine.said["a3"]  # 5th (the next probe): silent
+    del engine.said["a3"]  # 3rd (the next probe): silent
     for _ in range(4):  # the round's later steps: still out, nothing more sent
         assert rejoin.playing(AGENTS) == AGENTS[:3]
-    assert len(engine.posts) == 3
-    assert bench.misses == {"a3": 2} and bench.until == {}  # never 3 misses in a row
+    assert len(engine.posts) == 2
+    assert bench.misses == {"a3": 1} and bench.until == {}  # one miss, no more
     bench.round = 1
     rejoin.settle(books)
     assert books.probes == {"a3": "no answer: deadline"}
