@@ -4,7 +4,11 @@ plain PyTorch loop, side by side in one run.
 The limit a simulator approaches is a plain training loop: the same model (built by
 `jetsplit.models.build_model`, same seed), SGD, the same number of steps of the same batch
 drawn from the same training samples, and the same number of test-set evaluations (one per
-round). Each run — the plain loop, then `simulate` of each method — is its own subprocess
+round). SplitFed V1, FedAvg, SCALA and PSL do more work than that loop by their own design
+(a model per client, two backward passes, an evaluation per client block), so each is also
+held against its own plain loop (benchmarks/overhead_references.py): a method's ratio to
+the plain loop is its cost, its ratio to its own loop is the framework's. Each run — the
+plain loops, then `simulate` of each method — is its own subprocess
 with one torch thread (`OMP_NUM_THREADS=1`, `torch.set_num_threads(1)`), so its user+sys CPU
 seconds and peak RSS are that run's alone (`os.wait4`'s rusage of the child); CPU time, not
 wall time, because wall time on a shared machine measures the neighbours. The runs are
@@ -44,44 +48,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-PLAIN = "plain"
+# benchmarks/ is on sys.path when run as a script
+from overhead_references import PLAIN, REFERENCES, SHAPES, run_reference
+
 SMOKE_METHODS = ["splitfed-v1", "scala"]
-
-
-def run_plain(args: argparse.Namespace) -> dict[str, Any]:
-    """The plain loop: one model, SGD, rounds × steps batches of `batch` samples drawn
-    (seeded) from the training split, the test split evaluated once per round."""
-    import numpy as np
-    import torch
-    from torch import nn
-
-    from jetsplit.data import load_dataset_split
-    from jetsplit.models import ModelSpec, build_model
-
-    train, test = load_dataset_split(args.dataset, 0.2, args.seed)
-    model = build_model(ModelSpec(args.model, train.input_shape, train.num_classes),
-                        seed=args.seed)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    rng = np.random.default_rng(args.seed)
-    losses = []
-    for _ in range(args.rounds):
-        model.train()
-        for _ in range(args.local_steps):
-            idx = rng.choice(len(train), size=args.batch, replace=False)
-            x, y = torch.from_numpy(train.x[idx]), torch.from_numpy(train.y[idx])
-            optimizer.zero_grad(set_to_none=True)
-            loss = nn.functional.cross_entropy(model(x), y)
-            loss.backward()
-            optimizer.step()
-            losses.append(float(loss.detach()))
-        model.eval()
-        correct = 0
-        with torch.no_grad():
-            for start in range(0, len(test), 512):
-                x = torch.from_numpy(test.x[start:start + 512])
-                y = torch.from_numpy(test.y[start:start + 512])
-                correct += int((model(x).argmax(1) == y).sum())
-    return {"final_accuracy": correct / len(test), "train_loss": float(np.mean(losses))}
 
 
 def run_method(args: argparse.Namespace, method: str) -> dict[str, Any]:
@@ -112,7 +82,8 @@ def child(args: argparse.Namespace) -> None:
 
     logging.basicConfig(level=logging.ERROR)
     torch.set_num_threads(1)
-    result = run_plain(args) if args.child == PLAIN else run_method(args, args.child)
+    result = run_reference(args, args.child) if args.child == PLAIN or args.child in SHAPES \
+        else run_method(args, args.child)
     print(json.dumps(result), flush=True)
 
 
@@ -181,20 +152,31 @@ def scale(args: argparse.Namespace, fleets: list[tuple[int, float]]) -> list[str
 
 
 def table(runs: list[str], results: dict[str, list[dict[str, Any]]]) -> list[str]:
-    """Medians per run and their ratios to the plain loop's (same repeat count each)."""
+    """Medians per run, their ratios to the plain loop's, and a method's CPU and RSS ratios
+    to its own plain loop's where it has one (same repeat count each)."""
     med = {r: {k: statistics.median(m[k] for m in results[r])
                for k in ("cpu", "sys", "rss_mb", "wall", "accuracy")} for r in runs}
     base = med[PLAIN]
     lines = ["| run | user+sys CPU s | × plain | peak RSS MB | × plain | sys s | × plain "
-             "| wall s | final accuracy |", "|---|---|---|---|---|---|---|---|---|"]
+             "| wall s | final accuracy | CPU × its plain loop | RSS × its plain loop |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
-        m = med[r]
-        name = "plain PyTorch loop" if r == PLAIN else f"simulate --algorithm {r}"
-        lines.append(f"| {name} | {m['cpu']:.1f} | {m['cpu'] / base['cpu']:.2f} | "
+        m, own = med[r], med.get(REFERENCES.get(r, ""))
+        mine = (f"{m['cpu'] / own['cpu']:.2f} | {m['rss_mb'] / own['rss_mb']:.2f}"
+                if own else "— | —")
+        lines.append(f"| {run_name(r)} | {m['cpu']:.1f} | {m['cpu'] / base['cpu']:.2f} | "
                      f"{m['rss_mb']:.0f} | {m['rss_mb'] / base['rss_mb']:.2f} | {m['sys']:.1f} | "
                      f"{m['sys'] / max(base['sys'], 1e-3):.2f} | {m['wall']:.1f} | "
-                     f"{m['accuracy']:.4f} |")
+                     f"{m['accuracy']:.4f} | {mine} |")
     return lines
+
+
+def run_name(run: str) -> str:
+    if run == PLAIN:
+        return "plain PyTorch loop"
+    if run in SHAPES:
+        return f"plain loop, {SHAPES[run].name}"
+    return f"simulate --algorithm {run}"
 
 
 def main() -> int:
@@ -230,7 +212,8 @@ def main() -> int:
         args.dataset, args.model, args.agents, args.batch = "digits", "vgg11", 2, 16
         args.fleets = "4:0.5,16:0.125"
     fleets = parse_fleets(args.fleets)
-    runs = [PLAIN, *args.methods]
+    own = [REFERENCES[m] for m in args.methods if m in REFERENCES]
+    runs = [PLAIN, *dict.fromkeys(own), *args.methods]  # each method's own loop once
     print(f"# {shape_flags(args)}, {args.repeats} repeats, one torch thread each", flush=True)
     results: dict[str, list[dict[str, Any]]] = {r: [] for r in runs}
     for repeat in range(args.repeats):
@@ -246,6 +229,11 @@ def main() -> int:
         for r in args.methods:
             cpu = statistics.median(m["cpu"] for m in results[r])
             print(f"ratio {r} / plain CPU: {cpu / base:.2f}")
+        for r in (m for m in args.methods if m in REFERENCES):
+            cpu, ref = (statistics.median(m["cpu"] for m in results[x])
+                        for x in (r, REFERENCES[r]))
+            print(f"ratio {r} / its plain loop ({SHAPES[REFERENCES[r]].name}) CPU: "
+                  f"{cpu / ref:.2f}")
     if fleets:
         print(f"\n# scale: {args.rounds} rounds × {args.local_steps} steps, batch {args.batch}")
         print("\n".join(scale(args, fleets)))
