@@ -109,6 +109,31 @@ def test_int8_of_an_empty_tensor_round_trips(shape: tuple[int, ...]) -> None:
     assert roundtrip(x, "int8").shape == shape
 
 
+@pytest.mark.parametrize("shape", [(2, 3, 4), (2, 2, 2, 2, 2), (5,)])
+def test_int8_ranges_are_per_tensor_unless_four_dimensional(shape: tuple[int, ...]) -> None:
+    """One (lo, scale) pair for a 3-D or 5-D tensor, kept in its own element order."""
+    x = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape) * 0.5
+    enc = encode(x, "int8")
+    assert len(enc.params) == 2
+    step = float(x.max() - x.min()) / 255
+    assert np.abs(roundtrip(x, "int8") - x).max() <= step / 2 + 1e-6
+
+
+def test_int8_with_more_channels_than_small_integers_round_trips() -> None:
+    """200 channels: 400 range parameters (an identity check of small cached integers
+    would pass 6 and fail 400)."""
+    x = np.linspace(-3, 3, 400, dtype=np.float32).reshape(2, 200, 1, 1)
+    enc = encode(x, "int8")
+    assert len(enc.params) == 400
+    assert np.abs(roundtrip(x, "int8") - x).max() <= 1e-6
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_int8_refuses_what_it_cannot_range(bad: float) -> None:
+    with pytest.raises(CodecError, match="int8 codec cannot encode NaN or infinity"):
+        encode(np.array([1.0, bad, 2.0], dtype=np.float32), "int8")
+
+
 @pytest.mark.parametrize("given", [4, 8])
 def test_int8_range_parameters_must_be_exactly_two_per_channel(given: int) -> None:
     enc = encode(np.ones((1, 3, 2, 2), dtype=np.float32), "int8")
@@ -146,6 +171,44 @@ def test_a_long_uncompressed_payload_is_refused_by_its_length() -> None:
         decode(np.zeros(7, np.float32).tobytes(), "float32", (6,), "fp32")
 
 
+def test_a_short_uncompressed_payload_is_refused_by_its_length() -> None:
+    with pytest.raises(CodecError, match="payload decodes to 20 bytes, descriptor says 24"):
+        decode(np.zeros(5, np.float32).tobytes(), "float32", (6,), "fp32")
+
+
+@pytest.mark.parametrize("extra", [b"\x00", b"garbage"])
+def test_an_lz4_payload_with_bytes_after_its_frame_is_refused(extra: bytes) -> None:
+    pytest.importorskip("lz4")
+    enc = encode(np.arange(6, dtype=np.float32), "fp32", "lz4")
+    with pytest.raises(CodecError, match="lz4 payload is longer or shorter"):
+        decode(bytes(enc.payload) + extra, "float32", (6,), "fp32", "lz4")
+
+
+def test_a_truncated_lz4_frame_is_refused() -> None:
+    pytest.importorskip("lz4")
+    enc = encode(np.arange(64, dtype=np.float32), "fp32", "lz4")
+    with pytest.raises(CodecError, match="lz4 payload is"):
+        decode(bytes(enc.payload)[:-6], "float32", (64,), "fp32", "lz4")
+
+
+def test_a_library_error_is_reported_by_its_first_line() -> None:
+    assert codecs._first_line(ValueError("frame header\nat byte 7")) == "frame header"
+    assert codecs._first_line(ValueError("")) == "ValueError"
+
+
+@pytest.mark.parametrize("dtype", [np.complex64, np.uint16, np.uint32, np.complex128])
+def test_dtypes_the_wire_does_not_carry_are_refused_at_encoding(dtype: type) -> None:
+    name = np.dtype(dtype).name
+    with pytest.raises(CodecError, match=f"dtype {name} cannot travel on the wire"):
+        encode(np.zeros(3, dtype=dtype))
+
+
+def test_a_float16_array_travels_under_each_float_codec() -> None:
+    x = np.array([0.5, -2.0, 3.0], dtype=np.float16)
+    for codec in ("fp32", "fp16", "bf16", "int8"):
+        assert roundtrip(x, codec).tolist() == pytest.approx([0.5, -2.0, 3.0], abs=0.02)
+
+
 @pytest.mark.parametrize("compression", ["brotli", "gzip", "zzz"])
 def test_an_unknown_compression_is_named_not_tried(compression: str) -> None:
     with pytest.raises(CodecError, match=f"unknown compression '{compression}'"):
@@ -171,6 +234,9 @@ def test_raw_arrays_decode_under_a_parsed_codec_name() -> None:
     assert enc.codec == "raw"
     out = decode(bytes(enc.payload), parsed("int64"), enc.shape, parsed("raw"))
     assert out.tolist() == [0, 1, 2, 3, 4]
+    half = np.array([1.5, -0.25], dtype=np.float16)  # a raw float16 descriptor decodes too
+    out = decode(half.tobytes(), parsed("float16"), (2,), parsed("raw"))
+    assert out.dtype == np.float16 and out.tolist() == [1.5, -0.25]
 
 
 # ---------------------------------------------------------------- size limits
