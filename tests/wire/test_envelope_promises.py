@@ -1,0 +1,209 @@
+"""What the envelope's decoder promises, each test written to fail when the code is wrong in a
+plausible way: a device signature verifies under its sender's key over exactly the covered
+bytes, whatever the message's length; `signed` means something verified it; the header is
+parsed strictly (no coercion of strings into numbers) with its documented defaults; a
+checksum mismatch is caught whichever way it falls; a length mismatch names which way it
+is wrong; descriptors must add up to the body exactly; and a message over the size cap is
+taken only within the bound its sender and kind were accounted, at the bound's edge too."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import struct
+
+import numpy as np
+import pytest
+
+from jetsplit.wire import Message, MessageType, decode_message, encode_message
+from jetsplit.wire.envelope import (
+    PREFIX,
+    Limits,
+    TensorDescriptor,
+    check_descriptors,
+    parse_header,
+)
+from jetsplit.wire.errors import (
+    BadSignature,
+    ChecksumMismatch,
+    MalformedHeader,
+    OversizedMessage,
+    TruncatedMessage,
+)
+
+pytestmark = pytest.mark.device_pure
+
+KEY = b"a fleet key"
+
+
+def message(pad: int = 0, **over: object) -> Message:
+    fields = {"type": MessageType.REPLY, "run": "run-1", "sender": "a0", "seq": 7,
+              "round": 2, "step": 5, "kind": "forward", "meta": {"pad": "x" * pad},
+              "tensors": {"activations": np.arange(6, dtype=np.float32).reshape(2, 3)},
+              "ts": 1700000000.5}
+    return Message(**{**fields, **over})  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- signatures
+
+
+@pytest.mark.parametrize("pad", range(8))
+def test_a_device_signature_verifies_under_its_senders_key_at_every_length(pad: int) -> None:
+    """Eight lengths in a row: the signed span is the message less its checksum and
+    signature for every one (an off-by-a-bit span agrees with it for some lengths)."""
+    ed25519 = pytest.importorskip("cryptography.hazmat.primitives.asymmetric.ed25519")
+    from jetsplit.identity import KeyRing, Signer
+
+    key = ed25519.Ed25519PrivateKey.generate()
+    ring = KeyRing({"a0": key.public_key()})
+    data = encode_message(message(pad), signer=Signer("a0", key))
+    out = decode_message(data, keyring=ring)
+    assert out.signed and out.meta == {"pad": "x" * pad}
+    assert out.tensors["activations"].tolist() == [[0, 1, 2], [3, 4, 5]]
+    other = KeyRing({"a0": ed25519.Ed25519PrivateKey.generate().public_key()})
+    with pytest.raises(BadSignature, match="does not verify under a0's key"):
+        decode_message(data, keyring=other)
+
+
+def test_signed_means_verified() -> None:
+    """A fleet-signed message read without the fleet key was verified by nobody."""
+    data = encode_message(message(), fleet_key=KEY)
+    assert decode_message(data, fleet_key=KEY).signed
+    assert not decode_message(data).signed
+    assert not decode_message(encode_message(message())).signed
+
+
+# ---------------------------------------------------------------- the header
+
+
+def header(**over: object) -> dict:
+    return {"run": "r", "seq": 1, "sender": "a0", "ts": 1.0, **over}
+
+
+def raw(obj: dict) -> bytes:
+    return json.dumps(obj).encode()
+
+
+def test_round_and_step_default_to_zero() -> None:
+    parsed = parse_header(raw(header()), Limits())
+    assert (parsed.round, parsed.step, parsed.kind, parsed.tensors, parsed.meta) == \
+        (0, 0, "", [], {})
+    assert (Message(MessageType.ACK, "r", "a0", 1).round,
+            Message(MessageType.ACK, "r", "a0", 1).step) == (0, 0)
+    out = decode_message(encode_message(Message(MessageType.ACK, "r", "a0", 1)))
+    assert (out.round, out.step) == (0, 0)
+
+
+@pytest.mark.parametrize("field", [{"seq": "1"}, {"round": "2"}, {"round": 2.0},
+                                   {"ts": "1.0"}, {"sender": 5}])
+def test_the_header_is_parsed_strictly(field: dict) -> None:
+    with pytest.raises(MalformedHeader):
+        parse_header(raw(header(**field)), Limits())
+
+
+@pytest.mark.parametrize("change", [{"length": "8"}, {"shape": ["2"]}, {"shape": [2.0]},
+                                    {"params": ["1.0"]}])
+def test_a_tensor_descriptor_is_parsed_strictly(change: dict) -> None:
+    descriptor = {"name": "x", "dtype": "float32", "shape": [2], "codec": "fp32",
+                  "length": 8, **change}
+    with pytest.raises(MalformedHeader, match="tensors"):
+        parse_header(raw(header(tensors=[descriptor])), Limits())
+
+
+def test_a_descriptor_holds_at_most_two_range_parameters_per_channel_of_65536() -> None:
+    def with_params(n: int) -> bytes:
+        return raw(header(tensors=[{"name": "x", "dtype": "float32", "shape": [1],
+                                    "codec": "int8", "length": 1, "params": [0.0] * n}]))
+
+    assert len(parse_header(with_params(2 * 65536), Limits()).tensors[0].params) == 131072
+    with pytest.raises(MalformedHeader, match="params"):
+        parse_header(with_params(2 * 65536 + 1), Limits())
+
+
+def test_limits_cannot_be_changed_after_the_fact() -> None:
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Limits().max_tensors = 10_000  # type: ignore[misc]
+
+
+# ---------------------------------------------------------------- lengths and checksum
+
+
+def test_every_single_byte_corruption_of_the_body_is_a_checksum_mismatch() -> None:
+    """Sixty corruptions: the computed checksum lands above the carried one for some and
+    below it for others; each is caught."""
+    data = encode_message(message(pad=40))
+    body_end = len(data) - 4
+    for i in range(body_end - 60, body_end):
+        bad = bytearray(data)
+        bad[i] ^= 0x5A
+        with pytest.raises(ChecksumMismatch):
+            decode_message(bytes(bad))
+
+
+def test_a_length_mismatch_names_which_way_it_is_wrong() -> None:
+    data = encode_message(message())
+    with pytest.raises(TruncatedMessage, match="its prefix declares"):
+        decode_message(data[:-1])
+    with pytest.raises(MalformedHeader, match="its prefix declares"):
+        decode_message(data + b"\x00")
+
+
+@pytest.mark.parametrize("body", [12, 4])
+def test_descriptors_must_add_up_to_the_body_exactly(body: int) -> None:
+    descriptor = TensorDescriptor(name="x", dtype="float32", shape=[2], codec="fp32",
+                                  length=8)
+    check_descriptors([descriptor], 8, Limits())
+    with pytest.raises(MalformedHeader, match="do not add up to the body length"):
+        check_descriptors([descriptor], body, Limits())
+
+
+# ---------------------------------------------------------------- the cap and allowances
+
+
+def capped(data: bytes) -> Limits:
+    """The limits under which `data` is exactly at the message cap."""
+    return Limits(max_message_bytes=len(data), max_decoded_bytes=1 << 20)
+
+
+def test_a_message_exactly_at_the_cap_needs_no_allowance() -> None:
+    data = encode_message(message())
+    assert decode_message(data, limits=capped(data)).seq == 7
+    with pytest.raises(OversizedMessage, match=f"message of {len(data)} bytes exceeds"):
+        decode_message(data, limits=capped(data[:-1]))
+
+
+def test_an_accounted_message_is_taken_up_to_its_bound_and_not_a_byte_more() -> None:
+    data = encode_message(message())
+    limits = capped(data[:-10])  # the cap is 10 bytes short
+    asked: list[tuple[str, str]] = []
+
+    def exactly(sender: str, kind: str) -> int:
+        asked.append((sender, kind))
+        return len(data)
+
+    assert decode_message(data, limits=limits, allowance=exactly).seq == 7
+    assert asked == [("a0", "forward")]
+    with pytest.raises(OversizedMessage, match=f"forward message of {len(data)} bytes from "
+                                               f"a0 exceeds its accounted {len(data) - 1}"):
+        decode_message(data, limits=limits, allowance=lambda s, k: len(data) - 1)
+
+
+def test_an_unaccounted_oversized_message_is_refused() -> None:
+    data = encode_message(message())
+    limits = capped(data[:-10])
+    for allowance in (None, lambda sender, kind: None):
+        with pytest.raises(OversizedMessage, match=f"message of {len(data)} bytes exceeds "
+                                                   f"{len(data) - 10}"):
+            decode_message(data, limits=limits, allowance=allowance)
+
+
+def test_an_oversized_message_whose_prefix_overstates_its_header_is_refused() -> None:
+    """The allowance reads only a header inside the message: a prefix claiming a header
+    that runs past the end is the size refusal, not a parse of bytes beyond it."""
+    data = bytearray(encode_message(message()))
+    fields = list(PREFIX.unpack_from(data))
+    fields[5] = len(data) - PREFIX.size + 1  # header_len one past the message's end
+    struct.pack_into(PREFIX.format, data, 0, *fields)
+    with pytest.raises(OversizedMessage, match="exceeds"):
+        decode_message(bytes(data), limits=capped(data[:-10]),
+                       allowance=lambda sender, kind: 1 << 20)
