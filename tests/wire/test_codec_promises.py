@@ -8,6 +8,7 @@ holds at its edge and counts the decoded float32, not the smaller payload. Torch
 from __future__ import annotations
 
 import dataclasses
+import tracemalloc
 import warnings
 
 import numpy as np
@@ -153,6 +154,21 @@ def test_int8_dequantises_each_channel_with_its_own_range_across_blocks(
     assert out[:, 0].ravel().tolist() == [1.0] * 10
     assert out[:, 1].ravel().tolist() == [10.0] * 10
     assert out[:, 2].ravel().tolist() == [100.0] * 10
+
+
+def test_int8_dequantises_within_the_output_plus_one_block() -> None:
+    """4 Mi elements: the float64 work is done a block of 2**20 elements at a time (32
+    bytes an element of the block at most), never over the whole tensor (128 MiB here)."""
+    q = np.zeros((4, 4, 512, 512), dtype=np.int8)
+    payload = q.tobytes()
+    tracemalloc.start()
+    try:
+        out = decode(payload, "float32", q.shape, "int8", params=(0.0, 1.0) * 4)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert out.shape == q.shape and float(out.max()) == 128.0
+    assert peak - out.nbytes <= 32 * 2**20 + 2**20
 
 
 # ---------------------------------------------------------------- lengths and names
