@@ -6,7 +6,7 @@ The limit a simulator approaches is a plain training loop: the same model (built
 drawn from the same training samples, and the same number of test-set evaluations (one per
 round). SplitFed V1, FedAvg, SCALA and PSL do more work than that loop by their own design
 (a model per client, two backward passes, an evaluation per client block), so each is also
-held against its own plain loop (benchmarks/overhead_references.py): a method's ratio to
+held against its own plain loop (benchmarks/_plain_loops.py): a method's ratio to
 the plain loop is its cost, its ratio to its own loop is the framework's. Each run — the
 plain loops, then `simulate` of each method — is its own subprocess
 with one torch thread (`OMP_NUM_THREADS=1`, `torch.set_num_threads(1)`), so its user+sys CPU
@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 # benchmarks/ is on sys.path when run as a script
-from overhead_references import PLAIN, REFERENCES, SHAPES, run_reference
+from _plain_loops import PLAIN, REFERENCES, SHAPES, run_reference
 
 SMOKE_METHODS = ["splitfed-v1", "scala"]
 

@@ -27,11 +27,11 @@ def refs(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201 (the module, from ben
 
     monkeypatch.setattr(jetsplit.data, "load_dataset_split", small_test)
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    import overhead_references
+    import _plain_loops
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the benchmark's children run (and far faster on a busy host)
-    yield overhead_references
+    yield _plain_loops
     torch.set_num_threads(threads)
 
 
