@@ -207,3 +207,39 @@ def test_an_oversized_message_whose_prefix_overstates_its_header_is_refused() ->
     with pytest.raises(OversizedMessage, match="exceeds"):
         decode_message(bytes(data), limits=capped(data[:-10]),
                        allowance=lambda sender, kind: 1 << 20)
+
+
+# ---------------------------------------------------------------- every limit at its edge
+
+
+def two_tensors() -> Message:
+    return message(tensors={"a": np.zeros((2, 3), np.float32), "b": np.zeros(4, np.float32)})
+
+
+def header_len(data: bytes) -> int:
+    return PREFIX.unpack_from(data)[5]
+
+
+def test_each_limit_takes_a_message_at_it_and_refuses_one_past_it() -> None:
+    """Two tensors of 6 and 4 elements (24 + 16 bytes decoded, 2 dims at most): each limit
+    set to exactly what the message needs passes, one less refuses in its own words."""
+    data = encode_message(two_tensors())
+    at = {"max_tensors": 2, "max_tensor_elements": 6, "max_ndim": 2,
+          "max_decoded_bytes": 40, "max_header_bytes": header_len(data)}
+    assert decode_message(data, limits=Limits(**at)).tensors["a"].shape == (2, 3)
+    refusals = {"max_tensors": "2 tensors exceed 1",
+                "max_tensor_elements": "tensor a has 6 elements",
+                "max_ndim": "tensor a has 2 dims > 1",
+                "max_decoded_bytes": "tensors would decode to more than 39 bytes",
+                "max_header_bytes": f"header of {at['max_header_bytes']} bytes exceeds "
+                                    f"{at['max_header_bytes'] - 1}"}
+    for name, words in refusals.items():
+        with pytest.raises(OversizedMessage, match=words):
+            decode_message(data, limits=Limits(**{**at, name: at[name] - 1}))
+
+
+def test_a_tensor_named_twice_is_refused() -> None:
+    descriptor = TensorDescriptor(name="x", dtype="float32", shape=[2], codec="fp32",
+                                  length=8)
+    with pytest.raises(MalformedHeader, match="tensor x appears twice"):
+        check_descriptors([descriptor, descriptor], 16, Limits())
