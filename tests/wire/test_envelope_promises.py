@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import struct
+import time
 
 import numpy as np
 import pytest
@@ -22,8 +23,10 @@ from jetsplit.wire.envelope import (
     TensorDescriptor,
     check_descriptors,
     parse_header,
+    peek_type,
 )
 from jetsplit.wire.errors import (
+    BadMagic,
     BadSignature,
     ChecksumMismatch,
     MalformedHeader,
@@ -243,3 +246,84 @@ def test_a_tensor_named_twice_is_refused() -> None:
                                   length=8)
     with pytest.raises(MalformedHeader, match="tensor x appears twice"):
         check_descriptors([descriptor, descriptor], 16, Limits())
+
+
+# ---------------------------------------------------------------- more of the header
+
+
+def test_a_meta_key_holds_at_most_4096_characters() -> None:
+    assert "k" * 4096 in parse_header(raw(header(meta={"k" * 4096: 1})), Limits()).meta
+    with pytest.raises(MalformedHeader, match="meta"):
+        parse_header(raw(header(meta={"k" * 4097: 1})), Limits())
+
+
+def test_sequence_zero_is_a_sequence_and_a_negative_length_is_not() -> None:
+    assert parse_header(raw(header(seq=0)), Limits()).seq == 0
+    descriptor = {"name": "x", "dtype": "float32", "shape": [0], "codec": "fp32",
+                  "length": -1}
+    with pytest.raises(MalformedHeader, match="tensors"):
+        parse_header(raw(header(tensors=[descriptor])), Limits())
+
+
+def test_a_header_refusal_names_its_first_bad_field() -> None:
+    with pytest.raises(MalformedHeader, match="header field run: "):
+        parse_header(raw({"seq": -1, "sender": "a0", "ts": 1.0}), Limits())
+
+
+@pytest.mark.parametrize(("meta", "why"), [({"x": float("nan")}, "Out of range float"),
+                                           ({"x": {1, 2}}, "set is not JSON")])
+def test_a_header_that_is_not_json_is_refused_at_encoding(meta: dict, why: str) -> None:
+    with pytest.raises(MalformedHeader, match=f"header is not JSON-serialisable: .*{why}"):
+        encode_message(message(meta=meta))
+
+
+def test_an_unstamped_message_is_stamped_when_encoded_and_unsigned() -> None:
+    bare = Message(MessageType.ACK, "r", "a0", 1)
+    assert (bare.ts, bare.signed) == (0.0, False)
+    before = time.time()
+    stamped = decode_message(encode_message(bare)).ts
+    assert before <= stamped <= time.time()
+    assert decode_message(encode_message(message())).ts == 1700000000.5
+
+
+# ---------------------------------------------------------------- the prefix and signatures
+
+
+def test_the_prefix_alone_names_the_type_and_a_byte_less_is_truncated() -> None:
+    data = encode_message(message())
+    assert peek_type(data[:PREFIX.size]) == MessageType.REPLY
+    with pytest.raises(TruncatedMessage, match="shorter than its prefix"):
+        peek_type(data[:PREFIX.size - 1])
+
+
+@pytest.mark.parametrize("magic", [b"AAAA", b"ZZZZ", b"JSPM", b"JSPK"])
+def test_any_other_magic_is_refused(magic: bytes) -> None:
+    data = magic + encode_message(message())[4:]
+    with pytest.raises(BadMagic):
+        decode_message(data)
+
+
+@pytest.mark.parametrize("pad", range(8))
+def test_a_fleet_signature_verifies_at_every_length(pad: int) -> None:
+    data = encode_message(message(pad), fleet_key=KEY)
+    assert decode_message(data, fleet_key=KEY).meta == {"pad": "x" * pad}
+    with pytest.raises(BadSignature, match="HMAC mismatch"):
+        decode_message(data, fleet_key=b"another key")
+
+
+def test_a_fleet_signed_message_is_no_device_signature() -> None:
+    pytest.importorskip("cryptography")
+    from jetsplit.identity import KeyRing
+
+    with pytest.raises(BadSignature, match="without a device signature"):
+        decode_message(encode_message(message(), fleet_key=KEY), keyring=KeyRing({}))
+
+
+@pytest.mark.parametrize("length", [63, 65])
+def test_a_signer_must_give_64_bytes(length: int) -> None:
+    class Short:
+        def sign(self, data: bytes) -> bytes:
+            return b"s" * length
+
+    with pytest.raises(ValueError, match="an Ed25519 signature has 64 bytes"):
+        encode_message(message(), signer=Short())
