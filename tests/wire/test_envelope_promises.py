@@ -186,6 +186,7 @@ def test_an_accounted_message_is_taken_up_to_its_bound_and_not_a_byte_more() -> 
 
     assert decode_message(data, limits=limits, allowance=exactly).seq == 7
     assert asked == [("a0", "forward")]
+    assert decode_message(data, limits=limits, allowance=lambda s, k: len(data) + 100).seq == 7
     with pytest.raises(OversizedMessage, match=f"forward message of {len(data)} bytes from "
                                                f"a0 exceeds its accounted {len(data) - 1}"):
         decode_message(data, limits=limits, allowance=lambda s, k: len(data) - 1)
@@ -200,16 +201,38 @@ def test_an_unaccounted_oversized_message_is_refused() -> None:
             decode_message(data, limits=limits, allowance=allowance)
 
 
+def with_header_len(data: bytes, header_len: int) -> bytes:
+    out = bytearray(data)
+    fields = list(PREFIX.unpack_from(out))
+    fields[5] = header_len
+    struct.pack_into(PREFIX.format, out, 0, *fields)
+    return bytes(out)
+
+
 def test_an_oversized_message_whose_prefix_overstates_its_header_is_refused() -> None:
-    """The allowance reads only a header inside the message: a prefix claiming a header
-    that runs past the end is the size refusal, not a parse of bytes beyond it."""
-    data = bytearray(encode_message(message()))
-    fields = list(PREFIX.unpack_from(data))
-    fields[5] = len(data) - PREFIX.size + 1  # header_len one past the message's end
-    struct.pack_into(PREFIX.format, data, 0, *fields)
-    with pytest.raises(OversizedMessage, match="exceeds"):
-        decode_message(bytes(data), limits=capped(data[:-10]),
+    """The allowance reads only a header inside the message: a prefix claiming one that
+    runs past the end (by a byte, by the prefix's size, by far) is the size refusal, not a
+    parse of bytes beyond it; one that ends exactly at the message's end is parsed (and,
+    being the header and the rest, is no JSON)."""
+    data = encode_message(message())
+    limits = capped(data[:-10])
+    for claimed in (len(data) - PREFIX.size + 1, len(data), len(data) + 1000):
+        with pytest.raises(OversizedMessage, match=f"message of {len(data)} bytes exceeds"):
+            decode_message(with_header_len(data, claimed), limits=limits,
+                           allowance=lambda sender, kind: 1 << 20)
+    with pytest.raises(MalformedHeader, match="not UTF-8 JSON"):
+        decode_message(with_header_len(data, len(data) - PREFIX.size), limits=limits,
                        allowance=lambda sender, kind: 1 << 20)
+
+
+def test_an_oversized_message_is_read_for_its_allowance_only_within_the_header_limit() -> None:
+    data = encode_message(message())
+    real = header_len(data)
+    at = Limits(max_message_bytes=len(data) - 10, max_header_bytes=real)
+    assert decode_message(data, limits=at, allowance=lambda s, k: len(data)).seq == 7
+    under = Limits(max_message_bytes=len(data) - 10, max_header_bytes=real - 1)
+    with pytest.raises(OversizedMessage, match=f"message of {len(data)} bytes exceeds"):
+        decode_message(data, limits=under, allowance=lambda s, k: len(data))
 
 
 # ---------------------------------------------------------------- every limit at its edge
