@@ -45,6 +45,7 @@ PLAIN = "plain"
 SHAPES = {f"{PLAIN}:copies": COPIES, f"{PLAIN}:shared": SHARED, f"{PLAIN}:shared-own": SHARED_OWN}
 REFERENCES = {"splitfed-v1": f"{PLAIN}:copies", "fedavg": f"{PLAIN}:copies",
               "scala": f"{PLAIN}:shared", "psl": f"{PLAIN}:shared-own"}  # method → its loop
+LOOPS = (PLAIN, *SHAPES)  # what `run_reference` runs
 
 
 def shares(batch: int, clients: int) -> list[int]:

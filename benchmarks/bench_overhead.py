@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 # benchmarks/ is on sys.path when run as a script
-from _plain_loops import PLAIN, REFERENCES, SHAPES, run_reference
+from _plain_loops import LOOPS, PLAIN, REFERENCES, SHAPES, run_reference
 
 SMOKE_METHODS = ["splitfed-v1", "scala"]
 
@@ -82,7 +82,7 @@ def child(args: argparse.Namespace) -> None:
 
     logging.basicConfig(level=logging.ERROR)
     torch.set_num_threads(1)
-    result = run_reference(args, args.child) if args.child == PLAIN or args.child in SHAPES \
+    result = run_reference(args, args.child) if args.child in LOOPS \
         else run_method(args, args.child)
     print(json.dumps(result), flush=True)
 
