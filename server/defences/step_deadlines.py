@@ -10,12 +10,20 @@ of `deadline_floor_s` and a margin over the slowest profiled device's predicted 
 (compute and link, from the planner: server/cuts/planning.py), so such a device is never
 benched for being slow before the window knows it. Until a kind has `MIN_SAMPLES` samples,
 its deadline is the configured `deadline_s`; over MQTT the in-exchange cutoff
-(server/engines/cutoff.py, above the same floor) ends that first wait once the other
-agents answered, so a silent device costs seconds even then.
+(server/engines/cutoff.py) ends that first wait once the other agents answered, so a silent
+device costs seconds even then.
+
+The cutoff's floor follows each device's own record (`floor_of`): once a device has answered
+`OWN_MIN_SAMPLES` exchanges of a kind, its floor for that kind is `k` × the 95th percentile
+of its own answered times, never under `OWN_FLOOR_LEAST_S` (a loaded host's scheduling
+jitter) nor the margin over the slowest predicted step, never over the fleet floor. A device
+that always answered in 0.3 s is then cut off after 2 s, not 10, and a slow honest one
+after a multiple of its own times; a device without a record keeps the fleet floor.
 
 The windows travel in the run's checkpoint (`snapshot`, `restore`), so a resumed
 coordinator waits what the run it continues would have, not `deadline_s` again; they are
-read back like any untrusted file.
+read back like any untrusted file. The devices' own records do not: a resumed coordinator
+gives each device the fleet floor until it has answered again, the cautious side.
 
 Wall time only decides how long the coordinator waits; nothing deterministic (the model
 clock of re-planning, selection, training) reads it.
@@ -39,6 +47,8 @@ MAX_KINDS = 64  # exchange kinds a checkpoint may carry windows for
 MAX_KIND_CHARS = 64
 MAX_SAVED_SAMPLES = 10_000  # per kind, read back (the window keeps its own last ones)
 MAX_STEP_S = 1e6  # a saved step time above this is no step time
+OWN_MIN_SAMPLES = 3  # a device's answered exchanges of a kind before its own record counts
+OWN_FLOOR_LEAST_S = 2.0  # the least a device's own floor goes (a loaded host's jitter)
 
 
 class _Timed(Protocol):
@@ -74,12 +84,17 @@ class StepDeadlines:
     """Recent step times per exchange kind, and the deadline each kind gets now."""
 
     def __init__(self, ceiling_s: float, *, k: float = DEFAULT_K, window: int = DEFAULT_WINDOW,
-                 floor_s: float = DEFAULT_FLOOR_S) -> None:
+                 floor_s: float = DEFAULT_FLOOR_S, predicted_floor_s: float = 0.0) -> None:
+        """`floor_s`: the fleet floor (`predicted_floor` of the configured one);
+        `predicted_floor_s`: its part from the predictions alone, which no device's own
+        record goes under."""
         if window < 1:
             raise ValueError("window must be at least 1")
         self.ceiling_s, self.k, self.window = float(ceiling_s), float(k), int(window)
         self.floor_s = min(float(floor_s), self.ceiling_s)  # the configured ceiling wins
+        self.predicted_floor_s = min(max(float(predicted_floor_s), 0.0), self.floor_s)
         self.samples: dict[str, deque[float]] = {}
+        self.own: dict[tuple[str, str], deque[float]] = {}  # (kind, agent) → its answered times
         self.used: dict[str, float] = {}  # kind → the largest deadline given this round
         self.full: dict[str, int] = {}  # kind → exchanges this round given the whole ceiling
 
@@ -94,12 +109,27 @@ class StepDeadlines:
         self.full[kind] = self.full.get(kind, 0) + (value >= self.ceiling_s)
         return value
 
+    def floor_of(self, agent: str, kind: str) -> float:
+        """The cutoff's floor for `agent` in an exchange of `kind`: `k` × the 95th percentile
+        of its own answered times within [max(`OWN_FLOOR_LEAST_S`, the predicted floor),
+        the fleet floor]; the fleet floor until it answered `OWN_MIN_SAMPLES` of them."""
+        times = self.own.get((kind, agent), ())
+        if self.k <= 0 or len(times) < OWN_MIN_SAMPLES:
+            return self.floor_s
+        least = max(OWN_FLOOR_LEAST_S, self.predicted_floor_s)
+        return min(self.floor_s, max(least, self.k * percentile95(times)))
+
     def observe(self, outcome: _Outcome) -> None:
-        """One exchange's step time: its slowest timed reply (none answered: nothing)."""
-        times = [r.elapsed_s for r in outcome.replies.values()
-                 if r.elapsed_s is not None and math.isfinite(r.elapsed_s) and r.elapsed_s >= 0]
-        if times and outcome.kind:
-            self.samples.setdefault(outcome.kind, deque(maxlen=self.window)).append(max(times))
+        """One exchange's step time: its slowest timed reply (none answered: nothing); and
+        each answering agent's own time joins its record."""
+        timed = {a: r.elapsed_s for a, r in outcome.replies.items()
+                 if r.elapsed_s is not None and math.isfinite(r.elapsed_s) and r.elapsed_s >= 0}
+        if timed and outcome.kind:
+            self.samples.setdefault(outcome.kind, deque(maxlen=self.window)).append(
+                max(timed.values()))
+            for agent, elapsed in timed.items():
+                self.own.setdefault((outcome.kind, agent),
+                                    deque(maxlen=self.window)).append(elapsed)
 
     def snapshot(self) -> dict[str, list[float]]:
         """The windows, JSON-safe: kind → its step times, oldest first."""

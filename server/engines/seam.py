@@ -145,7 +145,8 @@ class Engine(ABC):
         if cutoff is None or not cutoff.applies(kind):
             return dict.fromkeys(waiting, deadline_s)
         work = {a: c.work for a, c in commands.items() if c.work is not None}
-        return {a: cutoff.limit(a, answered, deadline_s, work) for a in waiting}
+        return {a: cutoff.limit(a, answered, deadline_s, work, cutoff.floor(a, kind))
+                for a in waiting}
 
     @abstractmethod
     def send_and_receive(self, commands: Mapping[str, Command], *, round: int = 0,

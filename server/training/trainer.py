@@ -118,14 +118,17 @@ class Trainer:
         # the step deadlines follow the fleet (server/defences/step_deadlines.py)
         self.deadlines = StepDeadlines(
             settings.deadline_s, k=settings.deadline_k, window=settings.deadline_window,
-            floor_s=predicted_floor(predicted_step_s or {}, settings.deadline_floor_s))
+            floor_s=predicted_floor(predicted_step_s or {}, settings.deadline_floor_s),
+            predicted_floor_s=predicted_floor(predicted_step_s or {}, 0.0))
         # Within an exchange, the silent are cut off once the others answered
-        # (server/engines/cutoff.py), above the same floor; a miss sits out the round's
-        # later steps until a probe is answered (server/training/rejoin.py). Both only
-        # where a miss costs wall time: the in-process engine stays as it was.
+        # (server/engines/cutoff.py), above each device's floor (its own record's, or the
+        # fleet's); a miss sits out the round's later steps until a probe is answered
+        # (server/training/rejoin.py). Both only where a miss costs wall time: the
+        # in-process engine stays as it was.
         engine.cutoff = Cutoff(self.deadlines.floor_s,
                                k=DEFAULT_CUTOFF_K if settings.deadline_k > 0 else 0.0,
-                               predicted_s=dict(predicted_step_s or {}))
+                               predicted_s=dict(predicted_step_s or {}),
+                               floor_of=self.deadlines.floor_of)
         self.rejoin = Rejoin(engine) if engine.clocked else None
         self.books.listener = self._heard
         self.guard = DivergenceGuard(settings, self.bundle.spec.num_classes)

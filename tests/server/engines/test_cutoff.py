@@ -84,3 +84,23 @@ def test_the_engine_decides_every_exchanges_waits_in_one_place() -> None:
     assert engine.wait_limits(probes, ["a3"], {"a0": 1.5}, 5.0) == {"a3": 5.0}
     bundles = {"a0": Command("bundle"), "a3": Command("bundle")}
     assert engine.wait_limits(bundles, ["a3"], {"a0": 1.5}, 60.0) == {"a3": 60.0}
+
+
+def test_each_device_is_waited_for_above_its_own_floor() -> None:
+    """A device with a record of quick answers (the step deadlines' `floor_of`) is cut off at
+    its own floor; a device without one at the fleet floor; the deadline still caps both."""
+    own = {("a3", "forward"): 2.0, ("a2", "forward"): 3.5}
+    cut = Cutoff(floor_s=10.0, k=2.0, floor_of=lambda a, kind: own.get((a, kind), 10.0))
+    assert cut.floor("a3", "forward") == 2.0 and cut.floor("a3", "backward") == 10.0
+    assert cut.limit("a3", {"a0": 0.3}, 60.0, floor_s=2.0) == 2.0
+    assert cut.limit("a3", {"a0": 1.5}, 60.0, floor_s=2.0) == 3.0  # 2 × 1.5 over it
+    assert cut.limit("a3", {"a0": 0.3}, 60.0) == 10.0  # no floor given: the cutoff's
+    assert cut.limit("a3", {"a0": 0.3}, 1.5, floor_s=2.0) == 1.5  # the deadline caps
+    engine = InProcessEngine({})
+    engine.cutoff = cut
+    forwards = {a: Command("forward") for a in ("a0", "a1", "a2", "a3")}
+    assert engine.wait_limits(forwards, ["a1", "a2", "a3"], {"a0": 0.3}, 60.0) == {
+        "a1": 10.0, "a2": 3.5, "a3": 2.0}
+    backwards = {a: Command("backward") for a in ("a0", "a3")}
+    assert engine.wait_limits(backwards, ["a3"], {"a0": 0.3}, 60.0) == {"a3": 10.0}
+    assert Cutoff(floor_s=10.0).floor("a3", "forward") == 10.0  # no record kept at all
