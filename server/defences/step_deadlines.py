@@ -14,11 +14,13 @@ its deadline is the configured `deadline_s`; over MQTT the in-exchange cutoff
 device costs seconds even then.
 
 The cutoff's floor follows each device's own record (`floor_of`): once a device has answered
-`OWN_MIN_SAMPLES` exchanges of a kind, its floor for that kind is `k` × the 95th percentile
-of its own answered times, never under `OWN_FLOOR_LEAST_S` (a loaded host's scheduling
-jitter) nor the margin over the slowest predicted step, never over the fleet floor. A device
-that always answered in 0.3 s is then cut off after 2 s, not 10, and a slow honest one
-after a multiple of its own times; a device without a record keeps the fleet floor.
+`OWN_MIN_SAMPLES` exchanges of a kind, its floor for that kind is `k` × the median of its
+own answered times, never under `OWN_FLOOR_LEAST_S` (a loaded host's scheduling jitter) nor
+the margin over the slowest predicted step, never over the fleet floor. The median, not the
+95th percentile: a record of a few answers holds the cold first ones (a model's first
+forward), which would make the percentile its maximum. A device that always answered in
+0.3 s is then cut off after 2 s, not 10, and a slow honest one after a multiple of its own
+times; a device without a record keeps the fleet floor.
 
 The windows travel in the run's checkpoint (`snapshot`, `restore`), so a resumed
 coordinator waits what the run it continues would have, not `deadline_s` again; they are
@@ -32,6 +34,7 @@ clock of re-planning, selection, training) reads it.
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Protocol
@@ -47,7 +50,7 @@ MAX_KINDS = 64  # exchange kinds a checkpoint may carry windows for
 MAX_KIND_CHARS = 64
 MAX_SAVED_SAMPLES = 10_000  # per kind, read back (the window keeps its own last ones)
 MAX_STEP_S = 1e6  # a saved step time above this is no step time
-OWN_MIN_SAMPLES = 3  # a device's answered exchanges of a kind before its own record counts
+OWN_MIN_SAMPLES = 2  # a device's answered exchanges of a kind before its own record counts
 OWN_FLOOR_LEAST_S = 2.0  # the least a device's own floor goes (a loaded host's jitter)
 
 
@@ -110,14 +113,14 @@ class StepDeadlines:
         return value
 
     def floor_of(self, agent: str, kind: str) -> float:
-        """The cutoff's floor for `agent` in an exchange of `kind`: `k` × the 95th percentile
-        of its own answered times within [max(`OWN_FLOOR_LEAST_S`, the predicted floor),
-        the fleet floor]; the fleet floor until it answered `OWN_MIN_SAMPLES` of them."""
+        """The cutoff's floor for `agent` in an exchange of `kind`: `k` × the median (the
+        lower one) of its own answered times within [max(`OWN_FLOOR_LEAST_S`, the predicted
+        floor), the fleet floor]; the fleet floor until it answered `OWN_MIN_SAMPLES`."""
         times = self.own.get((kind, agent), ())
         if self.k <= 0 or len(times) < OWN_MIN_SAMPLES:
             return self.floor_s
         least = max(OWN_FLOOR_LEAST_S, self.predicted_floor_s)
-        return min(self.floor_s, max(least, self.k * percentile95(times)))
+        return min(self.floor_s, max(least, self.k * statistics.median_low(times)))
 
     def observe(self, outcome: _Outcome) -> None:
         """One exchange's step time: its slowest timed reply (none answered: nothing); and

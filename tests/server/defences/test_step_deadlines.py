@@ -116,30 +116,31 @@ def test_the_round_books_the_largest_deadline_and_the_full_waits() -> None:
 
 
 def test_a_device_with_a_record_of_answers_gets_its_own_floor() -> None:
-    """The cutoff's floor per device: k × the 95th percentile of its own answered times of a
-    kind, within [max(2 s, the predicted floor), the fleet floor], once it answered three."""
-    assert (OWN_MIN_SAMPLES, OWN_FLOOR_LEAST_S) == (3, 2.0)
+    """The cutoff's floor per device: k × the lower median of its own answered times of a
+    kind, within [max(2 s, the predicted floor), the fleet floor], once it answered two."""
+    assert (OWN_MIN_SAMPLES, OWN_FLOOR_LEAST_S) == (2, 2.0)
     deadlines = StepDeadlines(60.0, k=4.0, window=4, floor_s=10.0)
     assert deadlines.floor_of("a0", "forward") == 10.0  # no record: the fleet floor
-    deadlines.observe(_exchange("forward", 0.1, 0.3, 0.5))
-    deadlines.observe(_exchange("forward", 0.1, 0.3, 0.6))
-    deadlines.observe(_exchange("forward", None, 0.3, 0.7))  # a0 missed: no sample
-    assert deadlines.floor_of("a0", "forward") == 10.0  # two answers are no record yet
-    assert deadlines.floor_of("a2", "forward") == 4.0 * 0.7  # p95 of 0.5, 0.6, 0.7
-    assert deadlines.floor_of("a1", "forward") == 2.0  # 4 × 0.3 = 1.2: the least
-    deadlines.observe(_exchange("forward", 0.2, 3.0, 0.5))
-    assert deadlines.floor_of("a0", "forward") == 2.0  # 0.1, 0.1, 0.2 → 0.8: the least
-    assert deadlines.floor_of("a1", "forward") == 10.0  # 4 × 3.0 = 12: the fleet floor
+    deadlines.observe(_exchange("forward", 1.5, 3.0, 0.5))  # cold first answers
+    deadlines.observe(_exchange("forward", None, 2.5, 0.9))  # a0 missed: no sample
+    assert deadlines.floor_of("a0", "forward") == 10.0  # one answer is no record yet
+    assert deadlines.floor_of("a2", "forward") == 2.0  # lower median of 0.5, 0.9 → 2.0
+    assert deadlines.floor_of("a1", "forward") == 10.0  # 4 × 2.5 = 10: the fleet floor
+    deadlines.observe(_exchange("forward", 0.2, 0.6, 0.7))
+    assert deadlines.floor_of("a0", "forward") == 2.0  # 1.5, 0.2 → 0.8: the least
+    assert deadlines.floor_of("a1", "forward") == 10.0  # 3.0, 2.5, 0.6 → 2.5 → 10
+    assert deadlines.floor_of("a2", "forward") == 4.0 * 0.7  # 0.5, 0.9, 0.7 → 0.7
+    deadlines.observe(_exchange("forward", 0.2, 0.6, 0.7))
+    assert deadlines.floor_of("a1", "forward") == 4.0 * 0.6  # 3.0, 2.5, 0.6, 0.6: lower
     assert deadlines.floor_of("a0", "backward") == 10.0  # kinds apart
     assert deadlines.floor_of("a9", "forward") == 10.0  # a device never heard
-    # the record is the last `window` answers: 0.3, 0.3, 0.3, 3.0, then three of 0.4
-    for _ in range(3):
-        deadlines.observe(_exchange("forward", 0.1, 0.4, 0.5))
-    assert list(deadlines.own[("forward", "a1")]) == [3.0, 0.4, 0.4, 0.4]
-    deadlines.observe(_exchange("forward", 0.1, 0.4, 0.5))
-    assert deadlines.floor_of("a1", "forward") == 2.0  # the slow answer left the record
-    # the fleet's window is each exchange's slowest answer, as before
-    assert list(deadlines.samples["forward"])[-1] == 0.5
+    # the record is its last `window` answers: the cold 3.0 and 2.5 leave it
+    deadlines.observe(_exchange("forward", 0.2, 0.55, 0.7))
+    deadlines.observe(_exchange("forward", 0.2, 0.65, 0.7))
+    assert list(deadlines.own[("forward", "a1")]) == [0.6, 0.6, 0.55, 0.65]
+    assert deadlines.floor_of("a1", "forward") == 4.0 * 0.6
+    # the fleet's window is still each exchange's slowest answer
+    assert list(deadlines.samples["forward"]) == [0.7, 0.7, 0.7, 0.7]
 
 
 def test_a_devices_own_floor_never_goes_under_the_predictions_nor_over_the_fleet() -> None:
@@ -147,7 +148,7 @@ def test_a_devices_own_floor_never_goes_under_the_predictions_nor_over_the_fleet
     low = StepDeadlines(60.0, k=4.0, floor_s=1.0)  # a fleet floor under the least: kept
     off = StepDeadlines(60.0, k=0.0, floor_s=10.0)  # k 0: no adapting at all
     for d in (predicted, low, off):
-        for _ in range(3):
+        for _ in range(2):
             d.observe(_exchange("train", 0.05))
     assert predicted.floor_of("a0", "train") == 6.0  # 3 × the slowest predicted step
     assert low.floor_of("a0", "train") == 1.0
