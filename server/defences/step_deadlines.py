@@ -50,7 +50,11 @@ MAX_KINDS = 64  # exchange kinds a checkpoint may carry windows for
 MAX_KIND_CHARS = 64
 MAX_SAVED_SAMPLES = 10_000  # per kind, read back (the window keeps its own last ones)
 MAX_STEP_S = 1e6  # a saved step time above this is no step time
-OWN_MIN_SAMPLES = 2  # a device's answered exchanges of a kind before its own record counts
+# A device's answered exchanges of a kind before its own record counts. One is enough: a
+# cold first answer only raises the floor (the safe side), and `OWN_FLOOR_LEAST_S` bounds a
+# lucky fast one; a weight push comes once a round, so two would leave a device that goes
+# silent in round 2 the fleet floor at its first push.
+OWN_MIN_SAMPLES = 1
 OWN_FLOOR_LEAST_S = 2.0  # the least a device's own floor goes (a loaded host's jitter)
 
 

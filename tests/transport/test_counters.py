@@ -161,6 +161,6 @@ def test_annotations_resolve() -> None:
         hints = typing.get_type_hints(function, vars(counters_module))
         assert "return" in hints
     hints = typing.get_type_hints(ByteCounters.total, vars(counters_module))
-    assert hints["agent"] == typing.Optional[str]
-    assert hints["kind"] == typing.Optional[str]
-    assert hints["direction"] == typing.Optional[counters_module.Direction]
+    assert hints["agent"] == (str | None)
+    assert hints["kind"] == (str | None)
+    assert hints["direction"] == (counters_module.Direction | None)

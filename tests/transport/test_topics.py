@@ -112,6 +112,6 @@ def test_peer_sender_of_peer_topics_only() -> None:
 def test_annotations_resolve() -> None:
     """Every annotation is a real type on the Python the tests run."""
     namespace = vars(topics_module)
-    assert typing.get_type_hints(Topics.peer_sender, namespace)["return"] == typing.Optional[str]
-    assert typing.get_type_hints(Topics.agent_of, namespace)["return"] == typing.Optional[str]
+    assert typing.get_type_hints(Topics.peer_sender, namespace)["return"] == (str | None)
+    assert typing.get_type_hints(Topics.agent_of, namespace)["return"] == (str | None)
     assert typing.get_type_hints(check_id, namespace)["return"] is str

@@ -271,7 +271,7 @@ def test_annotations_resolve() -> None:
     """Every annotation is a real type on the Python the tests run."""
     namespace = vars(settings_module)
     hints = typing.get_type_hints(MqttSection.fleet_key, namespace)
-    assert hints["return"] == typing.Optional[bytes]
+    assert hints["return"] == (bytes | None)
     assert typing.get_type_hints(MqttSection.identity, namespace)["return"] == tuple[Any, Any]
     assert typing.get_type_hints(MqttSection.endpoint_options, namespace)["return"] is (
         EndpointOptions)

@@ -117,13 +117,14 @@ def test_the_round_books_the_largest_deadline_and_the_full_waits() -> None:
 
 def test_a_device_with_a_record_of_answers_gets_its_own_floor() -> None:
     """The cutoff's floor per device: k × the lower median of its own answered times of a
-    kind, within [max(2 s, the predicted floor), the fleet floor], once it answered two."""
-    assert (OWN_MIN_SAMPLES, OWN_FLOOR_LEAST_S) == (2, 2.0)
+    kind, within [max(2 s, the predicted floor), the fleet floor], once it answered one."""
+    assert (OWN_MIN_SAMPLES, OWN_FLOOR_LEAST_S) == (1, 2.0)
     deadlines = StepDeadlines(60.0, k=4.0, window=4, floor_s=10.0)
     assert deadlines.floor_of("a0", "forward") == 10.0  # no record: the fleet floor
     deadlines.observe(_exchange("forward", 1.5, 3.0, 0.5))  # cold first answers
+    assert deadlines.floor_of("a0", "forward") == 4.0 * 1.5  # one answer is a record
     deadlines.observe(_exchange("forward", None, 2.5, 0.9))  # a0 missed: no sample
-    assert deadlines.floor_of("a0", "forward") == 10.0  # one answer is no record yet
+    assert deadlines.floor_of("a0", "forward") == 4.0 * 1.5
     assert deadlines.floor_of("a2", "forward") == 2.0  # lower median of 0.5, 0.9 → 2.0
     assert deadlines.floor_of("a1", "forward") == 10.0  # 4 × 2.5 = 10: the fleet floor
     deadlines.observe(_exchange("forward", 0.2, 0.6, 0.7))
@@ -148,8 +149,7 @@ def test_a_devices_own_floor_never_goes_under_the_predictions_nor_over_the_fleet
     low = StepDeadlines(60.0, k=4.0, floor_s=1.0)  # a fleet floor under the least: kept
     off = StepDeadlines(60.0, k=0.0, floor_s=10.0)  # k 0: no adapting at all
     for d in (predicted, low, off):
-        for _ in range(2):
-            d.observe(_exchange("train", 0.05))
+        d.observe(_exchange("train", 0.05))
     assert predicted.floor_of("a0", "train") == 6.0  # 3 × the slowest predicted step
     assert low.floor_of("a0", "train") == 1.0
     assert off.floor_of("a0", "train") == 10.0

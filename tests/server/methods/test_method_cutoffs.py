@@ -129,28 +129,26 @@ def test_sherl_edge_exchanges_of_a_silent_edge_are_cut_off(archive: Path, kind: 
     assert t.books.missed_kind["e1"] == kind
 
 
-@pytest.mark.parametrize(("answered", "want"), [
-    (2, 3.0),  # two forwards of 0.75 s on record: its own floor, 4 × 0.75
-    (1, 10.0),  # one is no record yet: the fleet floor
+@pytest.mark.parametrize(("silent_from", "want"), [
+    (1, 3.0),  # round 0's forward of 0.75 s on record: its own floor, 4 × 0.75
+    (0, 10.0),  # silent from the start, nothing on record: the fleet floor
 ])
-def test_a_device_that_goes_silent_is_cut_off_at_its_own_record(archive: Path, answered: int,
+def test_a_device_that_goes_silent_is_cut_off_at_its_own_record(archive: Path, silent_from: int,
                                                                 want: float) -> None:
     """The trainer hands the cutoff each device's own floor (server/defences/step_deadlines.py
-    `floor_of`): a3 answered its SCALA forwards of round 0 in 0.75 s, then goes silent in
-    round 1; its peers' 2 × 0.5 s is under either floor."""
+    `floor_of`): a3 answers its SCALA forwards in 0.75 s until it goes silent; its peers'
+    2 × 0.5 s is under either floor."""
     everyone = ["a0", "a1", "a2", "a3"]
     t = _trainer(archive, _clients([90, 90, 90, 90]), {},
                  {"a0": 0.25, "a1": 0.5, "a2": 0.25, "a3": 0.75}, algorithm="scala",
-                 local_steps=answered, deadline_floor_s=10.0)
+                 local_steps=1, deadline_floor_s=10.0)
     method = build_method("scala", t)
-    t.round = 0
-    method.run_round(everyone)
-    assert _engine(t).waits == []
-    _engine(t).silent = {"a3": {"forward"}}
-    t.round = 1
-    t.books.reset()
-    method.run_round(everyone)
-    # its first miss (two probe answers later it may play, and miss, again)
-    assert _engine(t).waited("forward", "a3")[0] == want
+    for round_ in range(silent_from + 1):
+        if round_ == silent_from:
+            assert _engine(t).waits == []
+            _engine(t).silent = {"a3": {"forward"}}
+        t.round = round_
+        t.books.reset()
+        method.run_round(everyone)
+    assert _engine(t).waited("forward", "a3") == [want]
     assert t.books.missed_kind["a3"] == "forward"
-    assert _engine(t).waits[0].deadline_s == 10.0  # the exchange's: the fleet floor
