@@ -15,19 +15,23 @@ from 0; 1 with --smoke), once every exchange kind has been timed (edge_agent/fau
   from its checkpoint (`jetsplit trial --resume`: a new coordinator, broker and agent
   processes; tests/integration/test_fault_matrix.py restarts the coordinator alone).
 
-Printed per arm: training seconds (`summary.json`; the restart arm's two parts added) and
-the whole trial's wall time, both as ratios to clean; who sat out (times) and a3's missed
-exchanges; the final accuracy against clean; then per round each arm's forward step
-deadline (`deadlines_s` in the metrics rows).
+Printed per arm: training seconds (`summary.json`; the restart arm's two parts added), the
+seconds of the rounds from R on (the fault's rounds, without round 0's cold start, whose
+length follows the machine's load more than any fault) and the whole trial's wall time, each
+as a ratio to clean; who sat out (times) and a3's missed exchanges; the final accuracy
+against clean; then per round each arm's forward step deadline (`deadlines_s` in the
+metrics rows). With `--repeats N` the arms run N times, interleaved (clean, faults, clean,
+faults, …), and the times are medians; the books are the first repeat's.
 
     JETSPLIT_ALLOW_ATTACKS=1 OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_faults.py \
-        [--rounds 6] [--local-steps 5] [--deadline-s 60]
+        [--rounds 6] [--local-steps 5] [--deadline-s 60] [--repeats 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -58,6 +62,19 @@ def one_arm(arm: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
             "wall_s": first["wall_s"] + rest["wall_s"]}
 
 
+def from_round(result: dict[str, Any], at: int) -> float:
+    """Seconds of the rounds from `at` on (the metrics rows: a resumed run's are all there)."""
+    return sum(row["seconds"] for row in result["rows"] if row["round"] >= at)
+
+
+def medians(repeats: list[dict[str, Any]], at: int) -> dict[str, Any]:
+    """The first repeat's books with each time the median over the repeats."""
+    return {**repeats[0], "train_s": statistics.median(r["train_s"] for r in repeats),
+            "wall_s": statistics.median(r["wall_s"] for r in repeats),
+            "from_s": statistics.median(from_round(r, at) for r in repeats),
+            "repeats": len(repeats)}
+
+
 def missed(result: dict[str, Any]) -> str:
     """a3's missed exchanges by kind, e.g. `forward 2, status 1` (— when none)."""
     kinds = Counter(m["kind"] for m in result["missed"] if m["agent"] == "a3")
@@ -68,13 +85,14 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> None
     clean = results["clean"]
     print(f"\nSCALA, {args.model}/{args.dataset}, 4 agents ({FAST}), signed, {args.rounds} "
           f"rounds × T={args.local_steps}, deadline_s {args.deadline_s:g}; a3 faulty from "
-          f"round {args.at}")
-    print("| arm | training s | × clean | trial wall s | × clean | benched (times) | "
-          "a3 missed | final accuracy | − clean |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          f"round {args.at}; medians of {clean['repeats']}")
+    print(f"| arm | training s | × clean | rounds {args.at}+ s | × clean | trial wall s | "
+          "× clean | benched (times) | a3 missed | final accuracy | − clean |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for arm, r in results.items():
         benched = ", ".join(f"{a} ({n})" for a, n in sorted(r["benched"].items())) or "nobody"
         print(f"| {arm} | {r['train_s']:.1f} | {r['train_s'] / clean['train_s']:.2f} | "
+              f"{r['from_s']:.1f} | {r['from_s'] / clean['from_s']:.2f} | "
               f"{r['wall_s']:.1f} | {r['wall_s'] / clean['wall_s']:.2f} | {benched} | "
               f"{missed(r)} | {r['accuracy']:.4f} | {r['accuracy'] - clean['accuracy']:+.4f} |")
     print("\nforward step deadline s per round (`deadlines_s`; round seconds in brackets)")
@@ -91,6 +109,7 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> None
     for arm, r in results.items():
         if arm != "clean":
             print(f"ratio {arm}/clean: training {r['train_s'] / clean['train_s']:.2f}, "
+                  f"rounds {args.at}+ {r['from_s'] / clean['from_s']:.2f}, "
                   f"trial wall {r['wall_s'] / clean['wall_s']:.2f}")
 
 
@@ -104,9 +123,13 @@ def main() -> None:
     parser.add_argument("--arms", nargs="+", choices=list(FAULTS)[1:], default=None,
                         help="the faults to run beside clean (default: all; --smoke: "
                              f"{' '.join(SMOKE_ARMS)})")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="run the arms this many times, interleaved; medians")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny sizes (tests/benchmarks/test_benchmarks_smoke.py)")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
     args.at = FAULT_ROUND
     if args.smoke:  # 3 rounds × 2 steps, faults from round 1, a 20 s deadline
         args.rounds, args.local_steps, args.deadline_s, args.at = 3, 2, 20.0, 1
@@ -116,14 +139,17 @@ def main() -> None:
                      f"round {args.at})")
     os.environ[ALLOW_ENV] = "1"  # the faulty agent processes run their fault
     print(f"command: python benchmarks/bench_faults.py --rounds {args.rounds} --local-steps "
-          f"{args.local_steps} --deadline-s {args.deadline_s:g}"
+          f"{args.local_steps} --deadline-s {args.deadline_s:g} --repeats {args.repeats}"
           + (" (--smoke)" if args.smoke else ""))
-    results: dict[str, dict[str, Any]] = {}
+    runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in ["clean", *args.arms]}
     with tempfile.TemporaryDirectory(prefix="bench-faults-") as tmp:
-        for arm in ["clean", *args.arms]:
-            results[arm] = one_arm(arm, args, Path(tmp))
-            print(f"{arm}: {results[arm]['train_s']:.1f} s training", flush=True)
-    report(results, args)
+        for repeat in range(args.repeats):
+            for arm in runs:
+                result = one_arm(arm, args, Path(tmp) / str(repeat))
+                runs[arm].append(result)
+                print(f"{arm} (repeat {repeat + 1}): {result['train_s']:.1f} s training, "
+                      f"rounds {args.at}+ {from_round(result, args.at):.1f} s", flush=True)
+    report({arm: medians(rs, args.at) for arm, rs in runs.items()}, args)
 
 
 if __name__ == "__main__":

@@ -47,8 +47,8 @@ EXPECTED: dict[str, tuple[str, ...]] = {
                         "| silent | ", "ratio silent/clean: training ", "ratio slow/clean: ",
                         "benched in the slow trial: nobody"),
     "bench_faults.py": ("command: python benchmarks/bench_faults.py --rounds 3 --local-steps 2",
-                        "| arm | training s | × clean | trial wall s | × clean | benched (times) "
-                        "| a3 missed | final accuracy | − clean |",
+                        "| arm | training s | × clean | rounds 1+ s | × clean | trial wall s | "
+                        "× clean | benched (times) | a3 missed | final accuracy | − clean |",
                         "| clean | ", "| clock-jump | ", "| restart | ",
                         "ratio clock-jump/clean: training ", "ratio restart/clean: training ",
                         "forward step deadline s per round"),

@@ -75,6 +75,15 @@ def test_total_by_agent_alone_and_combined() -> None:
     assert books.total(agent=fresh("a9")) == 0
 
 
+def test_direction_by_keyword_and_filters_by_keyword_only() -> None:
+    """`total(direction=...)` is allowed; `agent` and `kind` are keyword-only (a positional
+    agent would read as a kind by mistake)."""
+    books = filled()
+    assert books.total(direction=fresh("down")) == 320
+    with pytest.raises(TypeError):
+        books.total("up", "a0")  # type: ignore[misc]
+
+
 def test_messages_are_counted_one_per_add() -> None:
     books = filled()
     assert dict(books._messages) == {

@@ -641,3 +641,37 @@ def test_presence_payload_signed_by_a_device_key() -> None:
     msg = decode_message(payload, keyring=KeyRing({"a0": signer.public_key()}))
     assert msg.meta == {"state": "online"}
     assert msg.signed is True
+
+
+# ---------------------------------------------------------------- signatures
+
+
+def test_leading_parameters_may_be_named_and_options_only_named() -> None:
+    """What callers rely on: the leading parameters can be passed by name, everything after
+    `*` only by name (a positional retain or codec would be a silent mistake)."""
+    made = MqttEndpoint(address=ADDRESS, client_id="dev1",
+                        options=EndpointOptions(fleet_key=KEY, chunk_bytes=SMALL_CHUNKS))
+    with pytest.raises(TypeError):
+        MqttEndpoint(ADDRESS, "dev1", EndpointOptions(), ("t",))  # type: ignore[misc]
+    msg = reply("dev1", 1, ts=1000.0)
+    assert made.prepare(message=msg) == [encode_message(msg, fleet_key=KEY)]
+    with pytest.raises(TypeError):
+        made.prepare(msg, "fp16")  # type: ignore[misc]
+    with pytest.raises(ConfigError):  # unconnected, but the call itself is valid
+        made.send(topic="t", message=msg)
+    with pytest.raises(TypeError):
+        made.send("t", msg, "fp16")  # type: ignore[misc]
+    with pytest.raises(ConfigError):
+        made.publish_parts(topic="t", parts=[b"x"])
+    with pytest.raises(TypeError):
+        made.publish_parts("t", [b"x"], True)  # type: ignore[misc]
+    made.publish_raw(topic="t", payload=b"x")
+    with pytest.raises(TypeError):
+        made.publish_raw("t", b"x", True)  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        made.close(False)  # type: ignore[misc]
+    made.close(graceful=False)
+    payload = presence_payload(run="r1", sender="a0", state="online", fleet_key=None)
+    assert decode_message(payload).meta == {"state": "online"}
+    with pytest.raises(TypeError):
+        presence_payload("r1", "a0", "online", None)  # type: ignore[misc]
