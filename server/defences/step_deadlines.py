@@ -23,9 +23,13 @@ forward), which would make the percentile its maximum. A device that always answ
 times; a device without a record keeps the fleet floor.
 
 The windows travel in the run's checkpoint (`snapshot`, `restore`), so a resumed
-coordinator waits what the run it continues would have, not `deadline_s` again; they are
-read back like any untrusted file. The devices' own records do not: a resumed coordinator
-gives each device the fleet floor until it has answered again, the cautious side.
+coordinator goes on from what the run it continues learned, not from nothing; they are read
+back like any untrusted file. Its first exchange of each kind still waits `deadline_s`, as a
+fresh run's does: agents restarted with it start cold (a model built, a bundle loaded, on a
+host that may be busy), and a whole fleet missing a warm deadline fails the round; from that
+exchange's step time on, the saved window and the new times decide. The devices' own
+records do not travel: a resumed coordinator gives each device the fleet floor until it has
+answered again, the cautious side.
 
 Wall time only decides how long the coordinator waits; nothing deterministic (the model
 clock of re-planning, selection, training) reads it.
@@ -102,13 +106,14 @@ class StepDeadlines:
         self.predicted_floor_s = min(max(float(predicted_floor_s), 0.0), self.floor_s)
         self.samples: dict[str, deque[float]] = {}
         self.own: dict[tuple[str, str], deque[float]] = {}  # (kind, agent) → its answered times
+        self.timed: set[str] = set()  # kinds timed by this process (not only read back)
         self.used: dict[str, float] = {}  # kind → the largest deadline given this round
         self.full: dict[str, int] = {}  # kind → exchanges this round given the whole ceiling
 
     def deadline(self, kind: str) -> float:
         """Seconds an exchange of `kind` waits now (and books the value for the round)."""
         times = self.samples.get(kind, ())
-        if self.k <= 0 or len(times) < MIN_SAMPLES:
+        if self.k <= 0 or len(times) < MIN_SAMPLES or kind not in self.timed:
             value = self.ceiling_s
         else:
             value = min(self.ceiling_s, max(self.floor_s, self.k * percentile95(times)))
@@ -132,6 +137,7 @@ class StepDeadlines:
         timed = {a: r.elapsed_s for a, r in outcome.replies.items()
                  if r.elapsed_s is not None and math.isfinite(r.elapsed_s) and r.elapsed_s >= 0}
         if timed and outcome.kind:
+            self.timed.add(outcome.kind)
             self.samples.setdefault(outcome.kind, deque(maxlen=self.window)).append(
                 max(timed.values()))
             for agent, elapsed in timed.items():
@@ -145,7 +151,8 @@ class StepDeadlines:
     def restore(self, saved: object) -> None:
         """Put `snapshot`'s windows back (a checkpoint is untrusted: bounded sizes, kinds
         as short names, finite non-negative seconds; ValueError or TypeError otherwise).
-        None (a checkpoint written before the windows were kept) leaves them empty."""
+        None (a checkpoint written before the windows were kept) leaves them empty. A kind
+        adapts again once this process has timed one exchange of it."""
         if saved is None:
             return
         if not isinstance(saved, Mapping) or len(saved) > MAX_KINDS:
@@ -164,6 +171,7 @@ class StepDeadlines:
                                  f"finite number of seconds in [0, {MAX_STEP_S:g}]")
             windows[kind] = deque((v for v in values if v is not None), maxlen=self.window)
         self.samples = windows
+        self.timed = set()
 
     def new_round(self) -> tuple[dict[str, float], dict[str, int]]:
         """The round's books, and a fresh record for the next: per kind, the largest

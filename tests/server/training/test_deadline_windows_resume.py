@@ -45,7 +45,12 @@ def test_the_windows_round_trip_and_keep_their_last_window() -> None:
     assert fresh.deadline("forward") == 60.0
     fresh.restore(snapshot)
     assert list(fresh.samples["forward"]) == [0.25, 2.0]  # the last two
-    assert fresh.deadline("forward") == 8.0 and fresh.deadline("backward") == 3.0
+    # read back, not yet timed here: the whole deadline, until one exchange of the kind
+    assert fresh.deadline("forward") == 60.0 and fresh.deadline("backward") == 60.0
+    fresh.observe(_exchange("forward", 0.5))  # window 2.0, 0.5
+    assert fresh.deadline("forward") == 8.0 and fresh.deadline("backward") == 60.0
+    fresh.observe(_exchange("backward", 0.25))  # window 0.75, 0.25
+    assert fresh.deadline("backward") == 3.0
     fresh.restore(None)  # a checkpoint from before the windows were kept: nothing changes
     assert fresh.deadline("forward") == 8.0
 
@@ -104,14 +109,21 @@ def test_a_resumed_run_starts_from_the_saved_windows(tmp_path: Path) -> None:
     assert set(state["step_deadlines"]) >= {"forward", "backward", "set_weights"}
     assert all(set(v) == {0.75} for v in state["step_deadlines"].values())
 
-    resumed = _fleet(2.0)  # slower now: only the saved windows can give 3 s
-    execute(resumed, RunSpec(_settings(3), checkpointed_bundle(out), held, out, resume=True))
+    resumed = _fleet(0.25)  # faster now: only the saved windows can give 3 s in round 3
+    execute(resumed, RunSpec(_settings(4), checkpointed_bundle(out), held, out, resume=True))
     asked = _steps(resumed)
-    first_forward = next(d for _, kind, d in asked if kind == "forward")
-    assert asked[0] == (2, "set_weights", 3.0)  # the saved window's, not 60 s
-    assert first_forward == 3.0
+    # the first exchange of each kind waits the whole deadline, as a fresh run's (agents
+    # restarted with the coordinator start cold); after it, the saved window counts:
+    # 4 × the 95th percentile of 0.75, 0.75, 0.25 (without it: 4 × 0.25 = 1 s)
+    assert asked[0] == (2, "set_weights", 60.0)
+    assert sorted({(k, d) for r, k, d in asked if r == 2}) == [
+        ("backward", 60.0), ("forward", 60.0), ("get_weights", 60.0), ("release", 60.0),
+        ("set_weights", 60.0)]
+    assert sorted({(k, d) for r, k, d in asked if r == 3}) == [
+        ("backward", 3.0), ("forward", 3.0), ("get_weights", 3.0), ("release", 3.0),
+        ("set_weights", 3.0)]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").open()]
-    assert [r["deadlines_s"]["forward"] for r in rows] == [60.0, 3.0, 3.0]
+    assert [r["deadlines_s"]["forward"] for r in rows] == [60.0, 3.0, 60.0, 3.0]
 
     path = out / "checkpoint" / "state.json"
     state = json.loads(path.read_text())
