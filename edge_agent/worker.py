@@ -47,7 +47,7 @@ from jetsplit.edge_agent.result import Result, Tensors
 from jetsplit.errors import BundleError, ConfigError, JetsplitError
 from jetsplit.models import ZOO_VERSION
 from jetsplit.models.split import eval_mode
-from jetsplit.models.weights import from_arrays, load_strict, to_arrays
+from jetsplit.models.weights import from_arrays, handed_over, load_strict, to_arrays
 from jetsplit.optimizers import build_optimizer
 from jetsplit.protocol import (
     BackwardArgs,
@@ -377,12 +377,15 @@ class AgentWorker(EdgeRole):
     def _do_release(self, args: Any, round_: int, step: int, tensors: Tensors) -> Result:
         """Drop blocks, optimizers and pending activations until the next command needs
         them (the coordinator then installs the weights it wants with set_weights)."""
+        self._release_blocks()
+        return Result()
+
+    def _release_blocks(self) -> None:
         self._modules.clear()
         self.edge_tier = None
         self._optimizers.clear()
         self._forget_forwards()
         self._client_changed()
-        return Result()
 
     def _do_forward(self, args: ForwardArgs, round_: int, step: int, tensors: Tensors) -> Result:
         self._require_bundle()
@@ -510,11 +513,14 @@ class AgentWorker(EdgeRole):
                         ) -> Result:
         self._installed()
         out: Tensors = {}
+        read = handed_over if args.release else to_arrays  # released: no copy needed
         for name in args.blocks:
             module = self._edge().block if name == "edge" else self._blocks()[name]
             if module is None:
                 raise ProtocolError(f"this bundle has no {name} block")
-            out.update(to_arrays(module, name))
+            out.update(read(module, name))
+        if args.release:
+            self._release_blocks()
         return Result(meta={"samples": len(self.data)}, tensors=self.attack.upload(out))
 
     def _do_set_weights(self, args: Any, round_: int, step: int, tensors: Tensors) -> Result:

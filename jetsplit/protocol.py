@@ -136,8 +136,13 @@ class EvalArgs(_Args):
 
 
 class WeightsArgs(_Args):
+    """`release`: drop the blocks once read, as `release` does (the coordinator is about to
+    average them away): one exchange instead of two, and the reply's arrays are the blocks'
+    own memory rather than copies."""
+
     blocks: List[Literal["client", "aux", "server", "edge"]] = Field(
         default_factory=lambda: ["client"], min_length=1, max_length=4)
+    release: bool = False
 
 
 class GenerateArgs(_Args):

@@ -40,6 +40,14 @@ def to_arrays(module: nn.Module, prefix: str) -> dict[str, np.ndarray]:
             for name, t in module.state_dict().items()}
 
 
+def handed_over(module: nn.Module, prefix: str) -> dict[str, np.ndarray]:
+    """A module's state as `<prefix>/<name>` arrays sharing its CPU tensors' memory (a
+    device tensor is copied to the host): for a block dropped right after, whose memory
+    the arrays then own; never for one that trains on."""
+    return {f"{prefix}/{name}": t.detach().cpu().numpy()
+            for name, t in module.state_dict().items()}
+
+
 def stand_ins(module: nn.Module, prefix: str) -> dict[str, np.ndarray]:
     """A module's state as `<prefix>/<name>` arrays with each tensor's shape and dtype but
     no memory of their own (zero-stride, read-only): what replies are checked against, not

@@ -43,9 +43,10 @@ class FedAvg(Method):
             if isinstance(samples, int) and isinstance(loss, float) and math.isfinite(loss):
                 t.books.full_samples[agent] += samples
                 losses.append(loss)
-        states = t.pull(out.agents, ("client", "server"))
+        # each device drops its model as it uploads it (a simulation then holds one copy
+        # of each, not the device's and the upload's)
+        states = t.pull(out.agents, ("client", "server"), release=True)
         t.require_update(selected, states)
-        t.release(out.agents)
         if states:
             with t.books.timed("aggregate"):
                 merged = t.defences.aggregate(states, t.defences.sizes(sorted(states)),

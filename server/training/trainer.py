@@ -451,16 +451,20 @@ class Trainer:
                 deadline_s=self.step_deadline(Kind.SET_WEIGHTS.value)))
         return out.agents
 
-    def pull(self, agents: list[str], blocks: tuple[str, ...] = ("client",)) -> dict[str, Arrays]:
+    def pull(self, agents: list[str], blocks: tuple[str, ...] = ("client",), *,
+             release: bool = False) -> dict[str, Arrays]:
         """`blocks` from agents (those sitting out are not asked: benched mid-round, their
-        silence would cost the round another deadline)."""
+        silence would cost the round another deadline); `release`: each agent drops its
+        blocks in the same exchange (`release` then needs no exchange of its own)."""
         agents = self.playing(agents)
         if not agents:
             return {}
         with self.books.timed("collect"):
             bound = accounted_bound(self.weights_bytes(blocks, agents))
             out = self.books.note(self.checked(self.engine.broadcast(
-                Command(Kind.GET_WEIGHTS.value, {"blocks": list(blocks)}, reply_bytes=bound),
+                Command(Kind.GET_WEIGHTS.value,
+                        {"blocks": list(blocks), **({"release": True} if release else {})},
+                        reply_bytes=bound),
                 agents,
                 round=self.round, deadline_s=self.step_deadline(Kind.GET_WEIGHTS.value)),
                 lambda agent, r: self.weights_problem(r.tensors, blocks, agent)))

@@ -154,6 +154,31 @@ def test_weights_round_trip_and_reject_wrong_shapes(archive: Path) -> None:
     assert "client/" in out.missed["a1"]
 
 
+def test_an_upload_that_releases_hands_over_the_blocks_own_memory(archive: Path) -> None:
+    """get_weights with `release`: the same values as a plain upload, in the block's own
+    memory (no copy), and the block dropped as `release` drops it; a later set_weights
+    builds it again from the weights pushed."""
+    engine = installed(archive)
+    worker = engine.workers["a0"]
+    kept = engine.send_and_receive({"a0": Command(Kind.GET_WEIGHTS.value)})["a0"].tensors
+    assert worker.client is not None
+    held = {f"client/{k}": t for k, t in worker.client.state_dict().items()}
+    out = engine.send_and_receive({"a0": Command(Kind.GET_WEIGHTS.value,
+                                                 {"blocks": ["client"], "release": True})})
+    handed = out["a0"].tensors
+    assert sorted(handed) == sorted(kept) == sorted(held)
+    for name, value in handed.items():
+        assert np.array_equal(value, kept[name])
+        assert np.shares_memory(value, held[name].numpy())  # the block's, not a copy
+        assert not np.shares_memory(kept[name], held[name].numpy())  # a plain one copies
+    assert worker._modules == {}  # dropped, as release drops it
+    changed = {k: (v + 1 if v.dtype == np.float32 else v) for k, v in kept.items()}
+    assert engine.send_and_receive({"a0": Command(Kind.SET_WEIGHTS.value, {}, changed)}).replies
+    back = client_state(engine, "a0")
+    for key, value in changed.items():
+        assert np.array_equal(back[key.split("/", 1)[1]].numpy(), value)
+
+
 def test_generation_runs_onnx_and_matches_torch(archive: Path) -> None:
     engine = installed(archive, agents=1, content="aux")
     out = engine.send_and_receive({"a0": Command(Kind.GENERATE.value, {"batch": 64})})

@@ -36,16 +36,16 @@ def test_fedavg_reports_the_mean_of_the_usable_losses_and_books_their_samples() 
         return Outcome({a: Reply(a, "train", metas[a], {}) for a in sorted(commands)})
 
     state = to_arrays(server, "server")
-    pulled: list[list[str]] = []
+    pulled: list[tuple[list[str], bool]] = []
     books = RoundBooks()
     trainer = SimpleNamespace(
         live=lambda agents: list(agents), global_client={}, server=server, round=0,
         settings=SimpleNamespace(local_steps=2), client_optimizer=SimpleNamespace(lr=0.1),
         books=books, engine=SimpleNamespace(send_and_receive=send_and_receive),
         step_deadline=lambda kind: 60.0,
-        pull=lambda agents, parts: pulled.append(list(agents)) or {
+        pull=lambda agents, parts, release: pulled.append((list(agents), release)) or {
             a: dict(state) for a in agents},
-        require_update=lambda selected, states: None, release=lambda agents: None,
+        require_update=lambda selected, states: None,
         defences=SimpleNamespace(
             left_out=lambda block, live: set(), batches=lambda live, *_: dict.fromkeys(live, 8),
             sizes=lambda agents: dict.fromkeys(agents, 1),
@@ -54,7 +54,9 @@ def test_fedavg_reports_the_mean_of_the_usable_losses_and_books_their_samples() 
     method.trainer = trainer  # type: ignore[assignment]
     assert method.run_round(["a0", "a1", "a2", "a3"]) == pytest.approx(1.0)
     assert dict(books.full_samples) == {"a0": 24, "a1": 48}
-    assert pulled == [["a0", "a1", "a2", "a3"]] and sorted(sent) == ["a0", "a1", "a2", "a3"]
+    # the devices drop their models as they upload them: no release exchange of its own
+    assert pulled == [(["a0", "a1", "a2", "a3"], True)]
+    assert sorted(sent) == ["a0", "a1", "a2", "a3"]
     assert {c.meta["steps"] for c in sent.values()} == {2}
     np.testing.assert_array_equal(to_arrays(server, "server")["server/weight"],
                                   state["server/weight"])
@@ -72,8 +74,8 @@ def test_fedavg_pushes_the_global_model_from_round_1_on(round_: int) -> None:
         client_optimizer=SimpleNamespace(lr=0.1), books=RoundBooks(),
         push=lambda live, state: pushed.append((list(live), sorted(state))) or list(live),
         engine=SimpleNamespace(send_and_receive=lambda commands, **_: Outcome({})),
-        step_deadline=lambda kind: 60.0, pull=lambda agents, parts: {},
-        require_update=lambda selected, states: None, release=lambda agents: None,
+        step_deadline=lambda kind: 60.0, pull=lambda agents, parts, release: {},
+        require_update=lambda selected, states: None,
         defences=SimpleNamespace(left_out=lambda block, live: set(),
                                  batches=lambda live, *_: dict.fromkeys(live, 8)))
     method = FedAvg.__new__(FedAvg)
