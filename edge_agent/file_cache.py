@@ -20,7 +20,7 @@ from jetsplit.errors import BundleError
 
 DEFAULT_CACHE_BYTES = 2 << 30  # a few bundles of the largest zoo models
 MAX_PARTIALS = 8  # downloads in progress kept at once
-_SHA = re.compile(r"^[0-9a-f]{64}$")
+_SHA = re.compile(r"^[0-9a-f]{64}\Z")
 _HASH_CHUNK = 1 << 20
 
 

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from jetsplit.models import LayeredModel
 
 MIB = 2**20
-_NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 PLACEHOLDER_MBPS = 100.0  # a host profile's link when no base profile says better
 
 

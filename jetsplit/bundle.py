@@ -71,7 +71,7 @@ def role_files(role: str, aux: bool) -> frozenset[str]:
     return files | _AUX_FILES if aux and role != "edge" else files
 # Engines are built on the device next to the bundle (never shipped): tolerated in a
 # directory, rejected inside a tar. Pattern follows runtimes.tensorrt_runtime.engine_filename.
-ENGINE_NAME = re.compile(r"^\.?(client|aux)\.[0-9A-Za-z.-]+\.engine(\.tmp)?$")
+ENGINE_NAME = re.compile(r"^\.?(client|aux)\.[0-9A-Za-z.-]+\.engine(\.tmp)?\Z")
 
 MAX_MANIFEST_BYTES = 1 << 20
 MAX_FILE_BYTES = 4 << 30  # a ViT/VGG at 224 px is < 1 GiB; a Jetson has 4–64 GiB in all

@@ -24,7 +24,7 @@ LIBRARIES = ("torchvision", "timm")
 MAX_SOURCE_CHARS = 200
 _DOTTED = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
 _FACTORY = re.compile(rf"^(?P<module>{_DOTTED}):(?P<attr>{_DOTTED})$")
-_LIBRARY_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+_LIBRARY_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")
 
 
 @dataclass(frozen=True)

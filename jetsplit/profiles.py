@@ -219,7 +219,7 @@ def load_profile(path: str | Path) -> DeviceProfile:
 
 # --------------------------------------------------------------------------- dumping
 
-_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+\Z")
 _ESCAPES = {
     '"': '\\"',
     "\\": "\\\\",

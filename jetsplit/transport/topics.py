@@ -10,7 +10,7 @@ from jetsplit.errors import ConfigError
 
 ROOT = "jetsplit/v1"
 # Fleet and agent ids end up in topics, client ids and file names: no wildcards, no slashes.
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 COORDINATOR = "coordinator"
 
 

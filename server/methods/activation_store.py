@@ -31,7 +31,7 @@ from jetsplit.errors import JetsplitError
 FORMAT = 1
 INDEX = "index.json"
 MAX_INDEX_BYTES = 16 * 1024 * 1024
-_AGENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # as the registry accepts them
+_AGENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")  # as the registry accepts them
 
 
 class StoreError(JetsplitError):

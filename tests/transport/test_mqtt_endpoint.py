@@ -540,20 +540,23 @@ def first_chunks(senders: list[str], seq: int = 10) -> list[bytes]:
 
 def test_a_sender_over_its_budget_loses_its_oldest_unfinished_message(
         caplog: pytest.LogCaptureFixture) -> None:
-    """Four unfinished messages per sender: the fifth and sixth each evict one."""
+    """Four unfinished messages per sender: the fifth, sixth and seventh each evict one,
+    counted once each."""
     caplog.set_level(logging.WARNING, logger="jetsplit.transport")
     receiver = coordinator()
     sender = agent()
-    firsts = [sender.prepare(reply("a0", seq, nbytes=5000))[0] for seq in range(1, 7)]
+    firsts = [sender.prepare(reply("a0", seq, nbytes=5000))[0] for seq in range(1, 8)]
     for part in firsts[:4]:
         receiver._receive(UP_A0, part)
     assert "ReassemblyEvicted" not in receiver.rejected
-    receiver._receive(UP_A0, firsts[4])
-    assert receiver.rejected["ReassemblyEvicted"] == 1
-    receiver._receive(UP_A0, firsts[5])
-    assert receiver.rejected == {"ReassemblyEvicted": 2}
+    counts = []
+    for part in firsts[4:]:
+        receiver._receive(UP_A0, part)
+        counts.append(receiver.rejected["ReassemblyEvicted"])
+    assert counts == [1, 2, 3]
+    assert receiver.rejected == {"ReassemblyEvicted": 3}
     assert caplog.messages == ["dropped an unfinished chunked message from a0: over its "
-                               "budget"] * 2
+                               "budget"] * 3
 
 
 def test_chunk_bytes_are_tracked_for_at_most_four_times_the_messages_in_flight() -> None:
@@ -597,7 +600,11 @@ def test_expired_partials_are_counted_on_any_message(caplog: pytest.LogCaptureFi
     assert caplog.messages == ["dropped 1 unfinished chunked message(s): no chunk for 5 s"]
     receiver._receive(UP_A0, sender.prepare(reply("a0", sender.next_seq()))[0])
     assert receiver.rejected == {"ReassemblyExpired": 1}  # counted once
-    assert len(received(receiver)) == 3
+    receiver._receive(UP_A0, sender.prepare(reply("a0", sender.next_seq(), nbytes=5000))[0])
+    age_partials(receiver, 6.0)  # a second one, later
+    receiver._receive(UP_A0, sender.prepare(reply("a0", sender.next_seq()))[0])
+    assert receiver.rejected == {"ReassemblyExpired": 2}
+    assert len(received(receiver)) == 4
 
 
 def test_partials_expired_by_a_new_chunk_or_a_refused_message_are_counted() -> None:

@@ -124,7 +124,7 @@ def test_entries_are_filtered_at_their_bounds(tmp_path: Path) -> None:
     data = {
         "a" * 64: 1, "b" * 65: 1,  # id length: 64 kept, 65 dropped
         "zero": 0, "minus": -1,  # seq lower bound
-        "top": 2 ** 63 - 1, "over": 2 ** 63,  # seq upper bound
+        "top": 2 ** 63 - 1, "over": 2 ** 63, "far": 2 ** 64,  # seq upper bound
         "flag": True, "off": False, "float": 3.0, "text": "5", "none": None, "list": [1],
     }
     path.write_text(json.dumps(data), encoding="utf-8")
