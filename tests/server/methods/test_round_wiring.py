@@ -420,8 +420,9 @@ class TrainRecorder:
                     "server": to_arrays(t.server, "server")}
             return send(commands, **kwargs)
 
-        def spy_pull(agents: list[str], blocks: tuple[str, ...] = ("client",)) -> dict:
-            states = pull(agents, blocks)
+        def spy_pull(agents: list[str], blocks: tuple[str, ...] = ("client",), *,
+                     release: bool = False) -> dict:
+            states = pull(agents, blocks, release=release)
             if t.round in self.start and t.round not in self.end and blocks == self.blocks:
                 self.end[t.round] = {a: {k: v.copy() for k, v in s.items()}
                                      for a, s in states.items()}
