@@ -47,7 +47,7 @@ from jetsplit.edge_agent.result import Result, Tensors
 from jetsplit.errors import BundleError, ConfigError, JetsplitError
 from jetsplit.models import ZOO_VERSION
 from jetsplit.models.split import eval_mode
-from jetsplit.models.weights import from_arrays, handed_over, load_strict, to_arrays
+from jetsplit.models.weights import from_arrays, load_strict, to_arrays
 from jetsplit.optimizers import build_optimizer
 from jetsplit.protocol import (
     BackwardArgs,
@@ -513,12 +513,11 @@ class AgentWorker(EdgeRole):
                         ) -> Result:
         self._installed()
         out: Tensors = {}
-        read = handed_over if args.release else to_arrays  # released: no copy needed
         for name in args.blocks:
             module = self._edge().block if name == "edge" else self._blocks()[name]
             if module is None:
                 raise ProtocolError(f"this bundle has no {name} block")
-            out.update(read(module, name))
+            out.update(to_arrays(module, name, copy=not args.release))  # released: no copy
         if args.release:
             self._release_blocks()
         return Result(meta={"samples": len(self.data)}, tensors=self.attack.upload(out))

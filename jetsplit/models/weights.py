@@ -34,18 +34,13 @@ def load_strict(module: nn.Module, tensors: Mapping[str, torch.Tensor], where: s
     return module
 
 
-def to_arrays(module: nn.Module, prefix: str) -> dict[str, np.ndarray]:
-    """A module's state as `<prefix>/<name>` NumPy arrays (copies, safe to send)."""
-    return {f"{prefix}/{name}": t.detach().cpu().numpy().copy()
-            for name, t in module.state_dict().items()}
-
-
-def handed_over(module: nn.Module, prefix: str) -> dict[str, np.ndarray]:
-    """A module's state as `<prefix>/<name>` arrays sharing its CPU tensors' memory (a
-    device tensor is copied to the host): for a block dropped right after, whose memory
-    the arrays then own; never for one that trains on."""
-    return {f"{prefix}/{name}": t.detach().cpu().numpy()
-            for name, t in module.state_dict().items()}
+def to_arrays(module: nn.Module, prefix: str, *, copy: bool = True) -> dict[str, np.ndarray]:
+    """A module's state as `<prefix>/<name>` NumPy arrays: copies, safe to send; with
+    `copy=False` the CPU tensors' own memory (a device tensor is still copied to the host),
+    only for a block dropped right after, whose memory the arrays then own."""
+    return {f"{prefix}/{name}": (a.copy() if copy else a)
+            for name, t in module.state_dict().items()
+            for a in (t.detach().cpu().numpy(),)}
 
 
 def stand_ins(module: nn.Module, prefix: str) -> dict[str, np.ndarray]:
