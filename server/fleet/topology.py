@@ -78,6 +78,9 @@ def resolve(edges: Mapping[str, Sequence[str]], registry: FleetRegistry) -> Topo
         if not registered_edges:
             raise ConfigError('sherl needs at least one agent with role = "edge"; none '
                               "registered")
+        if not registered_clients:
+            raise ConfigError('sherl needs at least one agent with role = "client"; none '
+                              "registered")
         return Topology({e: tuple(c) for e, c in
                          round_robin(registered_edges, registered_clients).items()})
     try:

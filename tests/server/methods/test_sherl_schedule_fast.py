@@ -1210,13 +1210,8 @@ def test_the_cut_error_names_the_range_of_each_model(tmp_path: Path) -> None:
                                    f"split at 3")
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason=(
-    "bug in server/methods/sherl.py: with no [topology], no edge_split and edge agents but "
-    "no client registered, the round-robin topology is empty and _plan_edge_split crashes "
-    "on max() of no groups (ValueError: max() arg is an empty sequence) instead of a "
-    "one-line ConfigError like the one for a fleet without edges"))
 def test_a_fleet_of_edges_without_clients_is_a_one_line_error(
         archive: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _Planned(monkeypatch, (K1, K2))
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match='at least one agent with role = "client"; none'):
         _method(archive, _fleet(("e0",), sizes={}), edges={}, edge_split=None)
