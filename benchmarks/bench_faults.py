@@ -11,9 +11,10 @@ from 0; 1 with --smoke), once every exchange kind has been timed (edge_agent/fau
 * `every-other`: a3 answers every second command from round R on;
 * `hang-upload`: a3 sends half of a chunked reply in round R, then nothing;
 * `clock-jump`: a3's wall clock jumps +1 h in round R (`clock-jump:3600@R`);
-* `restart`: `silent@R`, and the trial stopped after round R (a3 benched in it) and resumed
-  from its checkpoint (`jetsplit trial --resume`: a new coordinator, broker and agent
-  processes; tests/integration/test_fault_matrix.py restarts the coordinator alone).
+* `restart`: `silent@R`, and the coordinator stopped after round R (a3 benched in it) and a
+  new one resumed from its checkpoint, the broker and the agent processes up throughout
+  (`run_trial(restart_after=R)`; tests/integration/test_fault_matrix.py kills the
+  coordinator process mid-run).
 
 Printed per arm: training seconds (`summary.json`; the restart arm's two parts added), the
 seconds of the rounds from R on (the fault's rounds, without round 0's cold start, whose
@@ -54,12 +55,8 @@ def one_arm(arm: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
     fault = FAULTS[arm]
     attacks = {"a3": f"{fault}@{args.at}"} if fault else {}
     out = root / arm
-    if arm != "restart":
-        return run_arm(trial_spec(args, attacks=attacks, signed=True), out)
-    first = run_arm(trial_spec(args, attacks=attacks, signed=True, rounds=args.at + 1), out)
-    rest = run_arm(trial_spec(args, attacks=attacks, signed=True), out, resume=True)
-    return {**rest, "train_s": first["train_s"] + rest["train_s"],
-            "wall_s": first["wall_s"] + rest["wall_s"]}
+    return run_arm(trial_spec(args, attacks=attacks, signed=True), out,
+                   restart_after=args.at if arm == "restart" else None)
 
 
 def from_round(result: dict[str, Any], at: int) -> float:

@@ -62,14 +62,17 @@ def trial_spec(args: argparse.Namespace, *, profiles: list[str] | None = None,
                      cuts=cuts, signed=signed)
 
 
-def run_arm(spec: TrialSpec, out: Path, *, resume: bool = False) -> dict[str, Any]:
-    """Run (or resume) one trial into `out`: its training and wall seconds, metrics rows,
-    who sat out how often, the missed steps and the final accuracy."""
+def run_arm(spec: TrialSpec, out: Path, *, restart_after: int | None = None
+            ) -> dict[str, Any]:
+    """Run one trial into `out` (`restart_after`: its coordinator restarted after that
+    round): its training seconds (both coordinators'), wall seconds, metrics rows, who sat
+    out how often, the missed steps and the final accuracy."""
     started = time.perf_counter()
-    summary = run_trial(spec, out, live=False, resume=resume)
+    summary = run_trial(spec, out, live=False, restart_after=restart_after)
     wall = time.perf_counter() - started
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    return {"train_s": summary["seconds"], "wall_s": wall, "rows": rows,
+    first = summary.get("restarted", {}).get("first_seconds", 0.0)
+    return {"train_s": first + summary["seconds"], "wall_s": wall, "rows": rows,
             "benched": summary.get("benched", {}), "missed": summary.get("missed", []),
             "accuracy": summary["final_accuracy"]}
 

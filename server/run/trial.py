@@ -191,8 +191,13 @@ def predicted_steps(plan: dict[str, Any]) -> dict[str, float]:
 
 def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
               metrics_port: int | None = None, live: bool | None = None,
-              trackers: Any = None) -> dict[str, Any]:
-    """Run (or resume) a whole trial; returns the training summary plus the report path."""
+              trackers: Any = None, restart_after: int | None = None) -> dict[str, Any]:
+    """Run (or resume) a whole trial; returns the training summary plus the report path.
+
+    `restart_after` R rehearses a coordinator restart: the coordinator stops once round R is
+    checkpointed and a new one resumes from that checkpoint, the broker and the agent
+    processes up throughout, as a field fleet's daemons outlive the server process
+    (`summary["restarted"]`: the round and the first coordinator's training seconds)."""
     from jetsplit.broker_url import parse_broker_url
     from jetsplit.data import load_dataset_split
     from jetsplit.profiles import resolve_profile
@@ -206,6 +211,9 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
     )
 
     train, server, traces = check_trial(spec, metrics_port)
+    if restart_after is not None and not 0 <= restart_after < train.rounds - 1:
+        raise ConfigError(f"restart_after {restart_after} must lie in 0..{train.rounds - 2} "
+                          f"(a round the restarted coordinator has rounds after)")
     run_name = folder_run_id(out_dir, "trial", "--resume" if resume else "--out")
     if spec.broker is not None:
         parse_broker_url(spec.broker)
@@ -232,7 +240,7 @@ def run_trial(spec: TrialSpec, out_dir: Path, *, resume: bool = False,
     try:
         summary = _drive(spec, cfg, planned, traces, test, out_dir, run_name=run_name,
                          resume=resume, metrics_port=metrics_port, live=live,
-                         trackers=trackers)
+                         trackers=trackers, restart_after=restart_after)
     finally:
         shutil.rmtree(out_dir / "build", ignore_errors=True)  # the checkpoint keeps the bundle
     summary["report"] = str(write_report(out_dir, title=f"jetsplit trial: {train.algorithm}"))
@@ -302,15 +310,12 @@ def plan_trial(spec: TrialSpec, train: TrainSection, test: Dataset,
 
 def _drive(spec: TrialSpec, cfg: ServerConfig, planned: TrialPlan, traces: dict[str, Trace],
            test: Dataset, out_dir: Path, *, run_name: str, resume: bool,
-           metrics_port: int | None, live: bool | None, trackers: Any) -> dict[str, Any]:
-    """Broker, agent processes and coordinator up; train over MQTT; all of them down."""
+           metrics_port: int | None, live: bool | None, trackers: Any,
+           restart_after: int | None = None) -> dict[str, Any]:
+    """Broker and agent processes up; the coordinator trains over MQTT (twice, the second
+    resuming the first's checkpoint, with `restart_after`); all of them down."""
     from jetsplit.broker_url import parse_broker_url
-    from jetsplit.server.engines.mqtt import MqttEngine
     from jetsplit.server.ops.brokers import EmbeddedBroker
-    from jetsplit.server.ops.progress import TrialProgress
-    from jetsplit.server.run.assembly import LiveFleet, RunSpec, bundle_for, prepare_bundle
-    from jetsplit.server.run.held_out import run_classes
-    from jetsplit.transport.mqtt import EndpointOptions
 
     with contextlib.ExitStack() as stack:
         broker = None
@@ -326,29 +331,73 @@ def _drive(spec: TrialSpec, cfg: ServerConfig, planned: TrialPlan, traces: dict[
         (out_dir / "config.toml").write_text(_server_toml(cfg, address.url()))
         agents = AgentProcesses(configs, host_args).start()
         stack.callback(agents.stop)
-        engine = MqttEngine(address, "trial", run_id=run_name,
-                            options=EndpointOptions(protocol="3.1.1" if broker else "auto",
-                                                    fleet_key=trial_fleet_key(spec, agent_dir)),
+        coordinator = _Coordinator(spec, planned, test, out_dir, address, agents, agent_dir,
+                                   run_name=run_name, metrics_port=metrics_port, live=live,
+                                   trackers=trackers, embedded=broker is not None)
+        if restart_after is None:
+            return coordinator.run(cfg, resume)
+        first = coordinator.run(cfg.model_copy(update={"train": cfg.train.model_copy(
+            update={"rounds": restart_after + 1})}), resume)
+        log.info("coordinator restart after round %d: a new coordinator resumes from the "
+                 "checkpoint, broker and agents up", restart_after)
+        summary = coordinator.run(cfg, True)
+        summary["restarted"] = {"after_round": restart_after, "first_seconds": first["seconds"]}
+        return summary
+
+
+@dataclass
+class _Coordinator:
+    """One coordinator over a trial's running broker and agents: each `run` is a new engine
+    (its own MQTT session) and fleet, as a restarted server process would be."""
+
+    spec: TrialSpec
+    planned: TrialPlan
+    test: Dataset
+    out_dir: Path
+    address: Any
+    agents: AgentProcesses
+    agent_dir: Path
+    run_name: str
+    metrics_port: int | None
+    live: bool | None
+    trackers: Any
+    embedded: bool
+
+    def run(self, cfg: ServerConfig, resume: bool) -> dict[str, Any]:
+        """Connect, wait for every agent, train `cfg`'s rounds (from the checkpoint when
+        `resume`), disconnect."""
+        from jetsplit.server.engines.mqtt import MqttEngine
+        from jetsplit.server.ops.progress import TrialProgress
+        from jetsplit.server.run.assembly import LiveFleet, RunSpec, bundle_for, prepare_bundle
+        from jetsplit.server.run.held_out import run_classes
+        from jetsplit.transport.mqtt import EndpointOptions
+
+        planned, agent_dir = self.planned, self.agent_dir
+        engine = MqttEngine(self.address, "trial", run_id=self.run_name,
+                            options=EndpointOptions(
+                                protocol="3.1.1" if self.embedded else "auto",
+                                fleet_key=trial_fleet_key(self.spec, agent_dir)),
                             retry_s=cfg.train.retry_s)
-        fleet = stack.enter_context(LiveFleet(engine, metrics_port=metrics_port,
-                                              trackers=trackers))
-        engine.start(10.0)
-        count = cfg.agents
-        online = wait_for_fleet(engine.wait_for_agents, count, 60.0 + 10.0 * count,
-                                agents.dead, lambda name: agent_dir / f"{name}.log")
-        if len(online) < count:
-            raise JetsplitError(f"only {len(online)} of {count} agents registered "
-                                f"(dead: {', '.join(agents.dead()) or 'none'}; logs in "
-                                f"{agent_dir})")
-        fleet.serve_metrics()
-        with TrialProgress(cfg.train.rounds, title="jetsplit trial", live=live) as progress:
-            archive = bundle_for(out_dir, resume, lambda: prepare_bundle(
-                cfg, out_dir / "build", run_classes(test)))
-            return fleet.execute(RunSpec(
-                cfg.settings(), archive, test, out_dir, server_cut=planned.split,
-                cuts=planned.cuts, resume=resume, on_round=[progress.update],
-                row_extras=[predicted_row(planned.plan)], replanner=planned.replanner,
-                predicted_step_s=predicted_steps(planned.plan)))
+        with LiveFleet(engine, metrics_port=self.metrics_port, trackers=self.trackers) as fleet:
+            engine.start(10.0)
+            count = cfg.agents
+            online = wait_for_fleet(engine.wait_for_agents, count, 60.0 + 10.0 * count,
+                                    self.agents.dead, lambda name: agent_dir / f"{name}.log")
+            if len(online) < count:
+                raise JetsplitError(f"only {len(online)} of {count} agents registered "
+                                    f"(dead: {', '.join(self.agents.dead()) or 'none'}; logs "
+                                    f"in {agent_dir})")
+            fleet.serve_metrics()
+            with TrialProgress(cfg.train.rounds, title="jetsplit trial",
+                               live=self.live) as progress:
+                archive = bundle_for(self.out_dir, resume, lambda: prepare_bundle(
+                    cfg, self.out_dir / "build", run_classes(self.test)))
+                return fleet.execute(RunSpec(
+                    cfg.settings(), archive, self.test, self.out_dir,
+                    server_cut=planned.split, cuts=planned.cuts, resume=resume,
+                    on_round=[progress.update], row_extras=[predicted_row(planned.plan)],
+                    replanner=planned.replanner,
+                    predicted_step_s=predicted_steps(planned.plan)))
 
 
 def trial_edges(train: dict[str, Any], edges: int | None, agents: int) -> int:

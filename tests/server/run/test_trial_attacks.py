@@ -102,3 +102,16 @@ def test_a_signed_trial_gives_every_agent_its_fleet_key(tmp_path: Path) -> None:
                                      emulation, {})
     assert trial_fleet_key(unsigned, tmp_path / "u") is None
     assert all(load_agent_config(p).mqtt.endpoint_options().fleet_key is None for p in configs)
+
+
+@pytest.mark.parametrize("after", [-1, 2, 3])
+def test_a_coordinator_restart_needs_rounds_on_both_sides(tmp_path: Path, after: int) -> None:
+    """`run_trial(restart_after=R)` (bench_faults.py's restart arm) refuses, before any broker
+    or agent starts, a round the resumed coordinator would have nothing after (3 rounds:
+    0 and 1 only)."""
+    from jetsplit.server.run.trial import run_trial
+
+    spec = TrialSpec(agents=2, train={"rounds": 3})
+    with pytest.raises(ConfigError, match=r"restart_after .* must lie in 0\.\.1 "):
+        run_trial(spec, tmp_path / "run", restart_after=after)
+    assert not (tmp_path / "run").exists()
