@@ -85,7 +85,7 @@ def test_every_method_trains_and_reports(algorithm: str, tmp_path: Path) -> None
     edges = sherl_topology(algorithm, 1 if algorithm == "sherl" else 0, 3)
     settings = Settings(algorithm=algorithm, rounds=2, local_steps=2, batch=32, lr=0.05,
                         edges=edges)
-    summary = simulate(settings, model="mobilenetv3-small", split=2, dataset="digits",
+    summary = simulate(settings, model="vgg11", split=2, dataset="digits",
                        clients=3, partition_scheme="iid", out_dir=tmp_path)
     assert summary["algorithm"] == algorithm
     assert 0.0 <= summary["final_accuracy"] <= 1.0
