@@ -213,8 +213,10 @@ class Ampere(PhaseTwoUploads, Method):
         for agent, reply in out.replies.items():
             samples, loss = reply.meta.get("samples"), reply.meta.get("loss")
             limit = commands[agent].meta["steps"] * commands[agent].meta["batch"]
-            if not (isinstance(samples, int) and 0 < samples <= limit
-                    and isinstance(loss, float) and math.isfinite(loss)):
+            # a JSON true is an int in Python: a bool is no count
+            if not (isinstance(samples, int) and not isinstance(samples, bool)
+                    and 0 < samples <= limit and isinstance(loss, float)
+                    and math.isfinite(loss)):
                 continue
             t.books.fwd_samples[agent] += samples  # client forward and backward on device
             t.books.bwd_samples[agent] += samples

@@ -958,10 +958,6 @@ def test_a_train_reply_counts_for_the_loss_only_when_plausible(
     _close(t.global_client, _full(t.global_client, 3.5), "global client block")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug in server/methods/ampere.py `_train_loss`: a JSON true is an int in Python, so a "
-    "reply claiming `samples: true` counts as one sample in the loss and the books (SHeRL-FL's "
-    "`_count` refuses bools)"))
 def test_a_bool_sample_count_is_not_counted(archive: Path) -> None:
     fleet = Fleet()
     fleet.tamper[("train", "a0")] = _loss_of({"samples": True})
