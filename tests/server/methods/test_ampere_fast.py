@@ -35,7 +35,6 @@ import os
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +42,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.numpy import load_file
+from scripted_agents import Sent, Tamper  # testing/, on the path in tests
 from torch import nn
 
 from jetsplit.bundle import Bundle, load_bundle
@@ -110,23 +110,6 @@ def _shipping(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 # ---------------------------------------------------------------- scripted agents
-
-Tamper = Callable[[dict[str, Any], Arrays, int, int], str | None]
-
-
-@dataclass
-class Sent:
-    """One command as a scripted agent received it."""
-
-    kind: str
-    agent: str
-    round: int
-    step: int
-    meta: dict[str, Any]
-    tensors: Arrays
-    work: float | None
-    deadline_s: float
-
 
 def _affine(arrays: Arrays, scale: float, shift: float) -> Arrays:
     return {k: (scale * v + shift).astype(v.dtype) for k, v in arrays.items()}

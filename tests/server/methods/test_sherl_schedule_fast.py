@@ -24,14 +24,13 @@ from __future__ import annotations
 import copy
 import functools
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from scripted_agents import Sent, Tamper  # testing/, on the path in tests
 from torch import nn
 
 from jetsplit.bundle import Bundle, load_bundle
@@ -77,23 +76,6 @@ def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 # ---------------------------------------------------------------- scripted agents
-
-Tamper = Callable[[dict[str, Any], Arrays, int, int], str | None]
-
-
-@dataclass
-class Sent:
-    """One command as a scripted agent received it."""
-
-    kind: str
-    agent: str
-    round: int
-    step: int
-    meta: dict[str, Any]
-    tensors: Arrays
-    work: float | None
-    deadline_s: float
-
 
 def _affine(arrays: Arrays, scale: float, shift: float) -> Arrays:
     return {k: (scale * v + shift).astype(v.dtype) if v.dtype.kind == "f" else v.copy()
