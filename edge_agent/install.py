@@ -1,10 +1,11 @@
 """`jetsplit agent install` (and `scripts/install-agent.sh`): put the agent on a device as a
 systemd service — venv, package, user, config, unit — in one idempotent run.
 
-The whole logic lives here. The module needs only the standard library at import time, so
-the shell script can run it with the system `python3` straight from a checkout, before any
-dependency is installed; checks that need the project's own code (config validation) run
-in-process where that code imports, else with the new venv's Python.
+This module probes the host and plans the steps; what each step does to the system lives in
+install_actions.py, the fixed paths in install_layout.py. All three need only the standard
+library at import time, so the shell script can run them with the system `python3` straight
+from a checkout, before any dependency is installed; checks that need the project's own code
+(config validation) run in-process where that code imports, else with the new venv's Python.
 
 On a Jetson the venv is made with `--system-site-packages` so NVIDIA's torch wheel (the only
 CUDA torch for aarch64) is reused, and pip is held to that torch by a constraint: it can
@@ -27,41 +28,37 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List, Optional, Set, Tuple
 
-from jetsplit.compat import removeprefix, removesuffix
+from jetsplit.compat import removesuffix
+from jetsplit.edge_agent import install_actions as actions
 from jetsplit.edge_agent import jetpack
+from jetsplit.edge_agent.install_actions import InstallError
+from jetsplit.edge_agent.install_layout import (
+    CONFIG,
+    CONFIG_DIR,
+    ENV_FILE,
+    KIT_DIR,
+    OPENBLAS_PTH,
+    PROFILES_DIR,
+    PROFILES_ENV,
+    STATE_DIR,
+    UNIT,
+    UNIT_NAME,
+    USER,
+    VENV,
+)
 from jetsplit.edge_agent.kit import REPLACED, apply_kit, copy_kit, read_kit
 from jetsplit.errors import JetsplitError
 
-# Fixed paths: systemd/jetsplit-agent.service names the same ones (a test holds them equal).
-VENV = "/opt/jetsplit/venv"
-PROFILES_DIR = "/opt/jetsplit/profiles"
-CONFIG_DIR = "/etc/jetsplit"
-CONFIG = "/etc/jetsplit/agent.toml"
-KIT_DIR = "/etc/jetsplit/kit"
-ENV_FILE = "/etc/jetsplit/agent.env"
-STATE_DIR = "/var/lib/jetsplit"
-UNIT_NAME = "jetsplit-agent.service"
-UNIT = f"/etc/systemd/system/{UNIT_NAME}"
-USER = "jetsplit"
-# Where checks with the venv's Python run: never a checkout, whose jetsplit/ folder would be
-# imported instead of the installed package.
-NEUTRAL_CWD = "/"
-PROFILES_ENV = "JETSPLIT_PROFILES_DIR"
 # Device-tree model text → bundled profile; first match wins (so "orin nano" before "nano").
 MODEL_PROFILES = (("agx orin", "agx-orin-64gb"), ("orin nx", "orin-nx-16gb"),
                   ("orin nano", "orin-nano-8gb"), ("xavier nx", "xavier-nx-8gb"),
                   ("agx xavier", "agx-xavier-32gb"), ("jetson-agx", "agx-xavier-32gb"),
                   ("nano", "jetson-nano-4gb"))
-
-
-class InstallError(JetsplitError):
-    """A precondition or step failed; the message is one line saying what to do."""
 
 
 @dataclass(frozen=True)
@@ -123,9 +120,9 @@ class Step:
 
 def detect_host(root: Path) -> Host:
     """Probe the machine (under `root` for the files a fake root can stand in for)."""
-    release = _read(root / "etc/nv_tegra_release")
+    release = actions.read(root / "etc/nv_tegra_release")
     l4t = jetpack.parse_l4t(release) if release else None
-    model = _read(root / "proc/device-tree/model")
+    model = actions.read(root / "proc/device-tree/model")
     python = getattr(sys, "_base_executable", None) or sys.executable
     probe = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=60)
     if probe.returncode != 0 or not probe.stderr.strip():
@@ -291,13 +288,84 @@ def _importable() -> bool:
 # ------------------------------------------------------------------------------------ steps
 def plan(opts: Options, host: Host, profile: str | None) -> list[Step]:
     """Every step, in order, each with a title that says exactly what it will change."""
+    return (_venv_steps(opts, host) if opts.venv else []) + _system_steps(opts, host, profile)
+
+
+def _at(root: Path, path: str) -> Path:
+    """A fixed path under --root (the device's / unless testing or building an image)."""
+    return root / path.lstrip("/")
+
+
+def _venv_steps(opts: Options, host: Host) -> list[Step]:
+    """Python, the venv and what pip puts in it: NVIDIA's torch reused, or the CPU route."""
+    fake_root = opts.root != Path("/")
+    venv = _at(opts.root, VENV)
+    venv_python = venv / "bin/python"
+    cpu = host.cpu_route
+    steps: list[Step] = []
+    if host.apt_missing and not fake_root:
+        packages = list(host.apt_missing)
+        steps.append(Step(f"apt-get install {' '.join(packages)} (Ubuntu's own packages: the "
+                          "agent needs Python >= 3.8; asks first unless --yes)",
+                          lambda: actions.apt_install(packages, opts.yes)))
+    if venv_python.exists():
+        steps.append(Step(f"reuse the venv {venv}",
+                          lambda: actions.check_venv(venv, isolated=cpu)))
+    elif cpu:
+        # Ubuntu's /usr/lib/python3/dist-packages holds Python 3.6 builds (numpy among
+        # them) that pip would take as installed; NVIDIA ships nothing there for 3.8.
+        steps.append(Step(
+            f"create the venv {venv} from {host.python} without system site-packages "
+            "(the system's are built for Python 3.6)",
+            lambda: actions.run([host.python, "-m", "venv", str(venv)])))
+    else:
+        steps.append(Step(
+            f"create the venv {venv} with --system-site-packages from {host.python}"
+            + (f" (reuses NVIDIA's torch {host.torch})" if host.torch else ""),
+            lambda: actions.run([host.python, "-m", "venv", "--system-site-packages",
+                                 str(venv)])))
+    if host.r32:
+        name, value = jetpack.OPENBLAS_ENV
+        steps.append(Step(f"set {name}={value} for every run of the venv's Python "
+                          f"({OPENBLAS_PTH}: numpy dies with 'illegal instruction' on the "
+                          "Cortex-A57 without it)",
+                          lambda: actions.write_openblas_pth(venv_python)))
+    # Distro pips (Debian's 20.3, Ubuntu 20.04's 20.0) build a PEP 517 project as
+    # UNKNOWN 0.0.0 inside a --system-site-packages venv: upgrade pip there first (pip
+    # picks the newest release that still supports the venv's Python).
+    steps.append(Step("upgrade pip inside the venv (a distro pip cannot build this "
+                      "project)", lambda: actions.upgrade_pip(venv_python)))
+    extras = "agent,jetson" if opts.jetson_extra else "agent"
+    pins = constraints(host)
+    held = f", held to {', '.join(pins)}" if pins else ""
+    if cpu:
+        held += " (PyPI's CPU-only torch for aarch64: no CUDA)"
+    steps.append(Step(f"pip install {opts.source}[{extras}] into the venv{held}",
+                      lambda: actions.pip_install(venv_python, [f"{opts.source}[{extras}]"],
+                                                  pins)))
+    if opts.model_packages:
+        models = list(opts.model_packages)
+        steps.append(Step(f"pip install the model package(s) {' '.join(models)} into the "
+                          f"venv{held}", lambda: actions.pip_install(venv_python, models, pins)))
+    if host.onnxruntime:
+        steps.append(Step(f"keep {host.onnxruntime} (PyPI's CPU onnxruntime is never "
+                          "installed over it)",
+                          lambda: actions.ensure_onnxruntime(venv_python, pins)))
+    else:
+        steps.append(Step("pip install onnxruntime (CPU) into the venv unless an "
+                          "onnxruntime or onnxruntime-gpu is importable there",
+                          lambda: actions.ensure_onnxruntime(venv_python, pins)))
+    return steps
+
+
+def _system_steps(opts: Options, host: Host, profile: str | None) -> list[Step]:
+    """Profiles, user, folders, config, environment file, config check and the unit."""
     root = opts.root
     fake_root = root != Path("/")
 
     def at(path: str) -> Path:
-        return root / path.lstrip("/")
+        return _at(root, path)
 
-    steps: list[Step] = []
     owner = None if fake_root or not (opts.user or host.user_exists) else USER
     agent_text, commented = render_agent_toml(
         (opts.source / "systemd/agent.toml").read_text(), opts, profile, root)
@@ -305,62 +373,9 @@ def plan(opts: Options, host: Host, profile: str | None) -> list[Step]:
         agent_text = apply_kit(agent_text, KIT_DIR)
         commented = [c for c in commented if c not in REPLACED]
     venv_python = at(VENV) / "bin/python"
-
-    cpu = host.cpu_route
-    if opts.venv and host.apt_missing and not fake_root:
-        packages = list(host.apt_missing)
-        steps.append(Step(f"apt-get install {' '.join(packages)} (Ubuntu's own packages: the "
-                          "agent needs Python >= 3.8; asks first unless --yes)",
-                          lambda: _apt_install(packages, opts.yes)))
-    if opts.venv:
-        if venv_python.exists():
-            steps.append(Step(f"reuse the venv {at(VENV)}",
-                              lambda: _check_venv(at(VENV), isolated=cpu)))
-        elif cpu:
-            # Ubuntu's /usr/lib/python3/dist-packages holds Python 3.6 builds (numpy among
-            # them) that pip would take as installed; NVIDIA ships nothing there for 3.8.
-            steps.append(Step(
-                f"create the venv {at(VENV)} from {host.python} without system site-packages "
-                "(the system's are built for Python 3.6)",
-                lambda: _run([host.python, "-m", "venv", str(at(VENV))])))
-        else:
-            steps.append(Step(
-                f"create the venv {at(VENV)} with --system-site-packages from {host.python}"
-                + (f" (reuses NVIDIA's torch {host.torch})" if host.torch else ""),
-                lambda: _run([host.python, "-m", "venv", "--system-site-packages",
-                              str(at(VENV))])))
-        if host.r32:
-            name, value = jetpack.OPENBLAS_ENV
-            steps.append(Step(f"set {name}={value} for every run of the venv's Python "
-                              f"({OPENBLAS_PTH}: numpy dies with 'illegal instruction' on the "
-                              "Cortex-A57 without it)", lambda: _write_openblas_pth(venv_python)))
-        # Distro pips (Debian's 20.3, Ubuntu 20.04's 20.0) build a PEP 517 project as
-        # UNKNOWN 0.0.0 inside a --system-site-packages venv: upgrade pip there first (pip
-        # picks the newest release that still supports the venv's Python).
-        steps.append(Step("upgrade pip inside the venv (a distro pip cannot build this "
-                          "project)", lambda: _upgrade_pip(venv_python)))
-        extras = "agent,jetson" if opts.jetson_extra else "agent"
-        pins = constraints(host)
-        held = f", held to {', '.join(pins)}" if pins else ""
-        if cpu:
-            held += " (PyPI's CPU-only torch for aarch64: no CUDA)"
-        steps.append(Step(f"pip install {opts.source}[{extras}] into the venv{held}",
-                          lambda: _pip_install(venv_python, [f"{opts.source}[{extras}]"],
-                                               pins)))
-        if opts.model_packages:
-            packages = list(opts.model_packages)
-            steps.append(Step(f"pip install the model package(s) {' '.join(packages)} into the "
-                              f"venv{held}", lambda: _pip_install(venv_python, packages, pins)))
-        if host.onnxruntime:
-            steps.append(Step(f"keep {host.onnxruntime} (PyPI's CPU onnxruntime is never "
-                              "installed over it)", lambda: _ensure_onnxruntime(venv_python,
-                                                                                pins)))
-        else:
-            steps.append(Step("pip install onnxruntime (CPU) into the venv unless an "
-                              "onnxruntime or onnxruntime-gpu is importable there",
-                              lambda: _ensure_onnxruntime(venv_python, pins)))
+    steps: list[Step] = []
     steps.append(Step(f"copy the device profiles to {at(PROFILES_DIR)}",
-                      lambda: _copy_profiles(opts.source / "profiles", at(PROFILES_DIR))))
+                      lambda: actions.copy_profiles(opts.source / "profiles", at(PROFILES_DIR))))
     if opts.user and not fake_root:
         groups = ",".join(g for g in ("video", "jtop") if g in host.groups)
         if host.user_exists:
@@ -368,13 +383,13 @@ def plan(opts: Options, host: Host, profile: str | None) -> list[Step]:
         else:
             title = (f"create the system user {USER} (no login shell, home {STATE_DIR}, "
                      f"groups {groups or '(none exist)'})")
-        steps.append(Step(title, lambda: _ensure_user(groups, host.user_exists)))
+        steps.append(Step(title, lambda: actions.ensure_user(groups, host.user_exists)))
     steps.append(Step(f"create {at(STATE_DIR)} (owner {owner or 'unchanged'}, mode 0750)",
-                      lambda: _ensure_dir(at(STATE_DIR), 0o750, owner, owner)))
+                      lambda: actions.ensure_dir(at(STATE_DIR), 0o750, owner, owner)))
     steps.append(Step(f"create {at(CONFIG_DIR)} ("
                       f"{'root:' + owner if owner else 'owner unchanged'}, mode 0750)",
-                      lambda: _ensure_dir(at(CONFIG_DIR), 0o750, "root" if owner else None,
-                                          owner)))
+                      lambda: actions.ensure_dir(at(CONFIG_DIR), 0o750,
+                                                 "root" if owner else None, owner)))
     if opts.kit is not None:
         kit = read_kit(opts.kit)
         steps.append(Step(f"copy the startup kit {opts.kit} to {at(KIT_DIR)} (keys mode 0640)",
@@ -382,10 +397,10 @@ def plan(opts: Options, host: Host, profile: str | None) -> list[Step]:
     steps.append(Step(
         f"write {at(CONFIG)} (agent {opts.agent}, fleet {opts.fleet}, broker "
         f"{_safe_url(opts.broker)}, profile {profile or 'none'}; mode 0640)",
-        lambda: _write(at(CONFIG), agent_text, owner, backup=True) + (
+        lambda: actions.write(at(CONFIG), agent_text, owner, backup=True) + (
             f"; commented out until their files exist: {', '.join(commented)}"
             if commented else "")))
-    existing_env = _read(at(ENV_FILE))
+    existing_env = actions.read(at(ENV_FILE))
     env_text = render_env((opts.source / "systemd/agent.env").read_text(), existing_env,
                           openblas=host.r32)
     verb = ("write" if existing_env is None else
@@ -393,199 +408,29 @@ def plan(opts: Options, host: Host, profile: str | None) -> list[Step]:
     extra = "; {}={}".format(*jetpack.OPENBLAS_ENV) if host.r32 else ""
     steps.append(Step(
         f"{verb} {at(ENV_FILE)} ({PROFILES_ENV}={PROFILES_DIR}{extra}; mode 0640)",
-        lambda: _write(at(ENV_FILE), env_text, owner, backup=False)))
+        lambda: actions.write(at(ENV_FILE), env_text, owner, backup=False)))
     if opts.venv or venv_python.exists():
         steps.append(Step(f"check {at(CONFIG)} loads with the venv's jetsplit",
-                          lambda: _check_with(venv_python, at(CONFIG))))
+                          lambda: actions.check_with(venv_python, at(CONFIG))))
     elif _importable():
         steps.append(Step(f"check {at(CONFIG)} loads with this jetsplit",
                           lambda: "broker " + check_config_text(at(CONFIG).read_text(),
                                                                 str(at(CONFIG)))))
     steps.append(Step(f"install {UNIT_NAME} into {at(UNIT).parent}",
-                      lambda: _write(at(UNIT), (opts.source / "systemd" / UNIT_NAME)
-                                     .read_text(), None, backup=False, mode=0o644)))
+                      lambda: actions.write(at(UNIT), (opts.source / "systemd" / UNIT_NAME)
+                                            .read_text(), None, backup=False, mode=0o644)))
     if opts.enable and not fake_root:
-        steps.append(Step("systemctl daemon-reload", lambda: _run(["systemctl",
-                                                                   "daemon-reload"])))
+        steps.append(Step("systemctl daemon-reload",
+                          lambda: actions.run(["systemctl", "daemon-reload"])))
         steps.append(Step(f"systemctl enable {UNIT_NAME} and (re)start it",
-                          lambda: _enable_now()))
+                          lambda: actions.enable_now()))
     return steps
-
-
-def _check_venv(venv: Path, isolated: bool = False) -> str:
-    """An existing venv must see the system's site-packages (NVIDIA's torch), or on the CPU
-    route must not (they hold Python 3.6 builds)."""
-    cfg = _read(venv / "pyvenv.cfg") or ""
-    if not isolated and re.search(r"include-system-site-packages\s*=\s*false", cfg):
-        raise InstallError(f"{venv} was made without --system-site-packages, so NVIDIA's "
-                           "torch is invisible to it: remove it and re-run")
-    if isolated and re.search(r"include-system-site-packages\s*=\s*true", cfg):
-        raise InstallError(f"{venv} was made with --system-site-packages, which on JetPack 4 "
-                           "shows it Python 3.6 builds: remove it and re-run")
-    return "kept"
 
 
 def constraints(host: Host) -> list[str]:
     """What pip may not change: NVIDIA's CUDA torch (never swapped for a PyPI CPU wheel) and
     the numpy that torch was built against; on the CPU route PyPI's torch 1.13.1."""
     return jetpack.cpu_pins() if host.cpu_route else jetpack.pins(host.torch, host.numpy)
-
-
-OPENBLAS_PTH = "jetsplit-openblas.pth"
-
-
-def _write_openblas_pth(python: Path) -> str:
-    """A .pth line in the venv's site-packages sets the variable before numpy loads, for the
-    service and for doctor or profile run by hand alike."""
-    venv = python.parent.parent
-    sites = sorted(venv.glob("lib/python3*/site-packages"))
-    if not sites:
-        raise InstallError(f"{venv}: no lib/python3.*/site-packages in the venv")
-    site = sites[-1]
-    name, value = jetpack.OPENBLAS_ENV
-    return _write(site / OPENBLAS_PTH, f"import os; os.environ.setdefault({name!r}, "
-                  f"{value!r})\n", None, backup=False, mode=0o644)
-
-
-def _apt_install(packages: list[str], yes: bool) -> str:
-    """apt-get update + install, after asking (or with --yes)."""
-    command = ["apt-get", "install", "-y", *packages]
-    if not yes:
-        if not sys.stdin.isatty():
-            raise InstallError(f"`{' '.join(command)}` needs your consent: re-run with --yes, "
-                               "or install them first")
-        answer = input(f"run apt-get update and `{' '.join(command)}`? [y/N] ")
-        if not answer.strip().lower().startswith("y"):
-            raise InstallError(f"not installing {' '.join(packages)}: nothing was changed; "
-                               "re-run with --yes, or install them first")
-    _run(["apt-get", "update"])
-    _run(command)
-    return "installed"
-
-
-def _pip_install(python: Path, requirements: list[str], pins: list[str]) -> str:
-    with tempfile.TemporaryDirectory(prefix="jetsplit-install-") as tmp:
-        command = [str(python), "-m", "pip", "install", "--upgrade", *requirements]
-        if pins:
-            path = Path(tmp) / "constraints.txt"
-            path.write_text("".join(f"{pin}\n" for pin in pins))
-            command += ["--constraint", str(path)]
-        _run(command)
-    return "installed"
-
-
-def _upgrade_pip(python: Path) -> str:
-    _run([str(python), "-m", "pip", "install", "--upgrade", "pip"])
-    return _venv_output(python, "import pip; print('pip', pip.__version__)")
-
-
-def _venv_output(python: Path, code: str) -> str:
-    """stdout of ``python -c code`` run from a neutral folder: inside a checkout, its
-    ``jetsplit/`` folder would shadow the package installed in the venv."""
-    done = subprocess.run([str(python), "-c", code], capture_output=True, text=True,
-                          timeout=300, cwd=NEUTRAL_CWD)
-    return done.stdout.strip()
-
-
-def _ensure_onnxruntime(python: Path, pins: list[str]) -> str:
-    """CPU onnxruntime only where no onnxruntime (NVIDIA's onnxruntime-gpu included, which
-    imports under the same name) is importable from the venv."""
-    found = subprocess.run([str(python), "-c", "import onnxruntime as o; print(o.__version__)"],
-                           capture_output=True, text=True, timeout=300, cwd=NEUTRAL_CWD)
-    if found.returncode == 0:
-        return f"kept onnxruntime {found.stdout.strip()}"
-    return _pip_install(python, ["onnxruntime"], pins)
-
-
-def _copy_profiles(source: Path, target: Path) -> str:
-    target.mkdir(parents=True, exist_ok=True)
-    count = 0
-    for path in sorted(source.glob("*.toml")):
-        shutil.copyfile(path, target / path.name)
-        (target / path.name).chmod(0o644)
-        count += 1
-    return f"{count} profiles"
-
-
-def _ensure_user(groups: str, exists: bool) -> str:
-    if not exists:
-        nologin = shutil.which("nologin") or "/usr/sbin/nologin"
-        command = ["useradd", "--system", "--user-group", "--home-dir", STATE_DIR,
-                   "--no-create-home", "--shell", nologin]
-        _run(command + (["--groups", groups] if groups else []) + [USER])
-        return "created"
-    if groups:
-        _run(["usermod", "--append", "--groups", groups, USER])
-    return "groups ensured"
-
-
-def _ensure_dir(path: Path, mode: int, user: str | None, group: str | None) -> str:
-    path.mkdir(parents=True, exist_ok=True)
-    path.chmod(mode)
-    if user or group:
-        shutil.chown(path, user, group)
-    return None if user or group else "ownership unchanged"
-
-
-def _write(path: Path, text: str, group: str | None, *, backup: bool, mode: int = 0o640
-           ) -> str:
-    """Write only when the content changed; root-owned, readable by `group`."""
-    old = _read(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    note = "unchanged"
-    if old != text:
-        if old is not None and backup:
-            shutil.copy2(path, path.with_name(path.name + ".bak"))
-            note = f"updated (previous in {path.name}.bak)"
-        else:
-            note = "written" if old is None else "updated"
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(text)
-        tmp.chmod(mode)
-        tmp.replace(path)
-    path.chmod(mode)
-    if group:
-        shutil.chown(path, "root", group)
-    return note
-
-
-def _check_with(python: Path, config: Path) -> str:
-    code = ("import sys\nfrom jetsplit.edge_agent.install import check_config_text\n"
-            "from jetsplit.errors import JetsplitError\n"
-            "p = sys.argv[1]\n"
-            "try: print('broker', check_config_text(open(p).read(), p))\n"
-            "except JetsplitError as e: sys.exit(f'error: {e}')\n")
-    done = subprocess.run([str(python), "-c", code, str(config)], capture_output=True,
-                          text=True, timeout=300, cwd=NEUTRAL_CWD)
-    if done.returncode != 0:
-        lines = (done.stderr or done.stdout).strip().splitlines()
-        raise InstallError(removeprefix(lines[-1], "error: ") if lines else
-                           f"{config} does not load")
-    return done.stdout.strip()
-
-
-def _enable_now() -> str:
-    _run(["systemctl", "enable", UNIT_NAME])
-    _run(["systemctl", "restart", UNIT_NAME])  # starts it, or picks up changed files
-    return f"running; logs: journalctl -u {UNIT_NAME} -f"
-
-
-def _run(command: list[str]) -> str | None:
-    try:
-        done = subprocess.run(command, timeout=3600)
-    except FileNotFoundError:
-        raise InstallError(f"{command[0]}: command not found") from None
-    if done.returncode != 0:
-        raise InstallError(f"`{' '.join(command[:4])}…` failed with exit code "
-                           f"{done.returncode} (its output is above)")
-    return None
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text(errors="replace")
-    except OSError:
-        return None
 
 
 def _safe_url(url: str) -> str:

@@ -76,7 +76,7 @@ COORDINATOR_CPU = "neoverse-n1"
 COORDINATOR_ORT = "onnxruntime==1.19.2"
 # export: onnx for the bundles it sends; data: scikit-learn for the digits it evaluates on
 COORDINATOR_EXTRAS = "server,export,data"
-VENV = "/opt/jetsplit/venv"  # edge_agent/install.py's VENV
+VENV = "/opt/jetsplit/venv"  # edge_agent/install_layout.py's VENV
 MODEL = ("mobilenetv3-small", "1,8,8")  # small enough for emulation, digits-shaped
 FLEET = "devcheck"
 

@@ -14,6 +14,7 @@ import pytest
 
 from jetsplit.cli import main as cli
 from jetsplit.edge_agent import install as inst
+from jetsplit.edge_agent import install_actions as actions
 from jetsplit.edge_agent.config import load_agent_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -254,7 +255,7 @@ def test_onnxruntime_already_importable_is_kept() -> None:
     """The real check, with this venv's interpreter (it has onnxruntime): no pip runs."""
     import onnxruntime
 
-    assert inst._ensure_onnxruntime(Path(sys.executable), ["torch==9.9"]) == \
+    assert actions.ensure_onnxruntime(Path(sys.executable), ["torch==9.9"]) == \
         f"kept onnxruntime {onnxruntime.__version__}"
 
 
@@ -271,8 +272,8 @@ def test_onnxruntime_is_installed_only_where_none_imports(tmp_path: Path,
         constraint = command[command.index("--constraint") + 1]
         ran.append((command, Path(constraint).read_text()))
 
-    monkeypatch.setattr(inst, "_run", fake_run)
-    assert inst._ensure_onnxruntime(bare, ["torch==2.0.0+nv23.05", "numpy<2"]) == "installed"
+    monkeypatch.setattr(actions, "run", fake_run)
+    assert actions.ensure_onnxruntime(bare, ["torch==2.0.0+nv23.05", "numpy<2"]) == "installed"
     [(command, constraints)] = ran
     assert command[1:6] == ["-m", "pip", "install", "--upgrade", "onnxruntime"]
     assert constraints == "torch==2.0.0+nv23.05\nnumpy<2\n"
@@ -405,7 +406,7 @@ def test_cpu_route_guesses_only_cpu_profiles() -> None:
 
 def test_apt_runs_only_with_consent(monkeypatch: pytest.MonkeyPatch) -> None:
     ran: list[list[str]] = []
-    monkeypatch.setattr(inst, "_run", lambda command: ran.append(command))
+    monkeypatch.setattr(actions, "run", lambda command: ran.append(command))
     packages = ["python3.8-venv", "python3.8-dev"]
 
     class Stdin:
@@ -417,17 +418,17 @@ def test_apt_runs_only_with_consent(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(sys, "stdin", Stdin(False))
     with pytest.raises(inst.InstallError, match="needs your consent: re-run with --yes"):
-        inst._apt_install(packages, yes=False)
+        actions.apt_install(packages, yes=False)
     monkeypatch.setattr(sys, "stdin", Stdin(True))
     answers = iter(["", "y"])
     monkeypatch.setattr("builtins.input", lambda prompt: next(answers))
     with pytest.raises(inst.InstallError, match="not installing python3.8-venv python3.8-dev"):
-        inst._apt_install(packages, yes=False)
+        actions.apt_install(packages, yes=False)
     assert ran == []
-    assert inst._apt_install(packages, yes=False) == "installed"
+    assert actions.apt_install(packages, yes=False) == "installed"
     assert ran == [["apt-get", "update"], ["apt-get", "install", "-y", *packages]]
     monkeypatch.setattr("builtins.input", lambda prompt: pytest.fail("asked despite --yes"))
-    inst._apt_install(packages, yes=True)
+    actions.apt_install(packages, yes=True)
     assert len(ran) == 4
 
 
@@ -442,23 +443,23 @@ def test_openblas_pth_reaches_every_run_of_the_venv(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
                    timeout=120)
     python = venv / "bin" / "python"
-    assert inst._write_openblas_pth(python) == "written"
+    assert actions.write_openblas_pth(python) == "written"
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
     seen = subprocess.run([str(python), "-c", "import os; print(os.environ['OPENBLAS_CORETYPE'])"],
                           capture_output=True, text=True, timeout=60, env=env)
     assert seen.stdout.strip() == "ARMV8", seen.stderr
-    assert inst._write_openblas_pth(python) == "unchanged"
+    assert actions.write_openblas_pth(python) == "unchanged"
 
 
 def test_existing_venv_must_match_the_route(tmp_path: Path) -> None:
     (tmp_path / "pyvenv.cfg").write_text("include-system-site-packages = true\n")
-    assert inst._check_venv(tmp_path) == "kept"
+    assert actions.check_venv(tmp_path) == "kept"
     with pytest.raises(inst.InstallError, match="shows it Python 3.6 builds"):
-        inst._check_venv(tmp_path, isolated=True)
+        actions.check_venv(tmp_path, isolated=True)
     (tmp_path / "pyvenv.cfg").write_text("include-system-site-packages = false\n")
-    assert inst._check_venv(tmp_path, isolated=True) == "kept"
+    assert actions.check_venv(tmp_path, isolated=True) == "kept"
     with pytest.raises(inst.InstallError, match="NVIDIA's torch is invisible"):
-        inst._check_venv(tmp_path)
+        actions.check_venv(tmp_path)
 
 
 def test_env_file_gets_openblas_once_on_jetpack_4() -> None:
