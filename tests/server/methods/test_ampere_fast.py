@@ -1933,6 +1933,11 @@ def test_a_damaged_checkpoint_is_refused_in_one_line(archive: Path) -> None:
                "infinity"),
         (_damaged(arrays, "best/aux/classifier.bias", np.zeros(10, np.float64)), meta,
          "checkpoint best blocks: tensor aux/classifier.bias is float64 [10]"),
+        # a head for a cut past p* is named by its cut too
+        (_damaged({**arrays, **{k.replace("aux/", "aux-k9/", 1): v for k, v in arrays.items()
+                                if k.startswith("aux/")}},
+                  "aux-k9/classifier.bias", np.zeros(3, np.float32)), meta,
+         "checkpoint aux head: cut 9: tensor aux/classifier.bias is float32 [3]"),
         (arrays, {**meta, "ampere": {**meta["ampere"], "phase": 3}},
          "checkpoint Ampere phase 3 is not 1 or 2"),
         (arrays, {**meta, "ampere": {**meta["ampere"], "phase": 0}},
@@ -1942,6 +1947,21 @@ def test_a_damaged_checkpoint_is_refused_in_one_line(archive: Path) -> None:
         with pytest.raises(CheckpointError) as info:
             other.restore(bad, bad_meta)
         assert str(info.value) == message
+
+
+def test_a_checkpoint_tensor_of_another_block_is_no_head(archive: Path) -> None:
+    """Only `aux/` and `aux-k<cut>/` tensors are heads: one under a name that sorts before
+    "aux" (`a/`, `aa/`) neither replaces p*'s head nor is refused as one."""
+    method = _method(archive, Fleet(cuts={"a0": SHALLOW}), zero=False)
+    arrays, meta = method.checkpoint()
+    heads = {k: v for k, v in arrays.items() if k.startswith("aux/")}
+    stray = {f"{prefix}/{k[4:]}": np.full_like(v, 7.0) for k, v in heads.items()
+             for prefix in ("a", "aa")}
+    stray["a/classifier.bias"] = np.zeros(3, np.float32)  # not even p*'s head's shape
+    other = _method(archive, Fleet(cuts={"a0": SHALLOW}), zero=False)
+    other.restore({**arrays, **stray}, meta)
+    assert sorted(other.aux) == [SHALLOW, SPLIT]
+    _close(other.aux[SPLIT], method.aux[SPLIT], "p*'s head", rtol=0)
 
 
 @pytest.mark.parametrize(("change", "says"), [
