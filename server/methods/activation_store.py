@@ -170,8 +170,14 @@ class ActivationStore:
         reason = self.problem(agent, offset, total, activations, labels)
         if reason is not None:
             raise StoreError(f"upload from {agent} refused: {reason}")
-        for suffix, array in ((".act", activations), (".lab", labels)):
-            with open(self.root / f"{agent}{suffix}", "ab") as fh:
+        for suffix, array, width in ((".act", activations, self.row_bytes - 8),
+                                     (".lab", labels, 8)):
+            path = self.root / f"{agent}{suffix}"
+            with open(path, "r+b" if path.exists() else "wb") as fh:
+                # bytes past the committed rows are a torn write (a crash before the index
+                # named this agent leaves them, and reopening cuts only indexed agents)
+                fh.truncate(offset * width)
+                fh.seek(offset * width)
                 fh.write(np.ascontiguousarray(array).tobytes())
                 fh.flush()
                 os.fsync(fh.fileno())

@@ -451,6 +451,58 @@ def test_a_reopened_store_cuts_torn_appends_and_resumes(tmp_path: Path) -> None:
     assert _store(tmp_path).agents() == ["a0", "b1"]
 
 
+def test_a_torn_first_upload_is_cut_before_the_next(tmp_path: Path) -> None:
+    """A crash during an agent's first append leaves bytes the index never named: its next
+    upload (from row 0) must not land behind them."""
+    store = _store(tmp_path)
+    a, y = _chunk(4)
+    store.append("a0", 0, 4, a[:2], y[:2])
+    (tmp_path / "b1.act").write_bytes(b"\1" * 700)
+    (tmp_path / "b1.lab").write_bytes(b"\1" * 3)
+    again = _store(tmp_path)
+    assert again.agents() == ["a0"] and again.received("b1") == 0
+    b, z = _chunk(3, seed=1)
+    again.append("b1", 0, 3, b, z)
+    assert (tmp_path / "b1.act").stat().st_size == 3 * (ROW - 8)
+    assert (tmp_path / "b1.lab").stat().st_size == 3 * 8
+    rows = again.rows_of("b1")
+    assert np.array_equal(again.take(rows)[0], b) and np.array_equal(again.take(rows)[1], z)
+    # and stray bytes after committed rows, appended to without a reopen
+    with open(tmp_path / "a0.act", "ab") as fh:
+        fh.write(b"\1" * 5)
+    again.append("a0", 2, 4, a[2:], y[2:])
+    assert np.array_equal(again.take(again.rows_of("a0"))[0], a)
+
+
+@pytest.mark.parametrize(("received", "torn"), [(0, 1), (0, 8), (1, 1)])
+def test_reopening_cuts_a_torn_tail_of_any_length(tmp_path: Path, received: int,
+                                                  torn: int) -> None:
+    store = _store(tmp_path)
+    a, y = _chunk(2)
+    if received:
+        store.append("a0", 0, 2, a[:received], y[:received])
+    index = json.loads((tmp_path / INDEX).read_text())
+    index["agents"]["a0"] = {"total": 2, "received": received}
+    (tmp_path / INDEX).write_text(json.dumps(index))
+    for suffix in (".act", ".lab"):
+        with open(tmp_path / f"a0{suffix}", "ab") as fh:
+            fh.write(b"\1" * torn)
+    _store(tmp_path)
+    assert (tmp_path / "a0.act").stat().st_size == received * (ROW - 8)
+    assert (tmp_path / "a0.lab").stat().st_size == received * 8
+
+
+def test_rows_of_any_shape_are_bounded_by_their_bytes(tmp_path: Path) -> None:
+    """A row is 4 bytes per activation and 8 for its label: (2, 3) makes 32, where a row
+    size computed with a bitwise or (24 | 8 = 24) would let a fourth row into 96 bytes."""
+    store = ActivationStore(tmp_path, (2, 3), CLASSES, max_bytes=3 * 32)
+    a, y = _chunk(4, shape=(2, 3))
+    store.append("a0", 0, 4, a[:3], y[:3])
+    assert store.nbytes == 96
+    assert store.problem("a0", 3, 4, a[3:], y[3:]) == "store would exceed its 0.00 GiB bound"
+    assert np.array_equal(store.take(store.rows_of("a0"))[0], a[:3])
+
+
 def _write_index(root: Path, **changes: Any) -> None:
     index = json.loads((root / INDEX).read_text())
     index.update(changes)
@@ -712,6 +764,10 @@ def test_carving_takes_a_seeded_sorted_fraction_for_validation() -> None:
     single = _held_out(1)
     validation, test = carve_validation(single, 0.5, 9)
     assert validation is None and test is single
+    # no samples at all: no validation part either
+    empty = _held_out(0)
+    validation, test = carve_validation(empty, 0.5, 9)
+    assert validation is None and test is empty
     # two samples: one each way
     pair = _held_out(2)
     validation, test = carve_validation(pair, 0.9, 9)
