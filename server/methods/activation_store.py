@@ -38,6 +38,14 @@ class StoreError(JetsplitError):
     """An upload the store refuses, or a store folder it cannot use; one line."""
 
 
+def _whole(value: object) -> int:
+    """A count from the index: a JSON integer, not a bool, float or string that int()
+    would turn into one."""
+    if type(value) is not int:
+        raise ValueError(f"{value!r} is not an integer")
+    return value
+
+
 class ActivationStore:
     """Append-only, bounded activation+label store; survives a coordinator restart."""
 
@@ -66,12 +74,12 @@ class ActivationStore:
             raise StoreError(f"activation store {self.root}: {INDEX} is too large")
         try:
             index = json.loads(path.read_text())
-            shape = tuple(int(d) for d in index["activation_shape"])
-            classes = int(index["num_classes"])
+            shape = tuple(_whole(d) for d in index["activation_shape"])
+            classes = _whole(index["num_classes"])
             tag = str(index["tag"])
-            agents = {str(a): (int(v["total"]), int(v["received"]))
+            agents = {str(a): (_whole(v["total"]), _whole(v["received"]))
                       for a, v in index["agents"].items()}
-            ok = index["format"] == FORMAT
+            ok = _whole(index["format"]) == FORMAT
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise StoreError(f"activation store {self.root}: {INDEX} is damaged ({exc})"
                              ) from None

@@ -537,6 +537,28 @@ def test_a_store_of_another_shape_classes_format_or_model_is_refused(tmp_path: P
     assert ActivationStore(tmp_path, SHAPE, CLASSES, max_bytes=1, tag="x").tag == "x"
 
 
+@pytest.mark.parametrize(("field", "value"), [
+    ("format", True), ("format", 1.0), ("num_classes", "10"), ("activation_shape", [16.0, 8]),
+    ("total", True), ("received", 1.0), ("received", "1")])
+def test_an_index_count_is_a_json_integer(tmp_path: Path, field: str, value: Any) -> None:
+    """A bool, float or string count in the index (disk is untrusted) is damage, not the
+    integer int() would make of it."""
+    store = _store(tmp_path)
+    a, y = _chunk(2)
+    store.append("a0", 0, 2, a[:1], y[:1])
+    index = json.loads((tmp_path / INDEX).read_text())
+    if field in ("total", "received"):
+        index["agents"]["a0"][field] = value
+    else:
+        index[field] = value
+    (tmp_path / INDEX).write_text(json.dumps(index))
+    with pytest.raises(StoreError) as info:
+        _store(tmp_path)
+    assert str(info.value) == (f"activation store {tmp_path}: {INDEX} is damaged "
+                               f"({value if not isinstance(value, list) else value[0]!r} "
+                               "is not an integer)")
+
+
 @pytest.mark.parametrize(("text", "why"), [
     ("{", "Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
     ("[]", "list indices must be integers or slices, not str"),
@@ -546,7 +568,7 @@ def test_a_store_of_another_shape_classes_format_or_model_is_refused(tmp_path: P
     ('{"format": 1, "activation_shape": 5, "num_classes": 10, "tag": "t", "agents": {}}',
      "'int' object is not iterable"),
     ('{"format": 1, "activation_shape": [16, 8], "num_classes": "x", "tag": "t", '
-     '"agents": {}}', "invalid literal for int() with base 10: 'x'"),
+     '"agents": {}}', "'x' is not an integer"),
     ('{"format": 1, "activation_shape": [16, 8], "num_classes": 10, "tag": "t", '
      '"agents": []}', "'list' object has no attribute 'items'"),
     ('{"format": 1, "activation_shape": [16, 8], "num_classes": 10, "tag": "t", '
