@@ -1363,6 +1363,13 @@ def test_phase_two_asks_every_eligible_device_in_waves_of_upload_mb(archive: Pat
                      activation_dir=str(tmp_path / "w"))
     _phase2(method)
     assert method._rows_per_reply("a0") == 10
+    trained: list[np.ndarray] = []
+    step = method._step
+
+    def spy(server: nn.Module, optimizer: torch.optim.Optimizer, rows: np.ndarray) -> float:
+        trained.append(np.array(rows))
+        return step(server, optimizer, rows)
+    method._step = spy  # type: ignore[method-assign]
     loss = _play(method, 1, ["a1"])
     assert loss is not None and method.round_phase == 2 and method.loss_tier == "server"
     assert fleet.trace()[3:] == ["generate@0:a0,a1,a2,a3", "generate@1:a1,a2,a3",
@@ -1384,6 +1391,9 @@ def test_phase_two_asks_every_eligible_device_in_waves_of_upload_mb(archive: Pat
         assert np.array_equal(labels, fleet.data[agent][1]), agent
     assert dict(method.trainer.books.fwd_samples) == SIZES
     assert method.server_epochs == 1
+    # every wave's rows (offsets 10, 20, …: not the offset's bits or'ed with the count)
+    # train the server once in its first epoch
+    assert np.array_equal(np.sort(np.concatenate(trained)), np.arange(120))
 
 
 def test_uploads_carry_the_codec_and_the_work_still_owed(archive: Path, tmp_path: Path) -> None:
