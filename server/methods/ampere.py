@@ -498,6 +498,9 @@ class Ampere(PhaseTwoUploads, Method):
             self.own_workdir = bool(state["own_workdir"])
             self.bundle_sha = None if state["bundle_sha256"] is None else str(
                 state["bundle_sha256"])
+            for name in ("epoch", "stale", "server_epochs"):
+                if getattr(self, name) < 0:
+                    raise ValueError(f"{name} {getattr(self, name)} is negative")
         except (KeyError, TypeError, ValueError) as exc:
             raise CheckpointError(f"checkpoint Ampere state is damaged: {exc}") from None
         if self.phase not in (1, 2):

@@ -474,11 +474,14 @@ def test_a_torn_first_upload_is_cut_before_the_next(tmp_path: Path) -> None:
     assert np.array_equal(again.take(again.rows_of("a0"))[0], a)
 
 
-@pytest.mark.parametrize(("received", "torn"), [(0, 1), (0, 8), (1, 1)])
-def test_reopening_cuts_a_torn_tail_of_any_length(tmp_path: Path, received: int,
-                                                  torn: int) -> None:
-    store = _store(tmp_path)
-    a, y = _chunk(2)
+@pytest.mark.parametrize(("received", "torn", "shape"), [
+    (0, 1, SHAPE), (0, 8, SHAPE), (1, 1, SHAPE), (1, 1, (2, 3)), (2, 15, (2, 3))])
+def test_reopening_cuts_a_torn_tail_of_any_length(tmp_path: Path, received: int, torn: int,
+                                                  shape: tuple[int, ...]) -> None:
+    """Rows of 16 × 8 floats are 512 bytes, of 2 × 3 floats 24 (a row's 32 less the label's
+    8, which 32 ^ 8 = 40 would not give)."""
+    store = ActivationStore(tmp_path, shape, CLASSES, max_bytes=1 << 20, tag="t")
+    a, y = _chunk(2, shape=shape)
     if received:
         store.append("a0", 0, 2, a[:received], y[:received])
     index = json.loads((tmp_path / INDEX).read_text())
@@ -487,8 +490,8 @@ def test_reopening_cuts_a_torn_tail_of_any_length(tmp_path: Path, received: int,
     for suffix in (".act", ".lab"):
         with open(tmp_path / f"a0{suffix}", "ab") as fh:
             fh.write(b"\1" * torn)
-    _store(tmp_path)
-    assert (tmp_path / "a0.act").stat().st_size == received * (ROW - 8)
+    ActivationStore(tmp_path, shape, CLASSES, max_bytes=1 << 20, tag="t")
+    assert (tmp_path / "a0.act").stat().st_size == received * 4 * math.prod(shape)
     assert (tmp_path / "a0.lab").stat().st_size == received * 8
 
 
@@ -2067,6 +2070,9 @@ def test_a_checkpoint_tensor_of_another_block_is_no_head(archive: Path) -> None:
     (lambda s: s.update(best_accuracy="high"), "could not convert string to float: 'high'"),
     (lambda s: s.update(last_validation=[1]), "float() argument must be a string or a real "
                                               "number, not 'list'"),
+    (lambda s: s.update(epoch=-1), "epoch -1 is negative"),
+    (lambda s: s.update(stale=-2), "stale -2 is negative"),
+    (lambda s: s.update(server_epochs=-1), "server_epochs -1 is negative"),
 ])
 def test_a_checkpoint_with_damaged_state_is_refused(archive: Path,
                                                     change: Callable[[dict[str, Any]], Any],
