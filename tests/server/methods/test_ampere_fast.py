@@ -1221,10 +1221,11 @@ def _random_weights(method: Ampere, seed: int) -> None:
 
 def test_validation_accuracy_is_the_devices_models_weighted_by_their_data(
         archive: Path) -> None:
-    """a0 (10) and a2 (1) at cut 2, a1 (50) at p*, a3 (no size: 0, left out):
-    (11·acc_2 + 50·acc_4) / 61, each device model client[:cut]∘aux_cut."""
+    """a0 (10) and a2 (6) at cut 2, a1 (50) at p*, a3 (no size: 0, left out):
+    (16·acc_2 + 50·acc_4) / 66, each device model client[:cut]∘aux_cut (sizes whose bits
+    overlap: 10 | 6 = 14 and 10 ^ 6 = 12 are not their sum)."""
     held = _held_out(60)
-    fleet = Fleet(sizes={"a0": 10, "a1": 50, "a2": 1}, cuts={"a0": SHALLOW, "a2": SHALLOW})
+    fleet = Fleet(sizes={"a0": 10, "a1": 50, "a2": 6}, cuts={"a0": SHALLOW, "a2": SHALLOW})
     fleet.registry.register("a3", {"agent": "a3", "role": "client",
                                    "zoo_version": ZOO_VERSION, "dataset": {}})
     method = _method(archive, fleet, test=held, validation_fraction=0.5)
@@ -1234,7 +1235,7 @@ def test_validation_accuracy_is_the_devices_models_weighted_by_their_data(
         if deep != shallow and min(deep, shallow) > 0:
             break
     assert deep != shallow
-    assert method._validation_accuracy() == pytest.approx((11 * shallow + 50 * deep) / 61)
+    assert method._validation_accuracy() == pytest.approx((16 * shallow + 50 * deep) / 66)
     # one cut in the fleet: that cut's model
     fleet2 = Fleet(sizes={"a0": 10, "a2": 20}, cuts={"a0": SHALLOW, "a2": SHALLOW})
     method2 = _method(archive, fleet2, test=held, validation_fraction=0.5)
