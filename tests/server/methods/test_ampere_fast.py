@@ -1368,12 +1368,7 @@ def test_phase_two_asks_every_eligible_device_in_waves_of_upload_mb(archive: Pat
     _phase2(method)
     assert method._rows_per_reply("a0") == 10
     trained: list[np.ndarray] = []
-    step = method._step
-
-    def spy(server: nn.Module, optimizer: torch.optim.Optimizer, rows: np.ndarray) -> float:
-        trained.append(np.array(rows))
-        return step(server, optimizer, rows)
-    method._step = spy  # type: ignore[method-assign]
+    _spy_steps(method, fleet, trained)
     loss = _play(method, 1, ["a1"])
     assert loss is not None and method.round_phase == 2 and method.loss_tier == "server"
     assert fleet.trace()[3:] == ["generate@0:a0,a1,a2,a3", "generate@1:a1,a2,a3",
@@ -1678,6 +1673,16 @@ def test_the_reference_takes_at_most_512_inputs(archive: Path) -> None:
 # ---------------------------------------------------------------- the server's epochs
 
 
+def _sgd_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: np.ndarray,
+              y: np.ndarray) -> float:
+    """One plain cross-entropy SGD step on (x, y); its loss."""
+    optimizer.zero_grad(set_to_none=True)
+    loss = nn.functional.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y))
+    loss.backward()
+    optimizer.step()
+    return float(loss.detach())
+
+
 def _reference_epoch(server: nn.Module, optimizer: torch.optim.Optimizer,
                      data: tuple[np.ndarray, np.ndarray], pool: np.ndarray,
                      arrivals: list[np.ndarray], seed: int, round_: int, batch: int
@@ -1696,12 +1701,7 @@ def _reference_epoch(server: nn.Module, optimizer: torch.optim.Optimizer,
         while len(rest) >= least:
             rows = np.sort(rest[:batch])
             server.train()
-            optimizer.zero_grad(set_to_none=True)
-            loss = nn.functional.cross_entropy(server(torch.from_numpy(acts[rows])),
-                                               torch.from_numpy(labels[rows]))
-            loss.backward()
-            optimizer.step()
-            losses.append(float(loss.detach()))
+            losses.append(_sgd_step(server, optimizer, acts[rows], labels[rows]))
             sizes.append(len(rows))
             rest = rest[batch:]
         return rest
@@ -1720,12 +1720,16 @@ def _all_rows(fleet: Fleet, agents: list[str]) -> tuple[np.ndarray, np.ndarray]:
             np.concatenate([fleet.data[a][1] for a in agents]))
 
 
-def _spy_steps(method: Ampere, fleet: Fleet) -> list[int]:
+def _spy_steps(method: Ampere, fleet: Fleet, trained: list[np.ndarray] | None = None
+               ) -> list[int]:
+    """The size of every server step's batch (its rows too, into `trained`)."""
     sizes: list[int] = []
     step = method._step
 
     def spy(server: nn.Module, optimizer: torch.optim.Optimizer, rows: np.ndarray) -> float:
         sizes.append(len(rows))
+        if trained is not None:
+            trained.append(np.array(rows))
         fleet.events.append(f"step:{len(rows)}")
         return step(server, optimizer, rows)
     method._step = spy  # type: ignore[method-assign]
@@ -1832,12 +1836,7 @@ def test_the_ablation_trains_a_copy_per_device_and_averages_them(archive: Path,
             rows = np.sort(order[first:first + batch])
             if len(rows) < 2:
                 continue
-            optimizer.zero_grad(set_to_none=True)
-            ce = nn.functional.cross_entropy(copy_(torch.from_numpy(acts[rows])),
-                                             torch.from_numpy(labels[rows]))
-            ce.backward()
-            optimizer.step()
-            losses.append(float(ce.detach()))
+            losses.append(_sgd_step(copy_, optimizer, acts[rows], labels[rows]))
             want_sizes.append(len(rows))
         states.append((to_arrays(copy_, "server"), n))
         offset += n
